@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install xpuspec into ./.venv and check that the result imports.
+#   scripts/install.sh           runtime only (OpenVINO, no torch): enough to run the demo pair
+#   scripts/install.sh --dev     runtime + conversion + OpenVINO GenAI + test tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${XPUSPEC_VENV:-.venv}
+python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip)
+"${pip[@]}" install -q --upgrade pip
+if [[ "${1:-}" == "--dev" ]]; then
+    "${pip[@]}" install -q -c scripts/constraints.txt torch==2.13.0
+    "${pip[@]}" install -q -c scripts/constraints.txt -e ".[convert,genai,test]"
+    # optimum-intel lists torchvision as a hard requirement; the PyPI build does
+    # not load beside the CPU torch wheel and, once present, transformers tries
+    # to import it and fails. Nothing xpuspec converts needs it.
+    if ! "$venv/bin/python" -c "import torchvision" >/dev/null 2>&1; then
+        "${pip[@]}" uninstall -q -y torchvision
+    fi
+    "$venv/bin/python" -c "from optimum.intel import OVModelForCausalLM; import nncf, openvino_genai, transformers" \
+        || { echo "install.sh: the conversion stack does not import" >&2; exit 1; }
+else
+    "${pip[@]}" install -q -e .
+fi
+"$venv/bin/python" -c "import xpuspec, openvino, openvino_tokenizers" \
+    || { echo "install.sh: xpuspec does not import" >&2; exit 1; }
+echo "install.sh: ready in $venv"

@@ -1,0 +1,22 @@
+"""xpuspec: exact, continuous-batched speculative decoding on OpenVINO."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from xpuspec.sample.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["Pipeline", "SamplingParams", "__version__"]
+
+if TYPE_CHECKING:
+    from xpuspec.pipeline import Pipeline
+
+
+def __getattr__(name: str) -> Any:
+    # The pipeline pulls in the OpenVINO runtime; keep `import xpuspec` light.
+    if name == "Pipeline":
+        from xpuspec.pipeline import Pipeline
+
+        return Pipeline
+    raise AttributeError(name)
