@@ -1,0 +1,103 @@
+"""Tiny random Hugging Face checkpoints built locally (no hub): the test models of every suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|bos|>", "<|pad|>"]
+
+# A little text with code in it, so the byte-level BPE learns some merges.
+_CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "import os\nimport sys\n\nprint(os.path.join('a', 'b'))\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "for i in range(10):\n    if i % 2 == 0:\n        continue\n    yield i\n",
+]
+
+ARCHITECTURES = ("llama", "qwen2", "mistral", "phi3")
+
+
+def make_tokenizer(out_dir: Path, vocab_size: int = 384, corpus_suffix: str = ""):
+    """Train a byte-level BPE tokenizer and save it as a PreTrainedTokenizerFast in ``out_dir``.
+
+    ``corpus_suffix`` changes the training text, and so the merges: two different suffixes give
+    two tokenizers whose vocabularies differ (the mismatched-pair case).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([text + corpus_suffix for text in _CORPUS * 4], trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|bos|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_tiny_checkpoint(
+    out_dir: Path,
+    architecture: str = "llama",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    vocab_size: int = 384,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    corpus_suffix: str = "",
+) -> Path:
+    """Save a randomly initialised causal LM with its tokenizer to ``out_dir`` and return it."""
+    import torch
+    import transformers
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
+    tokenizer = make_tokenizer(out_dir, vocab_size=vocab_size, corpus_suffix=corpus_suffix)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    }[architecture]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**common)).eval()
+    # Random init gives near-uniform logits, where float noise flips argmax ties; a larger
+    # output scale makes greedy decoding decisive, as with a trained model.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(out_dir)
+    return out_dir
