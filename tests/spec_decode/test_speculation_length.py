@@ -1,0 +1,167 @@
+"""Speculation length: Leviathan et al.'s formulas, the online cost fits, acceptance tracking, the policy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from xpuspec.spec_decode.speculation_length import (
+    AcceptanceTracker,
+    CostModel,
+    LinearCostFit,
+    SpeculationLengthPolicy,
+    expected_speedup,
+    expected_tokens_per_step,
+)
+
+
+def _cost_model(target_fixed: float, target_per_token: float, draft_fixed: float) -> CostModel:
+    """A cost model fitted from exact measurements of the given linear costs."""
+    model = CostModel()
+    for num_tokens in (1, 4, 16, 64, 256):
+        for _ in range(30):
+            model.record_target_step(num_tokens, target_fixed + target_per_token * num_tokens)
+    for num_sequences in (1, 2, 8, 32):
+        for _ in range(30):
+            model.record_draft_step(num_sequences, draft_fixed)
+    return model
+
+
+# Memory-bound target: extra verified tokens are nearly free; a draft step costs 5% of it.
+CHEAP_TOKENS = _cost_model(target_fixed=0.1, target_per_token=1e-5, draft_fixed=0.005)
+
+
+@pytest.mark.parametrize(("alpha", "gamma"), [(0.0, 3), (0.5, 0), (0.5, 4), (0.9, 8), (0.999, 5)])
+def test_expected_tokens_matches_closed_form(alpha: float, gamma: int) -> None:
+    assert expected_tokens_per_step(alpha, gamma) == pytest.approx((1 - alpha ** (gamma + 1)) / (1 - alpha))
+
+
+def test_expected_speedup_limits() -> None:
+    assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5.0)  # α → 1, free draft: γ + 1
+    assert expected_speedup(1.0, 4, 0.25) == pytest.approx(5.0 / 2.0)  # α → 1: (γ+1)/(γc+1)
+    assert expected_speedup(1.0 - 1e-12, 4, 0.25) == pytest.approx(2.5)
+    assert expected_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)  # nothing accepted: pure overhead
+    assert expected_speedup(0.7, 0, 0.3) == 1.0  # no speculation: no change
+    # Leviathan et al., Table/Figure 3 regime: α=0.8, c=0.05, γ=4 → about 3x.
+    assert expected_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / (0.2 * 1.2))
+
+
+def test_linear_fit_recovers_a_line_and_uses_the_prior_before_data() -> None:
+    fit = LinearCostFit(prior_intercept=0.02, prior_slope=0.001)
+    assert fit(10) == pytest.approx(0.03)
+    for size in np.tile([1, 8, 32, 128], 50):
+        fit.record(size, 0.05 + 0.0002 * size)
+    assert fit.intercept == pytest.approx(0.05, rel=0.02)
+    assert fit.slope == pytest.approx(0.0002, rel=0.02)
+
+
+def test_linear_fit_keeps_the_prior_slope_when_all_sizes_are_equal() -> None:
+    fit = LinearCostFit(prior_intercept=0.02, prior_slope=0.001)
+    for _ in range(100):
+        fit.record(4, 0.2)
+    assert fit(4) == pytest.approx(0.2, rel=0.01)
+    assert fit.slope == pytest.approx(0.001, rel=0.05)
+
+
+def test_linear_fit_never_goes_negative_and_forgets_old_regimes() -> None:
+    fit = LinearCostFit(prior_intercept=0.01, prior_slope=0.001, decay=0.9)
+    for size in np.tile([1, 100], 50):
+        fit.record(size, 0.5 - 0.004 * size)  # noisy data suggesting a negative slope
+    assert fit.slope == 0.0 and fit.intercept > 0
+    for size in np.tile([1, 100], 100):
+        fit.record(size, 0.01 + 0.001 * size)
+    assert fit(100) == pytest.approx(0.11, rel=0.05)
+
+
+def test_acceptance_tracker_estimates_the_per_token_rate() -> None:
+    rng = np.random.default_rng(0)
+    alpha, num_drafts = 0.8, 8
+    tracker = AcceptanceTracker(prior=0.3, decay=0.999)
+    for _ in range(2000):
+        accepted = 0
+        while accepted < num_drafts and rng.random() < alpha:
+            accepted += 1
+        tracker.update(num_drafts, accepted)
+    assert tracker.rate == pytest.approx(alpha, abs=0.03)  # accepted/drafted would give ~0.5
+
+
+def test_acceptance_tracker_prior_and_relaxation() -> None:
+    tracker = AcceptanceTracker(prior=0.6)
+    assert tracker.rate == 0.6
+    for _ in range(20):
+        tracker.update(4, 0)
+    low = tracker.rate
+    assert low < 0.2
+    for _ in range(50):
+        tracker.update(0, 0)  # not speculating: drift back towards the prior
+    assert tracker.rate > 0.5
+    with pytest.raises(ValueError):
+        tracker.update(2, 3)
+
+
+def test_high_acceptance_and_cheap_draft_speculate_more() -> None:
+    policy = SpeculationLengthPolicy(max_draft_tokens=8, cost_model=CHEAP_TOKENS)
+    high = policy.choose(acceptance_rate=0.9, batch_tokens=1, num_sequences=1)
+    medium = policy.choose(acceptance_rate=0.6, batch_tokens=1, num_sequences=1)
+    assert high >= 6
+    assert 1 <= medium < high
+
+
+def test_hopeless_acceptance_does_not_speculate() -> None:
+    policy = SpeculationLengthPolicy(cost_model=CHEAP_TOKENS)
+    assert policy.choose(acceptance_rate=0.0, batch_tokens=1, num_sequences=1) == 0
+    assert policy.choose(acceptance_rate=0.03, batch_tokens=1, num_sequences=1) == 0
+
+
+def test_expensive_draft_speculates_less() -> None:
+    expensive_draft = _cost_model(target_fixed=0.1, target_per_token=1e-5, draft_fixed=0.05)
+    cheap = SpeculationLengthPolicy(cost_model=CHEAP_TOKENS).choose(0.7, 1, 1)
+    expensive = SpeculationLengthPolicy(cost_model=expensive_draft).choose(0.7, 1, 1)
+    assert expensive < cheap
+
+
+def test_large_batch_with_per_token_target_cost_speculates_less() -> None:
+    compute_bound = _cost_model(target_fixed=0.05, target_per_token=0.002, draft_fixed=0.005)
+    policy = SpeculationLengthPolicy(cost_model=compute_bound)
+    chosen = [policy.choose(0.7, batch_tokens=size, num_sequences=size) for size in (1, 4, 16, 64, 256)]
+    assert chosen == sorted(chosen, reverse=True)
+    assert chosen[0] >= 2 and chosen[-1] == 0
+
+
+def test_gamma_is_monotone_in_acceptance_rate() -> None:
+    for cost_model in (CHEAP_TOKENS, _cost_model(0.05, 0.002, 0.01)):
+        policy = SpeculationLengthPolicy(max_draft_tokens=12, cost_model=cost_model)
+        for num_sequences in (1, 8, 64):
+            chosen = [policy.choose(alpha, num_sequences, num_sequences) for alpha in np.linspace(0, 1, 41)]
+            assert chosen == sorted(chosen)
+
+
+def test_full_acceptance_with_free_tokens_uses_the_maximum() -> None:
+    policy = SpeculationLengthPolicy(max_draft_tokens=5, cost_model=CHEAP_TOKENS)
+    assert policy.choose(1.0, 1, 1) == 5
+    assert SpeculationLengthPolicy(max_draft_tokens=0, cost_model=CHEAP_TOKENS).choose(1.0, 1, 1) == 0
+
+
+def test_choice_agrees_with_leviathan_formula_for_a_flat_target() -> None:
+    """With a target whose cost does not grow with tokens, the rate is the speedup formula's."""
+    policy = SpeculationLengthPolicy(max_draft_tokens=10, cost_model=CHEAP_TOKENS, min_speedup=1.0)
+    cost_ratio = CHEAP_TOKENS.draft_cost(1) / CHEAP_TOKENS.target_cost(1)
+    for alpha in (0.5, 0.7, 0.9):
+        best = max(range(11), key=lambda gamma: expected_speedup(alpha, gamma, cost_ratio))
+        assert abs(policy.choose(alpha, 1, 1) - best) <= 1  # the target's tiny per-token cost may shift it
+        assert math.isclose(
+            policy.tokens_per_second(alpha, 0, 1, 1) * expected_speedup(alpha, 3, cost_ratio),
+            policy.tokens_per_second(alpha, 3, 1, 1),
+            rel_tol=1e-3,
+        )
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="acceptance_rate"):
+        SpeculationLengthPolicy().choose(1.5, 1, 1)
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        SpeculationLengthPolicy(max_draft_tokens=-1)
+    with pytest.raises(ValueError, match="decay"):
+        LinearCostFit(0.1, 0.1, decay=0.0)

@@ -1,0 +1,306 @@
+"""The engine: one step of continuous-batched speculative decoding over paged KV caches.
+
+A step is
+
+1. **schedule**: the scheduler picks prefill chunks and decoding sequences within the token budget,
+   and the speculation length γ of each decoding sequence (fixed per request, or chosen by the cost
+   model from that sequence's running acceptance rate);
+2. **propose**: the drafter proposes γ tokens for every decoding sequence (draft model or n-gram);
+3. **verify**: the target runs every chunk — prefills, and for each decoding sequence its last
+   token plus its drafts — in one batched inference;
+4. **accept**: the rejection sampler keeps the accepted drafts and adds one recovered or bonus
+   token; rollback of rejected drafts is only a change of ``num_computed_tokens``.
+
+Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.pipeline``) finds them
+and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from xpuspec.engine.block_manager import BlockManager
+from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.engine.request_stats import RequestStats
+from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
+from xpuspec.engine.sequence import Sequence, SequenceStatus
+from xpuspec.sample.sampler import make_generator, probabilities
+from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.proposal import DraftProposer, Proposal
+from xpuspec.spec_decode.rejection_sampler import RejectionSampler
+from xpuspec.spec_decode.speculation_length import AcceptanceTracker, CostModel, SpeculationLengthPolicy
+
+logger = logging.getLogger(__name__)
+
+
+class TargetModel(Protocol):
+    """What the engine needs of the target executor (``PagedModelRunner`` satisfies it)."""
+
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+
+    def forward(self, chunks: list[SequenceChunk]) -> np.ndarray: ...  # [sum num_logits, vocab]
+
+
+FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class EngineConfig:
+    """Batching and speculation limits of one engine."""
+
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    max_draft_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must leave room for one decoding "
+                f"sequence with max_draft_tokens ({self.max_draft_tokens}) drafts"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0 <= self.max_draft_tokens <= 16:
+            raise ValueError(f"max_draft_tokens must be in [0, 16], got {self.max_draft_tokens}")
+
+
+@dataclass
+class StepOutput:
+    """What one step did to one request: the tokens it appended and whether it finished."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    stats: RequestStats
+
+
+@dataclass
+class _RequestState:
+    """Engine-side state of a request beside its ``Sequence``."""
+
+    rng: np.random.Generator
+    stats: RequestStats
+    eos_token_ids: frozenset[int]
+
+
+class LLMEngine:
+    """Continuous-batched speculative decoding. Not thread-safe: one thread calls ``step``."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        proposer: DraftProposer | None,
+        config: EngineConfig,
+        eos_token_ids: list[int],
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.target = target
+        self.proposer = proposer
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.clock = clock
+        self.block_manager = BlockManager(target.num_blocks, target.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=config.max_model_len,
+            ),
+            self.block_manager,
+        )
+        self.rejection_sampler = RejectionSampler()
+        self.cost_model = CostModel()
+        self.acceptance = AcceptanceTracker()
+        self.length_policy = SpeculationLengthPolicy(max_draft_tokens=config.max_draft_tokens)
+        self._sequences: dict[str, Sequence] = {}
+        self._states: dict[str, _RequestState] = {}
+
+    # ----------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._sequences:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if len(prompt_token_ids) + params.max_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {params.max_tokens}: "
+                f"together more than the context of {self.config.max_model_len} tokens"
+            )
+        sequence = Sequence(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
+        self.scheduler.add(sequence)
+        self._sequences[request_id] = sequence
+        self._states[request_id] = _RequestState(
+            rng=make_generator(params.seed),
+            stats=RequestStats(arrival_time=self.clock(), max_draft_tokens=self.config.max_draft_tokens),
+            eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
+        )
+
+    def abort(self, request_id: str, finish_reason: str = "abort") -> bool:
+        """Stop a request at any time; its KV blocks are freed at once. The caller reports the end."""
+        sequence = self._sequences.get(request_id)
+        if sequence is None:
+            return False
+        status = (
+            SequenceStatus.FINISHED_STOPPED if finish_reason == "stop" else SequenceStatus.FINISHED_ABORTED
+        )
+        self.scheduler.finish(sequence, status)
+        self._retire(sequence)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._sequences)
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[StepOutput]:
+        """Run one batched step; return what changed for each touched request."""
+        outputs: list[StepOutput] = []
+        scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
+        for sequence in scheduled.preempted:
+            self._states[sequence.request_id].stats.num_preemptions += 1
+        for sequence in scheduled.finished:
+            # Ended by the scheduler: it can grow no further in this KV cache or context.
+            state = self._states[sequence.request_id]
+            outputs.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
+            self._retire(sequence)
+        if not scheduled.chunks:
+            return outputs
+
+        proposals = self._propose(scheduled.chunks)
+        runner_chunks = [
+            self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in scheduled.chunks
+        ]
+        started = self.clock()
+        logits = self.target.forward(runner_chunks)  # [sum num_logits, vocab]
+        self.cost_model.record_target_step(
+            sum(len(c.token_ids) for c in runner_chunks), self.clock() - started
+        )
+
+        row = 0
+        for chunk, runner_chunk in zip(scheduled.chunks, runner_chunks, strict=True):
+            sequence = chunk.sequence
+            sequence.num_computed_tokens += chunk.num_tokens
+            if runner_chunk.num_logits == 0:
+                continue
+            rows = logits[row : row + runner_chunk.num_logits]  # [1 + γ, vocab]
+            row += runner_chunk.num_logits
+            proposal = proposals.get(sequence.request_id)
+            outputs.append(self._accept(sequence, rows, proposal))
+        return outputs
+
+    # ----------------------------------------------------------------- internals
+    def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
+        if self.proposer is None:
+            return 0
+        fixed = sequence.params.num_draft_tokens
+        if fixed is not None:
+            return min(fixed, self.config.max_draft_tokens)
+        rate = self.acceptance.rate(sequence.request_id)
+        if sequence.params.seed is not None:
+            # A seeded request must repeat exactly; γ from measured timings would not.
+            return self.length_policy.choose_without_timing(rate)
+        return self.length_policy.choose(
+            rate,
+            self.cost_model,
+            batch_tokens=self.scheduler.num_running,
+            num_sequences=self.scheduler.num_running,
+        )
+
+    def _propose(self, chunks: list[ScheduledChunk]) -> dict[str, Proposal]:
+        if self.proposer is None:
+            return {}
+        wanted = [c for c in chunks if c.num_draft_tokens > 0 or self.proposer.needs_prefill]
+        if not wanted:
+            return {}
+        started = self.clock()
+        proposals = self.proposer.propose(wanted, self._states_rng)
+        elapsed = self.clock() - started
+        if any(c.num_draft_tokens for c in wanted):
+            self.cost_model.record_draft_step(
+                len(wanted), elapsed / max(1, max(c.num_draft_tokens for c in wanted))
+            )
+        return proposals
+
+    def _states_rng(self, request_id: str) -> np.random.Generator:
+        return self._states[request_id].rng
+
+    def _target_chunk(self, chunk: ScheduledChunk, proposal: Proposal | None) -> SequenceChunk:
+        sequence = chunk.sequence
+        start = sequence.num_computed_tokens
+        token_ids = sequence.token_ids[start : start + chunk.num_tokens]
+        num_logits = 1 if chunk.samples else 0
+        if proposal is not None and proposal.token_ids:
+            token_ids = token_ids + proposal.token_ids
+            num_logits += len(proposal.token_ids)
+        return SequenceChunk(
+            token_ids=token_ids, past_length=start, block_table=sequence.block_table, num_logits=num_logits
+        )
+
+    def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
+        state = self._states[sequence.request_id]
+        params = sequence.params
+        draft_ids = proposal.token_ids if proposal is not None else []
+        if params.greedy:
+            result = self.rejection_sampler.verify_greedy(draft_ids, rows)
+        else:
+            target_probs = probabilities(rows, params)  # [1 + γ, vocab]
+            draft_probs = proposal.probs if proposal is not None else None
+            result = self.rejection_sampler.verify_sampled(draft_ids, draft_probs, target_probs, state.rng)
+        sequence.num_computed_tokens += result.num_accepted
+        sequence.num_draft_computed_tokens = min(
+            sequence.num_draft_computed_tokens, sequence.num_computed_tokens
+        )
+        if draft_ids:
+            self.acceptance.update(sequence.request_id, len(draft_ids), result.num_accepted)
+            state.stats.record_verification(len(draft_ids), result.num_accepted)
+
+        new_tokens, status = self._truncate(sequence, result.token_ids, state)
+        sequence.append_tokens(new_tokens)
+        now = self.clock()
+        state.stats.record_tokens(len(new_tokens), now)
+        if status is not None:
+            self.scheduler.finish(sequence, status)
+            self._retire(sequence)
+        return StepOutput(
+            request_id=sequence.request_id,
+            new_token_ids=new_tokens,
+            finished=status is not None,
+            finish_reason=FINISH_REASONS.get(status) if status is not None else None,
+            stats=state.stats,
+        )
+
+    def _truncate(
+        self, sequence: Sequence, token_ids: list[int], state: _RequestState
+    ) -> tuple[list[int], SequenceStatus | None]:
+        """Cut the verified tokens at end-of-sequence or at max_tokens."""
+        room = sequence.params.max_tokens - len(sequence.output_token_ids)
+        kept: list[int] = []
+        for token in token_ids[:room]:
+            kept.append(token)
+            if token in state.eos_token_ids:
+                return kept, SequenceStatus.FINISHED_STOPPED
+        if len(kept) >= room:
+            return kept, SequenceStatus.FINISHED_LENGTH
+        return kept, None
+
+    def _retire(self, sequence: Sequence) -> None:
+        self._states.pop(sequence.request_id, None)
+        self._sequences.pop(sequence.request_id, None)
+        self.acceptance.forget(sequence.request_id)

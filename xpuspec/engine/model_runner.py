@@ -1,0 +1,305 @@
+"""Paged-attention model runner: one OpenVINO model, driven directly with a flat batch of token chunks.
+
+The runner loads a stateful optimum-intel export, turns it into a paged-attention model (see
+:mod:`xpuspec.engine.graph_edits`), compiles it, allocates the KV-cache blocks and runs mixed batches:
+prefill chunks, single-token decodes and multi-token verification chunks of different sequences in one
+inference. Block allocation belongs to the caller (the engine's block manager): each chunk brings the
+physical block table of its sequence.
+
+Speed matters because the per-step Python time adds directly to every generated token: all inputs are
+preallocated numpy arrays shared with ``ov.Tensor`` objects bound once to the infer request; a step
+writes into them and only changes the tensors' shapes, and the logits come back as a view of the
+request's output tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "openvino_model.xml"
+DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+_INITIAL_CAPACITY = 256
+
+# The flat batch description of the paged-attention transformation (OpenVINO 2026.4) plus our gather
+# indices; each is a 1-D host array except max_context_len, a scalar.
+_BATCH_INPUTS: dict[str, type] = {
+    "input_ids": np.int64,
+    "position_ids": np.int64,
+    "past_lens": np.int32,
+    "subsequence_begins": np.int32,
+    "block_indices": np.int32,
+    "block_indices_begins": np.int32,
+    SAMPLED_TOKEN_INDICES: np.int64,
+}
+_MAX_CONTEXT_LEN = "max_context_len"
+_CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
+
+
+@dataclass
+class SequenceChunk:
+    """The tokens of one sequence to run in this step."""
+
+    token_ids: Sequence[int]  # [n] new tokens of this sequence to run now
+    past_length: int  # tokens of this sequence already in the KV cache (positions start here)
+    block_table: Sequence[int]  # physical KV blocks covering positions [0, past_length + n)
+    num_logits: int  # how many trailing rows (of the n) need logits, 0..n
+
+
+class _HostInput:
+    """A growable host array shared with the ``ov.Tensor`` bound to one model input.
+
+    A step resizes the tensor within the array's capacity (no allocation, no rebinding); only when
+    a batch outgrows the capacity is a larger array allocated and bound.
+    """
+
+    def __init__(self, request: ov.InferRequest, name: str, dtype: type, capacity: int) -> None:
+        self._request = request
+        self._name = name
+        self._dtype = dtype
+        self.array = np.zeros(0, dtype=dtype)  # [capacity]
+        self._tensor: ov.Tensor | None = None
+        self.reserve(capacity)
+
+    def reserve(self, size: int) -> np.ndarray:
+        """Make room for ``size`` elements and return the whole backing array (contents not kept)."""
+        if size > self.array.shape[0]:
+            self.array = np.zeros(max(size, 2 * self.array.shape[0]), dtype=self._dtype)
+            self._tensor = ov.Tensor(self.array, shared_memory=True)
+            self._request.set_tensor(self._name, self._tensor)
+        return self.array
+
+    def bind(self, size: int) -> None:
+        """Expose the first ``size`` elements to the model."""
+        self._tensor.shape = [size]
+
+
+def _compiled_input_names(compiled: ov.CompiledModel) -> dict[str, ov.ConstOutput]:
+    return {name: port for port in compiled.inputs for name in port.get_names()}
+
+
+class PagedModelRunner:
+    """Runs one paged-attention model over mixed batches of :class:`SequenceChunk`.
+
+    Attributes: ``block_size`` (tokens per KV block, chosen by the plugin: 32 on CPU), ``num_blocks``
+    (physical blocks allocated per layer), ``vocab_size`` (logits width).
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        device: str = "CPU",
+        properties: dict | None = None,
+        num_blocks: int | None = None,
+        cache_bytes: int | None = None,
+        core: ov.Core | None = None,
+    ) -> None:
+        model_path = Path(model_dir) / MODEL_FILE
+        if not model_path.is_file():
+            raise ValueError(f"no {MODEL_FILE} in {model_dir}: expected an optimum-intel stateful export")
+        if num_blocks is not None and cache_bytes is not None:
+            raise ValueError("give num_blocks or cache_bytes, not both")
+        if num_blocks is not None and num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        core = core or ov.Core()
+        model = make_paged_model(core.read_model(model_path))
+        self.compiled_model = core.compile_model(model, device, dict(properties or {}))
+        self.request = self.compiled_model.create_infer_request()
+        ports = _compiled_input_names(self.compiled_model)
+        cache_ports = self._check_inputs(ports)
+
+        value_cache_shape = cache_ports["value_cache.0"].get_partial_shape()
+        # Value caches are [num_blocks, kv_heads, block_size, head_size (+ scale bytes)] on every
+        # plugin; key caches may be transposed or carry per-channel scale rows on the block axis.
+        self.block_size: int = value_cache_shape[2].get_length()
+        bytes_per_block = (
+            sum(
+                _per_block_bits(port.get_partial_shape(), port.get_element_type())
+                for port in cache_ports.values()
+            )
+            // 8
+        )
+        if num_blocks is None:
+            budget = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+            num_blocks = budget // bytes_per_block
+            if num_blocks < 1:
+                raise ValueError(
+                    f"cache_bytes={budget} is below one KV block of this model ({bytes_per_block} bytes)"
+                )
+        self.num_blocks: int = num_blocks
+        self.cache_tensors: dict[str, ov.Tensor] = {}
+        for name, port in cache_ports.items():
+            shape = [num_blocks] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
+            tensor = _zeroed_tensor(port.get_element_type(), shape)
+            self.request.set_tensor(name, tensor)
+            self.cache_tensors[name] = tensor
+        logger.info(
+            "%s on %s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
+            model_dir,
+            device,
+            cache_ports["value_cache.0"].get_element_type().get_type_name(),
+            self.block_size,
+            num_blocks,
+            num_blocks * bytes_per_block / 2**20,
+        )
+
+        logits_port = self.compiled_model.output(0)
+        self.vocab_size: int = logits_port.get_partial_shape()[-1].get_length()
+        self._logits_need_cast = logits_port.get_element_type() != ov.Type.f32
+
+        self._inputs = {
+            name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
+            for name, dtype in _BATCH_INPUTS.items()
+        }
+        self._max_context_len = np.zeros((), dtype=np.int32)
+        self.request.set_tensor(_MAX_CONTEXT_LEN, ov.Tensor(self._max_context_len, shared_memory=True))
+        # Positions and sampled-row indices are slices of one arange, so a step builds no ranges.
+        self._arange = np.arange(_INITIAL_CAPACITY, dtype=np.int64)
+        self._pending_rows: int | None = None
+
+    @staticmethod
+    def _check_inputs(ports: dict[str, ov.ConstOutput]) -> dict[str, ov.ConstOutput]:
+        """Check the compiled inputs are the ones this runner fills; return the KV-cache ports by name."""
+        known = set(_BATCH_INPUTS) | {_MAX_CONTEXT_LEN}
+        cache_ports = {name: port for name, port in ports.items() if _CACHE_INPUT.match(name)}
+        unknown = sorted(set(ports) - known - set(cache_ports))
+        missing = sorted(known - set(ports))
+        if unknown or missing or "value_cache.0" not in cache_ports:
+            raise ValueError(
+                f"unexpected inputs after the paged-attention transformation: unknown {unknown}, "
+                f"missing {missing}, cache inputs {sorted(cache_ports)}; this OpenVINO version or "
+                f"model architecture is not supported by the runner"
+            )
+        for name, port in cache_ports.items():
+            shape = port.get_partial_shape()
+            if shape.rank.is_dynamic or any(dim.is_dynamic for dim in list(shape)[1:]):
+                raise ValueError(f"the plugin left {name} with a dynamic shape {shape}; cannot allocate it")
+        return cache_ports
+
+    def forward(self, chunks: list[SequenceChunk]) -> np.ndarray:
+        """Run ``chunks`` in one inference; return the logits rows they asked for, in chunk order.
+
+        Returns ``[sum(num_logits), vocab]`` float32. The array is a view of the request's output
+        and is valid until the next ``forward``/``start`` of this runner: copy it to keep it.
+        """
+        self.start(chunks)
+        return self.wait()
+
+    def start(self, chunks: list[SequenceChunk]) -> None:
+        """Fill the inputs for ``chunks`` and start the inference without waiting for it."""
+        if self._pending_rows is not None:
+            raise RuntimeError("an inference is still running: call wait() before starting another")
+        self._pending_rows = self._fill_inputs(chunks)
+        self.request.start_async()
+
+    def wait(self) -> np.ndarray:
+        """Wait for the inference started by :meth:`start`; return its logits as :meth:`forward` does."""
+        if self._pending_rows is None:
+            raise RuntimeError("no inference was started")
+        self._pending_rows = None
+        self.request.wait()
+        logits = self.request.get_output_tensor(0).data  # [num_sampled, 1, vocab]
+        logits = logits.reshape(logits.shape[0], self.vocab_size)  # [num_sampled, vocab]
+        return logits.astype(np.float32) if self._logits_need_cast else logits
+
+    def _fill_inputs(self, chunks: list[SequenceChunk]) -> int:
+        """Write the flat batch description of ``chunks`` into the host inputs; return the logits rows."""
+        if not chunks:
+            raise ValueError("forward needs at least one chunk")
+        num_sequences = len(chunks)
+        block_size = self.block_size
+        num_tokens = 0
+        num_block_entries = 0
+        max_context = 0
+        for chunk in chunks:
+            length = len(chunk.token_ids)
+            context = chunk.past_length + length
+            num_blocks = -(-context // block_size)
+            if length == 0 or chunk.past_length < 0 or not 0 <= chunk.num_logits <= length:
+                raise ValueError(
+                    f"bad chunk: {length} tokens, past_length {chunk.past_length}, num_logits "
+                    f"{chunk.num_logits} (need >= 1 token, past_length >= 0, 0 <= num_logits <= tokens)"
+                )
+            if len(chunk.block_table) < num_blocks:
+                raise ValueError(
+                    f"block table of {len(chunk.block_table)} blocks cannot hold {context} positions "
+                    f"(block size {block_size})"
+                )
+            num_tokens += length
+            num_block_entries += num_blocks
+            max_context = max(max_context, context)
+
+        inputs = self._inputs
+        input_ids = inputs["input_ids"].reserve(num_tokens)
+        position_ids = inputs["position_ids"].reserve(num_tokens)
+        sampled = inputs[SAMPLED_TOKEN_INDICES].reserve(num_tokens)
+        past_lens = inputs["past_lens"].reserve(num_sequences)
+        subsequence_begins = inputs["subsequence_begins"].reserve(num_sequences + 1)
+        block_indices = inputs["block_indices"].reserve(num_block_entries)
+        block_indices_begins = inputs["block_indices_begins"].reserve(num_sequences + 1)
+        if self._arange.shape[0] < max(max_context, num_tokens):
+            self._arange = np.arange(2 * max(max_context, num_tokens), dtype=np.int64)
+        arange = self._arange
+
+        token_start = 0
+        block_start = 0
+        num_sampled = 0
+        for index, chunk in enumerate(chunks):
+            length = len(chunk.token_ids)
+            past = chunk.past_length
+            token_end = token_start + length
+            num_blocks = -(-(past + length) // block_size)
+            input_ids[token_start:token_end] = chunk.token_ids
+            position_ids[token_start:token_end] = arange[past : past + length]
+            past_lens[index] = past
+            subsequence_begins[index] = token_start
+            block_indices_begins[index] = block_start
+            block_indices[block_start : block_start + num_blocks] = chunk.block_table[:num_blocks]
+            if chunk.num_logits:
+                sampled[num_sampled : num_sampled + chunk.num_logits] = arange[
+                    token_end - chunk.num_logits : token_end
+                ]
+                num_sampled += chunk.num_logits
+            token_start = token_end
+            block_start += num_blocks
+        subsequence_begins[num_sequences] = num_tokens
+        block_indices_begins[num_sequences] = num_block_entries
+
+        used_blocks = block_indices[:num_block_entries]
+        # An out-of-range block id would make the kernel read or write outside the cache tensors.
+        if used_blocks.min() < 0 or used_blocks.max() >= self.num_blocks:
+            raise ValueError(f"block ids must be in [0, {self.num_blocks}), got {used_blocks.tolist()}")
+        self._max_context_len[...] = max_context
+
+        inputs["input_ids"].bind(num_tokens)
+        inputs["position_ids"].bind(num_tokens)
+        inputs[SAMPLED_TOKEN_INDICES].bind(num_sampled)
+        inputs["past_lens"].bind(num_sequences)
+        inputs["subsequence_begins"].bind(num_sequences + 1)
+        inputs["block_indices"].bind(num_block_entries)
+        inputs["block_indices_begins"].bind(num_sequences + 1)
+        return num_sampled
+
+
+def _per_block_bits(shape: ov.PartialShape, element_type: ov.Type) -> int:
+    """Bits of one block of a cache input ``[num_blocks, ...]``."""
+    return int(np.prod([dim.get_length() for dim in list(shape)[1:]])) * element_type.bitwidth
+
+
+def _zeroed_tensor(element_type: ov.Type, shape: list[int]) -> ov.Tensor:
+    """An ``ov.Tensor`` of zeros; the kernel may read unwritten slots of a partly filled block, and
+    uninitialised memory could hold NaN bit patterns that survive a zero attention weight."""
+    tensor = ov.Tensor(element_type, shape)
+    # .data covers every byte (bf16 shows as float16, packed u4 as flat uint8); 0 is all-zero bits.
+    tensor.data[...] = 0
+    return tensor

@@ -1,0 +1,77 @@
+"""Per-request speculation and latency figures, as the API and the server report them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    """Counts for one request. ``accepted_per_position[i]`` counts drafts accepted at draft position i."""
+
+    arrival_time: float
+    max_draft_tokens: int
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_output_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    verification_steps: int = 0
+    num_preemptions: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.drafted_per_position = [0] * self.max_draft_tokens
+        self.accepted_per_position = [0] * self.max_draft_tokens
+
+    def record_verification(self, num_drafted: int, num_accepted: int) -> None:
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        self.verification_steps += 1
+        for position in range(min(num_drafted, self.max_draft_tokens)):
+            self.drafted_per_position[position] += 1
+            if position < num_accepted:
+                self.accepted_per_position[position] += 1
+
+    def record_tokens(self, count: int, now: float) -> None:
+        if count and self.first_token_time is None:
+            self.first_token_time = now
+        if count:
+            self.last_token_time = now
+        self.num_output_tokens += count
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.first_token_time is None or self.last_token_time is None:
+            return None
+        elapsed = self.last_token_time - self.arrival_time
+        return self.num_output_tokens / elapsed if elapsed > 0 else None
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        return [
+            accepted / drafted if drafted else None
+            for accepted, drafted in zip(self.accepted_per_position, self.drafted_per_position, strict=True)
+        ]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "per_position_acceptance": self.per_position_acceptance,
+            "verification_steps": self.verification_steps,
+            "num_output_tokens": self.num_output_tokens,
+            "num_preemptions": self.num_preemptions,
+            "ttft_s": self.ttft_s,
+            "tokens_per_s": self.tokens_per_s,
+        }

@@ -1,0 +1,170 @@
+"""`xpuspec prepare` and `xpuspec inspect` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from xpuspec.model_bundle import BundleError, ModelBundle
+from xpuspec.prepare.config import BUILTIN_CALIBRATION_PROMPTS, PrepareConfig, PrepareError
+from xpuspec.prepare.presets import DEVICE_PRESETS, TARGET_DEVICES, WEIGHT_FORMATS
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    prepare = subparsers.add_parser(
+        "prepare",
+        help="export a target (and draft) checkpoint to an OpenVINO bundle",
+        description="Export Hugging Face checkpoints to stateful OpenVINO IR, compress the weights with NNCF, "
+        "check that the draft pairs with the target, and write a verified bundle folder.",
+        epilog=_preset_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, OpenVINO IR folder or hub id")
+    prepare.add_argument(
+        "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder or hub id"
+    )
+    prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
+    prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
+    prepare.add_argument("--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for)")
+    prepare.add_argument("--draft-weights", choices=WEIGHT_FORMATS, help="draft weights (default: as target)")
+    prepare.add_argument("--group-size", type=int, help="int4 group size; -1 = channel-wise (default 128)")
+    symmetry = prepare.add_mutually_exclusive_group()
+    symmetry.add_argument(
+        "--sym", dest="sym", action="store_const", const=True, help="symmetric quantization"
+    )
+    symmetry.add_argument("--asym", dest="sym", action="store_const", const=False, help="asymmetric")
+    prepare.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default 1.0)")
+    prepare.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
+    prepare.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
+    prepare.add_argument(
+        "--calibration-prompts",
+        metavar="FILE",
+        type=Path,
+        help="prompts for --awq/--scale-estimation: one per line, or a JSON list (default: a built-in list)",
+    )
+    prepare.add_argument("--force-pair", action="store_true", help="pair even if the tokenizers differ")
+    prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
+    prepare.set_defaults(func=run_prepare)
+
+    inspect = subparsers.add_parser(
+        "inspect", help="summarize a bundle and verify every file's hash", description="Summarize and verify."
+    )
+    inspect.add_argument("bundle", metavar="BUNDLE", type=Path)
+    inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    inspect.set_defaults(func=run_inspect)
+
+
+def _preset_help() -> str:
+    lines = ["device presets (--for; explicit flags override):"]
+    for device, preset in DEVICE_PRESETS.items():
+        int4 = preset.int4
+        group = "channel-wise" if int4.group_size == -1 else f"g{int4.group_size}"
+        lines.append(
+            f"  {device}: default {preset.default_weights}; int8 {'sym' if preset.int8.sym else 'asym'}; "
+            f"int4 {'sym' if int4.sym else 'asym'} {group} ratio {int4.ratio}"
+        )
+    return "\n".join(lines)
+
+
+def read_calibration_prompts(path: Path) -> tuple[str, ...]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"--calibration-prompts {path}: {error.strerror}") from error
+    if path.suffix == ".json":
+        prompts = json.loads(text)
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"--calibration-prompts {path}: expected a JSON list of strings")
+    else:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    return tuple(prompts)
+
+
+def _error(command: str, message: str) -> None:
+    print(f"xpuspec {command}: error: {message}", file=sys.stderr)
+
+
+def _progress_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C, so a killed prepare also cleans up its temp folder."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    try:
+        prompts = (
+            read_calibration_prompts(args.calibration_prompts)
+            if args.calibration_prompts
+            else BUILTIN_CALIBRATION_PROMPTS
+        )
+        config = PrepareConfig(
+            target=args.target,
+            output=args.output,
+            draft=args.draft,
+            device=args.device,
+            weights=args.weights,
+            draft_weights=args.draft_weights,
+            group_size=args.group_size,
+            sym=args.sym,
+            ratio=args.ratio,
+            awq=args.awq,
+            scale_estimation=args.scale_estimation,
+            calibration_prompts=prompts,
+            force_pair=args.force_pair,
+            overwrite=args.overwrite,
+        )
+    except ValueError as error:
+        _error("prepare", str(error))
+        return EXIT_USAGE
+    from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
+
+    try:
+        with _sigterm_as_interrupt():
+            output = prepare_bundle(config, progress=_progress_to_stderr)
+    except PrepareError as error:
+        _error("prepare", str(error))
+        return EXIT_FAILED
+    print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
+    return 0
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from xpuspec.prepare.summary import summarize_bundle
+
+    try:
+        bundle = ModelBundle.open(args.bundle)
+    except BundleError as error:
+        _error("inspect", str(error))
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(bundle.manifest, indent=2))
+    else:
+        print(summarize_bundle(bundle))
+    report = bundle.verify()
+    files = len(bundle.manifest.get("files", {}))
+    if not report.ok:
+        print(f"verification FAILED ({bundle.root}):\n{report.describe()}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"verified: all {files} files match their SHA-256", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,82 @@
+"""Prompt-lookup drafting: propose the tokens that followed an earlier copy of the current suffix.
+
+Code edits, summaries and retrieval answers repeat spans of their context, so the tokens after
+the most recent earlier occurrence of the sequence's last n tokens are a free draft (no draft
+model). The draft is deterministic, so verification treats q as one-hot
+(``RejectionSampler.verify_sampled(..., draft_probs=None, ...)``).
+
+Implementation: stateless and vectorised. For each candidate end position e the match
+``tokens[e-n+1 .. e] == tokens[L-n .. L-1]`` is built up from n = 1 to ``max_ngram`` by one
+array comparison per n (a match of length n is a match of length n-1 plus one more equal token),
+so one call is O(L * max_ngram) numpy work: tens of microseconds for a few thousand tokens, with
+no per-sequence index to keep in sync with preemption or rollback of rejected tokens. Pass a
+numpy array (the engine's token buffer) to avoid converting a Python list on every call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class NgramProposer:
+    """Drafts up to ``num_tokens`` tokens by n-gram lookup in the sequence's own tokens.
+
+    The longest trailing n-gram (``max_ngram`` down to ``min_ngram``) with an earlier occurrence
+    wins; among its occurrences the most recent one is used. With ``periodic_extension`` (the
+    default) a proposal that runs into the end of the sequence continues by copying, as LZ77
+    does: after "a b c a b" the match "a b" at 0 proposes "c a b c a ..." instead of stopping
+    at "c a b", which is what a repetition loop will produce.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, periodic_extension: bool = True) -> None:
+        if not isinstance(min_ngram, int) or min_ngram < 1:
+            raise ValueError(f"min_ngram must be an integer >= 1, got {min_ngram!r}")
+        if not isinstance(max_ngram, int) or max_ngram < min_ngram:
+            raise ValueError(f"max_ngram must be an integer >= min_ngram ({min_ngram}), got {max_ngram!r}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.periodic_extension = periodic_extension
+
+    def propose(self, token_ids: Sequence[int] | np.ndarray, num_tokens: int) -> list[int]:
+        """Draft tokens for a sequence whose tokens so far are ``token_ids`` ([seq_len]).
+
+        Returns at most ``num_tokens`` tokens; fewer or none when no n-gram of at least
+        ``min_ngram`` tokens recurs (or, without periodic extension, when the sequence ends first).
+        """
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        tokens = np.asarray(token_ids)  # [seq_len]
+        seq_len = tokens.shape[0]
+        if num_tokens == 0 or seq_len < self.min_ngram + 1:
+            return []
+
+        # matches[e]: the n tokens ending at e equal the last n tokens. Only e <= seq_len - 2 are
+        # candidates: an occurrence must be followed by at least one token, and must not be the
+        # suffix itself.
+        num_candidates = seq_len - 1
+        matches = np.ones(num_candidates, dtype=bool)  # [seq_len - 1], indexed by end position e
+        best_ngram, best_end = 0, -1
+        for ngram in range(1, min(self.max_ngram, num_candidates) + 1):
+            # Compare tokens[e - (ngram - 1)] with tokens[seq_len - ngram] for every e >= ngram - 1.
+            matches[: ngram - 1] = False
+            matches[ngram - 1 :] &= tokens[: num_candidates - (ngram - 1)] == tokens[seq_len - ngram]
+            if not matches.any():
+                break  # no longer n-gram can match either
+            if ngram >= self.min_ngram:
+                best_ngram = ngram
+                best_end = num_candidates - 1 - int(np.argmax(matches[::-1]))  # most recent occurrence
+        if best_ngram == 0:
+            return []
+
+        first = best_end + 1  # the token that followed the occurrence
+        if not self.periodic_extension:
+            return tokens[first : first + num_tokens].tolist()
+        # The sequence after the occurrence is copied to after the suffix, shift = seq_len - first
+        # positions later; copying past the end reuses the proposal itself, i.e. repeats with that period.
+        period = seq_len - first
+        return tokens[first + np.arange(num_tokens) % period].tolist()

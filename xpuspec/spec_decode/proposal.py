@@ -1,0 +1,131 @@
+"""Drafters: what proposes the γ tokens that the target verifies.
+
+Two drafters exist: a draft model with its own paged KV cache (it shares the target's block
+tables, so both caches must have the same block size and block count) and n-gram prompt lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.sample.sampler import probabilities, sample
+from xpuspec.spec_decode.ngram_proposer import NgramProposer
+
+logger = logging.getLogger(__name__)
+
+RngLookup = Callable[[str], np.random.Generator]
+
+
+@dataclass
+class Proposal:
+    """γ draft tokens for one sequence, and the draft distribution each was drawn from."""
+
+    token_ids: list[int]  # [γ]
+    probs: np.ndarray | None  # [γ, vocab]; None for a deterministic drafter (q is one-hot)
+
+
+class DraftProposer(Protocol):
+    # True when the drafter must see prefill chunks too (a draft model keeps its own KV cache).
+    needs_prefill: bool
+
+    def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]: ...
+
+
+class NgramDraftProposer:
+    """Prompt lookup: propose the tokens that followed the latest earlier match of the sequence's tail."""
+
+    needs_prefill = False
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
+
+    def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
+        proposals = {}
+        for chunk in chunks:
+            if chunk.num_draft_tokens == 0:
+                continue
+            token_ids = self.lookup.propose(chunk.sequence.token_ids, chunk.num_draft_tokens)
+            if token_ids:
+                proposals[chunk.sequence.request_id] = Proposal(list(token_ids), None)
+        return proposals
+
+
+class DraftModelProposer:
+    """A small model on its own KV cache proposes γ tokens by γ batched single-token steps.
+
+    Step 0 catches the draft cache up with every token the draft has not seen (prefill chunks
+    follow the target's chunks; a decoding sequence feeds the tokens accepted last step) and
+    drafts the first token; steps 1..γ-1 feed one token each. After verification the engine
+    sets ``num_draft_computed_tokens`` back to at most ``num_computed_tokens``: the draft's KV
+    of rejected tokens is simply overwritten later.
+    """
+
+    needs_prefill = True
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
+        runner_chunks: list[SequenceChunk] = []
+        drafting: list[ScheduledChunk] = []
+        for chunk in chunks:
+            sequence = chunk.sequence
+            decoding = chunk.num_draft_tokens > 0
+            end = sequence.num_tokens if decoding else sequence.num_computed_tokens + chunk.num_tokens
+            start = sequence.num_draft_computed_tokens
+            if start >= end:
+                continue
+            runner_chunks.append(
+                SequenceChunk(
+                    token_ids=sequence.token_ids[start:end],
+                    past_length=start,
+                    block_table=sequence.block_table,
+                    num_logits=1 if decoding else 0,
+                )
+            )
+            sequence.num_draft_computed_tokens = end
+            if decoding:
+                drafting.append(chunk)
+        if not runner_chunks:
+            return {}
+        logits = self.runner.forward(runner_chunks)  # [len(drafting), vocab]
+
+        token_ids: dict[str, list[int]] = {c.sequence.request_id: [] for c in drafting}
+        probs: dict[str, list[np.ndarray]] = {c.sequence.request_id: [] for c in drafting}
+        active = drafting
+        for step in range(max((c.num_draft_tokens for c in drafting), default=0)):
+            if step > 0:
+                active = [c for c in active if c.num_draft_tokens > step]
+                logits = self.runner.forward(
+                    [
+                        SequenceChunk(
+                            token_ids=[token_ids[c.sequence.request_id][-1]],
+                            past_length=c.sequence.num_draft_computed_tokens,
+                            block_table=c.sequence.block_table,
+                            num_logits=1,
+                        )
+                        for c in active
+                    ]
+                )
+                for c in active:
+                    c.sequence.num_draft_computed_tokens += 1
+            for row, chunk in enumerate(active):
+                request_id = chunk.sequence.request_id
+                params = chunk.sequence.params
+                if params.greedy:
+                    token_ids[request_id].append(int(np.argmax(logits[row])))
+                else:
+                    row_probs = probabilities(logits[row : row + 1], params)[0]  # [vocab]
+                    token_ids[request_id].append(sample(row_probs, rng_for(request_id)))
+                    probs[request_id].append(row_probs)
+        return {
+            request_id: Proposal(ids, np.stack(probs[request_id]) if probs[request_id] else None)
+            for request_id, ids in token_ids.items()
+        }
