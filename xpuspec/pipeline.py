@@ -124,6 +124,7 @@ class Pipeline:
         elif drafter == "ngram":
             proposer = NgramDraftProposer()
         self.engine = LLMEngine(self.target_runner, proposer, config, self.bundle.eos_token_ids)
+        self.engine.calibrate()
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).
         self.last_stats: dict[str, Any] | None = None

@@ -39,7 +39,9 @@ def draft_checkpoint(checkpoint_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def mismatched_draft_checkpoint(checkpoint_root: Path) -> Path:
     """Trained on other text, so its vocabulary differs from the targets'."""
-    return make_tiny_checkpoint(checkpoint_root / "draft-xyz", "llama", hidden_size=32, seed=2, corpus_suffix="xyz")
+    return make_tiny_checkpoint(
+        checkpoint_root / "draft-xyz", "llama", hidden_size=32, seed=2, corpus_suffix="xyz"
+    )
 
 
 def _export(checkpoint: Path, out_dir: Path) -> Path:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from xpuspec.spec_decode.speculation_length import (
+    AcceptanceRates,
     AcceptanceTracker,
     CostModel,
     LinearCostFit,
@@ -165,3 +166,20 @@ def test_bad_arguments_raise() -> None:
         SpeculationLengthPolicy(max_draft_tokens=-1)
     with pytest.raises(ValueError, match="decay"):
         LinearCostFit(0.1, 0.1, decay=0.0)
+
+
+def test_acceptance_rates_keep_one_tracker_per_request() -> None:
+    rates = AcceptanceRates(prior=0.5)
+    rates.update("a", 4, 4)
+    rates.update("b", 4, 0)
+    assert rates.rate("a") > 0.5 > rates.rate("b")
+    rates.forget("a")
+    assert rates.rate("a") == 0.5
+
+
+def test_choose_without_timing_ignores_measurements() -> None:
+    policy = SpeculationLengthPolicy(cost_model=_cost_model(0.01, 0.0, draft_fixed=0.01))
+    untimed = [policy.choose_without_timing(alpha) for alpha in (0.2, 0.6, 0.9)]
+    assert untimed == sorted(untimed) and untimed[-1] > 0
+    assert policy.choose(0.9, 1, 1) != untimed[-1]  # the measured costs would choose differently
+    assert [policy.choose_without_timing(alpha) for alpha in (0.2, 0.6, 0.9)] == untimed

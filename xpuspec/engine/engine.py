@@ -34,7 +34,7 @@ from xpuspec.sample.sampler import make_generator, probabilities
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
-from xpuspec.spec_decode.speculation_length import AcceptanceTracker, CostModel, SpeculationLengthPolicy
+from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -124,10 +124,28 @@ class LLMEngine:
         )
         self.rejection_sampler = RejectionSampler()
         self.cost_model = CostModel()
-        self.acceptance = AcceptanceTracker()
-        self.length_policy = SpeculationLengthPolicy(max_draft_tokens=config.max_draft_tokens)
+        self.acceptance = AcceptanceRates()
+        self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._sequences: dict[str, Sequence] = {}
         self._states: dict[str, _RequestState] = {}
+
+    def calibrate(self, repeats: int = 3) -> None:
+        """Time the target and the drafter on dummy steps so the cost model starts from measurements.
+
+        Runs before any request holds blocks: the dummy tokens are written into block 0 and
+        overwritten by the first real sequence.
+        """
+        if self.num_requests:
+            raise RuntimeError("calibrate() runs only while no request is in flight")
+        for num_tokens in (1, 1 + self.config.max_draft_tokens):
+            chunk = SequenceChunk(token_ids=[0] * num_tokens, past_length=0, block_table=[0], num_logits=1)
+            for _ in range(repeats):
+                started = self.clock()
+                self.target.forward([chunk])
+                self.cost_model.record_target_step(num_tokens, self.clock() - started)
+        if self.proposer is not None:
+            for _ in range(repeats):
+                self.cost_model.record_draft_step(1, self.proposer.measure_step_seconds())
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -218,7 +236,6 @@ class LLMEngine:
             return self.length_policy.choose_without_timing(rate)
         return self.length_policy.choose(
             rate,
-            self.cost_model,
             batch_tokens=self.scheduler.num_running,
             num_sequences=self.scheduler.num_running,
         )

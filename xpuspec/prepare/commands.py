@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare = subparsers.add_parser(
         "prepare",
         help="export a target (and draft) checkpoint to an OpenVINO bundle",
-        description="Export Hugging Face checkpoints to stateful OpenVINO IR, compress the weights with NNCF, "
-        "check that the draft pairs with the target, and write a verified bundle folder.",
+        description="Export Hugging Face checkpoints to stateful OpenVINO IR, compress the weights with "
+        "NNCF, check that the draft pairs with the target, and write a verified bundle folder.",
         epilog=_preset_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

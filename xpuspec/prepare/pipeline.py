@@ -187,8 +187,8 @@ def _refuse_compressed_ir(ir_model: ov.Model, model: _ModelInput) -> None:
     int8_constants, int4_constants = count_low_precision_weights(ir_model)
     if int8_constants or int4_constants:
         raise PrepareError(
-            f"{model.role} {model.source.spec}: this OpenVINO IR is already compressed ({int8_constants} int8 and "
-            f"{int4_constants} int4 weights); prepare from the original checkpoint or an fp32/fp16 IR"
+            f"{model.role} {model.source.spec}: IR already compressed ({int8_constants} int8 "
+            f"and {int4_constants} int4 weights); prepare from the original checkpoint or an fp32/fp16 IR"
         )
 
 

@@ -15,9 +15,8 @@ def describe_compression(compression: dict[str, Any]) -> str:
         parts.append("channel-wise" if group_size == -1 else f"group {group_size}")
         parts.append(f"ratio {compression.get('ratio')}")
         parts += [name for name in ("awq", "scale_estimation") if compression.get(name)]
-    parts.append(
-        f"({compression.get('int4_constants', 0)} int4 + {compression.get('int8_constants', 0)} int8 weight constants)"
-    )
+    int4_count, int8_count = compression.get("int4_constants", 0), compression.get("int8_constants", 0)
+    parts.append(f"({int4_count} int4 + {int8_count} int8 weight constants)")
     return " ".join(str(part) for part in parts)
 
 
@@ -36,7 +35,8 @@ def summarize_bundle(bundle: ModelBundle) -> str:
         lines += [
             f"{role}: {facts.get('architecture')} ({facts.get('model_type')}) in {facts.get('path')}/",
             f"  source: {facts.get('source')}",
-            f"  vocab {facts.get('vocab_size')}, {facts.get('num_layers')} layers, hidden {facts.get('hidden_size')}, "
+            f"  vocab {facts.get('vocab_size')}, {facts.get('num_layers')} layers, "
+            f"hidden {facts.get('hidden_size')}, "
             f"{facts.get('num_kv_heads')} kv heads x head_dim {facts.get('head_dim')}, "
             f"context {facts.get('max_position_embeddings')}",
             f"  weights: {describe_compression(facts.get('compression', {}))}",

@@ -7,6 +7,7 @@ tables, so both caches must have the same block size and block count) and n-gram
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +38,10 @@ class DraftProposer(Protocol):
 
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]: ...
 
+    def measure_step_seconds(self) -> float:
+        """Seconds to draft one token for one sequence (the cost model's calibration)."""
+        ...
+
 
 class NgramDraftProposer:
     """Prompt lookup: propose the tokens that followed the latest earlier match of the sequence's tail."""
@@ -45,6 +50,12 @@ class NgramDraftProposer:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
+
+    def measure_step_seconds(self) -> float:
+        tokens = list(range(256)) * 2
+        started = time.perf_counter()
+        self.lookup.propose(tokens, 4)
+        return (time.perf_counter() - started) / 4
 
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
         proposals = {}
@@ -71,6 +82,12 @@ class DraftModelProposer:
 
     def __init__(self, runner):
         self.runner = runner
+
+    def measure_step_seconds(self) -> float:
+        chunk = SequenceChunk(token_ids=[0], past_length=0, block_table=[0], num_logits=1)
+        started = time.perf_counter()
+        self.runner.forward([chunk])
+        return time.perf_counter() - started
 
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
         runner_chunks: list[SequenceChunk] = []

@@ -8,8 +8,8 @@ when the batch is large enough that every verified token costs the target real c
 
 Pieces:
 
-- :class:`LinearCostFit`: online ridge-regularised least squares of ``seconds ≈ a + b * size``,
-  with exponential forgetting so the fit follows the current operating point;
+- :class:`LinearCostFit`: online least squares of ``seconds ≈ a + b * size`` with a prior and
+  exponential forgetting, so the fit follows the current operating point;
 - :class:`CostModel`: one fit for the target step (size = tokens in the step), one for a draft
   step (size = sequences drafting);
 - :class:`AcceptanceTracker`: one sequence's acceptance rate;
@@ -43,14 +43,15 @@ def expected_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
 class LinearCostFit:
     """Online fit of ``seconds = intercept + slope * size`` from (size, seconds) observations.
 
-    Minimises ``Σ_i w_i (y_i - a - b x_i)^2 + prior_weight * ((a - a0)^2 + slope_scale^2 (b - b0)^2)``
-    where the weights of older observations decay by ``decay`` per new one (memory of about
-    ``1 / (1 - decay)`` steps). The prior is worth ``prior_weight`` observations (a fifth of
-    one by default, so steady data moves the fit within a few steps): it gives the
-    answer before any measurement, and keeps the slope at its prior when every measurement has
-    the same size (e.g. a constant batch), where the data says nothing about it. ``slope_scale``
-    is the size spread at which the data's evidence on the slope equals one prior observation.
-    Intercept and slope are kept >= 0: a step never gets cheaper with more work.
+    Weighted least squares in the centred form ``seconds = level + slope * (size - mean_size)``
+    with a ridge prior on each coefficient (worth ``prior_weight`` observations for the level and
+    ``prior_weight * slope_scale**2`` for the slope). Centring decouples the two: the level (the
+    cost at the sizes actually seen) follows the data at once, and the slope keeps its prior until
+    sizes vary, e.g. a constant batch says nothing about the per-token cost. ``slope_scale`` is
+    the spread of sizes at which the data's evidence on the slope equals the prior's. Older
+    observations decay by ``decay`` per new one (memory of about ``1 / (1 - decay)`` steps), so
+    the fit follows the current operating point. Intercept and slope are kept >= 0: a step never
+    gets cheaper with more work.
     """
 
     def __init__(
@@ -69,40 +70,43 @@ class LinearCostFit:
             raise ValueError(f"prior_weight and slope_scale must be > 0, got {prior_weight}, {slope_scale}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.prior_intercept = prior_intercept
+        self.prior_slope = prior_slope
+        self.prior_weight = prior_weight
+        self.slope_prior_weight = prior_weight * slope_scale**2
         self.decay = decay
-        self._prior_mean = np.array([prior_intercept, prior_slope])  # [2]
-        self._prior_precision = prior_weight * np.diag([1.0, slope_scale**2])  # [2, 2]
-        self._gram = np.zeros((2, 2))  # Σ w [1, x]^T [1, x]
-        self._moment = np.zeros(2)  # Σ w [1, x] y
-        self._coefficients = self._prior_mean.copy()  # [intercept, slope]
+        # Decayed sums: [Σw, Σw·x, Σw·x², Σw·y, Σw·x·y]
+        self._sums = np.zeros(5)
+        self.intercept = prior_intercept
+        self.slope = prior_slope
 
     def record(self, size: float, seconds: float) -> None:
-        """Add one observation and refit (a 2x2 solve)."""
+        """Add one observation and refit (closed form, a few flops)."""
         if not (size >= 0 and seconds >= 0 and np.isfinite(seconds)):
             raise ValueError(f"need size >= 0 and finite seconds >= 0, got size {size}, seconds {seconds}")
-        features = np.array([1.0, float(size)])  # [2]
-        self._gram = self.decay * self._gram + np.outer(features, features)
-        self._moment = self.decay * self._moment + features * seconds
-        self._coefficients = self._solve(self._gram, self._moment)
+        size = float(size)
+        self._sums = self.decay * self._sums + np.array([1.0, size, size * size, seconds, size * seconds])
+        self._refit()
 
-    def _solve(self, gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
-        precision = gram + self._prior_precision
-        coefficients = np.linalg.solve(precision, moment + self._prior_precision @ self._prior_mean)
-        if coefficients[1] < 0:  # refit with the slope pinned at 0
-            intercept = moment[0] + self._prior_precision[0, 0] * self._prior_mean[0]
-            coefficients = np.array([intercept / precision[0, 0], 0.0])
-        if coefficients[0] < 0:  # refit through the origin
-            slope = moment[1] + self._prior_precision[1, 1] * self._prior_mean[1]
-            coefficients = np.array([0.0, max(0.0, slope / precision[1, 1])])
-        return coefficients
-
-    @property
-    def intercept(self) -> float:
-        return float(self._coefficients[0])
-
-    @property
-    def slope(self) -> float:
-        return float(self._coefficients[1])
+    def _refit(self) -> None:
+        weight, sum_x, sum_xx, sum_y, sum_xy = self._sums
+        mean_size = sum_x / weight
+        prior_level = self.prior_intercept + self.prior_slope * mean_size
+        level = (sum_y + self.prior_weight * prior_level) / (weight + self.prior_weight)
+        centred_xx = max(sum_xx - sum_x * mean_size, 0.0)  # Σw (x - mean)^2
+        centred_xy = sum_xy - mean_size * sum_y  # Σw (x - mean) y
+        slope = (centred_xy + self.slope_prior_weight * self.prior_slope) / (
+            centred_xx + self.slope_prior_weight
+        )
+        slope = max(slope, 0.0)
+        intercept = level - slope * mean_size
+        if intercept < 0.0:  # the line would cross zero before size 0: fit through the origin instead
+            intercept = 0.0
+            slope = max(
+                0.0,
+                (sum_xy + self.slope_prior_weight * self.prior_slope) / (sum_xx + self.slope_prior_weight),
+            )
+        self.intercept, self.slope = float(intercept), float(slope)
 
     def __call__(self, size: float) -> float:
         """Predicted seconds for a step of ``size``."""
@@ -172,6 +176,29 @@ class AcceptanceTracker:
         return (self._accepted + self.prior * self.prior_weight) / (self._tested + self.prior_weight)
 
 
+class AcceptanceRates:
+    """One :class:`AcceptanceTracker` per sequence, keyed by request id (created on first use)."""
+
+    def __init__(self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9) -> None:
+        AcceptanceTracker(prior, prior_weight, decay)  # validates the settings once, up front
+        self._settings = (prior, prior_weight, decay)
+        self._trackers: dict[str, AcceptanceTracker] = {}
+
+    def tracker(self, request_id: str) -> AcceptanceTracker:
+        if request_id not in self._trackers:
+            self._trackers[request_id] = AcceptanceTracker(*self._settings)
+        return self._trackers[request_id]
+
+    def rate(self, request_id: str) -> float:
+        return self.tracker(request_id).rate
+
+    def update(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        self.tracker(request_id).update(num_drafted, num_accepted)
+
+    def forget(self, request_id: str) -> None:
+        self._trackers.pop(request_id, None)
+
+
 class SpeculationLengthPolicy:
     """Chooses γ in [0, max_draft_tokens] maximising expected tokens per second.
 
@@ -216,3 +243,18 @@ class SpeculationLengthPolicy:
         ]
         best = int(np.argmax(rates))  # the smallest γ among equal rates
         return best if rates[best] >= self.min_speedup * rates[0] else 0
+
+    def choose_without_timing(self, acceptance_rate: float) -> int:
+        """γ for a single sequence from the prior costs only: a pure function of the acceptance rate.
+
+        For seeded requests: the random numbers a step consumes depend on γ, so a γ that depends
+        on measured wall-clock times would make a seeded request unrepeatable.
+        """
+        timed_costs, self.cost_model = self.cost_model, _PRIOR_COSTS
+        try:
+            return self.choose(acceptance_rate, batch_tokens=1, num_sequences=1)
+        finally:
+            self.cost_model = timed_costs
+
+
+_PRIOR_COSTS = CostModel()  # never recorded into: the fixed costs of choose_without_timing

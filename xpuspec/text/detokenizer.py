@@ -8,7 +8,7 @@ a leading space or merge bytes across tokens decode the same tokens differently 
 start, and decoding both sides with the same start cancels that out.
 
 Byte-level BPE may split one UTF-8 character over several tokens; the partial character decodes
-to U+FFFD, so a delta ending in U+FFFD is held back until the character completes.
+to U+FFFD, so the tokens from the one where it starts are held back until it completes.
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ logger = logging.getLogger(__name__)
 REPLACEMENT_CHARACTER = "\ufffd"
 # Context tokens decoded before the first new token when starting after a prompt (vLLM uses 5).
 PROMPT_CONTEXT_TOKENS = 5
-# A UTF-8 character has at most 4 bytes, so at most 3 tokens can end in an unfinished one; beyond
-# this many held tokens the U+FFFD is a real invalid byte and holding on would only grow the window.
+# A UTF-8 character has at most 4 bytes, so its start lies in one of the last 4 tokens (bar
+# special tokens decoded to nothing in between).
+MAX_CHARACTER_TOKENS = 4
+# Held tokens with no character start among them are invalid bytes, not an unfinished character:
+# release them rather than let the window grow.
 MAX_HELD_TOKENS = 8
 
 
@@ -60,42 +63,55 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add generated tokens; return the text they complete (may be empty)."""
-        held_before = len(self._token_ids) - self._read_offset
         self._token_ids.extend(token_ids)
         self._num_generated += len(token_ids)
         if not token_ids:
             return ""
-        delta = self._pending_delta()
-        if delta.endswith(REPLACEMENT_CHARACTER) and held_before < MAX_HELD_TOKENS:
-            return ""
-        self._advance()
-        return delta
+        end = len(self._token_ids)
+        delta = self._delta_up_to(end)
+        if not delta.endswith(REPLACEMENT_CHARACTER):
+            self._advance_to(end)
+            return delta
+        # The text ends in an unfinished character (or a truly invalid byte). Emit up to the
+        # token where it starts, so that a run of pushes each ending mid-character (byte tokens
+        # of CJK or emoji text) still moves on and the window stays short.
+        for split in range(end - 1, max(self._read_offset, end - MAX_CHARACTER_TOKENS - 1), -1):
+            partial = self._delta_up_to(split)
+            if not partial.endswith(REPLACEMENT_CHARACTER):
+                self._advance_to(split)
+                return partial
+        if end - self._read_offset > MAX_HELD_TOKENS:
+            self._advance_to(end)
+            return delta
+        return ""
 
     def flush(self) -> str:
         """Release held-back text (an unfinished character at the very end, as U+FFFD)."""
-        if self._read_offset == len(self._token_ids):
+        end = len(self._token_ids)
+        if self._read_offset == end:
             return ""
-        delta = self._pending_delta()
-        self._advance()
+        delta = self._delta_up_to(end)
+        self._advance_to(end)
         return delta
 
-    def _pending_delta(self) -> str:
+    def _delta_up_to(self, end: int) -> str:
+        """Text of token_ids[read_offset:end], decoded in the context of the window before it."""
         if self._prefix_text is None:
             window = self._token_ids[self._prefix_offset : self._read_offset]
             self._prefix_text = self._decode(window) if window else ""
-        full_text = self._decode(self._token_ids[self._prefix_offset :])
-        if not full_text.startswith(self._prefix_text):
+        text = self._decode(self._token_ids[self._prefix_offset : end])
+        if not text.startswith(self._prefix_text):
             # Text normalisation (e.g. clean_up_tokenization_spaces) rewrote emitted text; the
             # emitted part cannot be taken back, so continue from the same length.
-            logger.debug("detokenized window changed its prefix: %r -> %r", self._prefix_text, full_text)
-        return full_text[len(self._prefix_text) :]
+            logger.debug("detokenized window changed its prefix: %r -> %r", self._prefix_text, text)
+        return text[len(self._prefix_text) :]
 
-    def _advance(self) -> None:
-        # The window that was just emitted becomes the context of the next push; older tokens
-        # are no longer needed.
+    def _advance_to(self, end: int) -> None:
+        # Tokens up to `end` are out; those from the old read offset on become the context of the
+        # next push, and older ones are no longer needed.
         del self._token_ids[: self._read_offset]
         self._prefix_offset = 0
-        self._read_offset = len(self._token_ids)
+        self._read_offset = end - self._read_offset
         self._prefix_text = None
 
     def _decode(self, token_ids: list[int]) -> str:
