@@ -101,3 +101,22 @@ def make_tiny_checkpoint(
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def make_perturbed_draft(target_dir: Path, out_dir: Path, noise: float = 0.02, seed: int = 1) -> Path:
+    """A draft that agrees with the target often but not always: the target's weights plus noise.
+
+    Random drafts of random targets accept almost nothing, which leaves the acceptance paths
+    untested; a perturbed copy accepts a good share of tokens and rejects the rest.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * noise * parameter.std())
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(out_dir)
+    return out_dir

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from xpuspec.text import IncrementalDetokenizer, Tokenizer
-from xpuspec.text.detokenizer import MAX_HELD_TOKENS
+from xpuspec.text.detokenizer import MAX_CHARACTER_TOKENS, MAX_HELD_TOKENS
 
 STREAM_TEXT = "Résumé: naïve 😀 code 👍🏽 — 日本語\ndef f(x):\n    return x  # ok 🚀 done"
 
@@ -85,6 +85,19 @@ def test_work_per_push_does_not_grow_with_the_output(tokenizer: Tokenizer, hf_to
     # A window is at most the previous chunk, the held tokens and the new chunk (pushes are <= 4).
     assert recorder.longest_call <= 4 + MAX_HELD_TOKENS + 4
     assert len(token_ids) > 10 * recorder.longest_call
+
+
+def test_pushes_that_keep_ending_mid_character_still_move_on(tokenizer: Tokenizer) -> None:
+    # 3-byte characters as single-byte tokens pushed 2 at a time: most pushes end mid-character.
+    text = "日本語のテキスト" * 8
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    recorder = _RecordingDecoder(tokenizer)
+    detokenizer = IncrementalDetokenizer(recorder)
+    deltas = [detokenizer.push(token_ids[start : start + 2]) for start in range(0, len(token_ids), 2)]
+    deltas.append(detokenizer.flush())
+    assert "".join(deltas) == text
+    assert sum(1 for delta in deltas if delta) > len(text) // 2
+    assert recorder.longest_call <= 2 + MAX_CHARACTER_TOKENS + 2
 
 
 def test_unfinished_character_is_released_by_flush(tokenizer: Tokenizer) -> None:

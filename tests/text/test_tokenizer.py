@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,7 +26,9 @@ TEXTS = [
 @pytest.mark.parametrize("text", TEXTS)
 def test_encode_matches_hf(tokenizer: Tokenizer, hf_tokenizer, text: str) -> None:
     assert tokenizer.encode(text) == hf_tokenizer.encode(text)
-    assert tokenizer.encode(text, add_special_tokens=False) == hf_tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.encode(text, add_special_tokens=False) == hf_tokenizer.encode(
+        text, add_special_tokens=False
+    )
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -96,3 +100,20 @@ def test_encode_batch_rejects_a_bare_string(tokenizer: Tokenizer) -> None:
 def test_missing_ir_is_reported(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="openvino_tokenizer.xml"):
         Tokenizer(tmp_path)
+
+
+def test_process_exits_cleanly_after_use(plain_tokenizer_dir: Path) -> None:
+    # Rebuilt ov.Models lose their hold on the tokenizer extension library; freeing them after
+    # the Core used to crash the interpreter.
+    script = (
+        "import sys; from xpuspec.text import Tokenizer; "
+        "t = Tokenizer(sys.argv[1]); assert t.decode(t.encode('ab')) == 'ab'; del t"
+    )
+    repo_root = Path(__file__).resolve().parents[2]
+    completed = subprocess.run(
+        [sys.executable, "-c", script, str(plain_tokenizer_dir)],
+        cwd=repo_root,
+        capture_output=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()

@@ -4,7 +4,7 @@
 
 Writes DIR/target and DIR/draft (Hugging Face checkpoints sharing one tokenizer), DIR/heldout.json,
 DIR/train_files.json and DIR/metrics.json. The target is a ~12.6M-parameter Llama trained on the
-corpus; the draft, a ~1.4M-parameter Llama, is then distilled from it. Nothing is downloaded.
+corpus; the draft, a ~1.5M-parameter Llama, is then distilled from it. Nothing is downloaded.
 """
 
 from __future__ import annotations

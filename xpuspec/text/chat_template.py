@@ -50,7 +50,9 @@ def _tojson(
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(format: str) -> str:
@@ -121,7 +123,9 @@ class ChatTemplate:
             named = {entry["name"]: entry["template"] for entry in template}
             template = named.get("default")
         if not template:
-            raise ValueError(f"{model_dir} has no chat template ({CHAT_TEMPLATE_FILE} or {TOKENIZER_CONFIG_FILE})")
+            raise ValueError(
+                f"{model_dir} has no chat template ({CHAT_TEMPLATE_FILE} or {TOKENIZER_CONFIG_FILE})"
+            )
         return cls(template, _token_content(config.get("bos_token")), _token_content(config.get("eos_token")))
 
     @classmethod

@@ -1,11 +1,11 @@
 """Streaming detokenization: turn a growing list of token ids into text deltas.
 
-Decoding the whole output on every step costs O(length) per token. Instead we keep two offsets,
-as vLLM and HF's TextStreamer do: ``read_offset`` marks the tokens whose text is already out, and
-``prefix_offset`` starts a short window of context before it. Each push decodes the window with
-and without the new tokens and emits the difference. The context matters: tokenizers that strip
-a leading space or merge bytes across tokens decode the same tokens differently at a sequence
-start, and decoding both sides with the same start cancels that out.
+Decoding the whole output on every step costs O(length) per token. Instead, as vLLM does, we
+keep a short window: the tokens of the last emitted chunk as context, then the tokens not yet
+emitted. Each push decodes the window with and without the new tokens and emits the difference.
+The context matters: tokenizers that strip a leading space or merge bytes across tokens decode
+the same tokens differently at a sequence start, and decoding both sides with the same start
+cancels that out.
 
 Byte-level BPE may split one UTF-8 character over several tokens; the partial character decodes
 to U+FFFD, so the tokens from the one where it starts are held back until it completes.
@@ -50,10 +50,10 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids or [])[-PROMPT_CONTEXT_TOKENS:]
+        # token_ids[:read_offset] is already out (kept as context), token_ids[read_offset:] is held.
         self._token_ids: list[int] = context
-        self._prefix_offset = 0
         self._read_offset = len(context)
-        # Text of token_ids[prefix_offset:read_offset], computed at most once per window.
+        # Text of token_ids[:read_offset], decoded at most once per window.
         self._prefix_text: str | None = None
         self._num_generated = 0
 
@@ -97,9 +97,9 @@ class IncrementalDetokenizer:
     def _delta_up_to(self, end: int) -> str:
         """Text of token_ids[read_offset:end], decoded in the context of the window before it."""
         if self._prefix_text is None:
-            window = self._token_ids[self._prefix_offset : self._read_offset]
-            self._prefix_text = self._decode(window) if window else ""
-        text = self._decode(self._token_ids[self._prefix_offset : end])
+            context = self._token_ids[: self._read_offset]
+            self._prefix_text = self._decode(context) if context else ""
+        text = self._decode(self._token_ids[:end])
         if not text.startswith(self._prefix_text):
             # Text normalisation (e.g. clean_up_tokenization_spaces) rewrote emitted text; the
             # emitted part cannot be taken back, so continue from the same length.
@@ -110,7 +110,6 @@ class IncrementalDetokenizer:
         # Tokens up to `end` are out; those from the old read offset on become the context of the
         # next push, and older ones are no longer needed.
         del self._token_ids[: self._read_offset]
-        self._prefix_offset = 0
         self._read_offset = end - self._read_offset
         self._prefix_text = None
 

@@ -99,20 +99,24 @@ def _make_skip_special_tokens_switchable(model: ov.Model) -> bool:
     return True
 
 
-def _output_bytes_before_packing(model: ov.Model) -> ov.Model | None:
-    """The detokenizer with the (begins, ends, bytes) of its text as outputs, or None if unknown.
+def _output_bytes_before_packing(model: ov.Model) -> bool:
+    """Make the detokenizer output the (begins, ends, bytes) of its text; False if it cannot.
 
     StringTensorPack returns the text of an earlier call when every string is empty (e.g. a
-    lone BOS with skip_special_tokens), so we skip it and slice the bytes ourselves.
+    lone BOS with skip_special_tokens), so we drop it and slice the bytes ourselves. The model is
+    edited in place: a new ov.Model would not keep the tokenizer extension library loaded, and
+    freeing its nodes after the Core crashes the process.
     """
     results = model.get_results()
     if len(results) != 1:
-        return None
+        return False
     pack = results[0].input_value(0).get_node()
     if pack.get_type_name() != "StringTensorPack":
-        return None
-    ragged = [opset.result(pack.input_value(port)) for port in range(3)]  # begins, ends, bytes
-    return ov.Model(ragged, model.get_parameters(), "detokenizer_bytes")
+        return False
+    model.add_results([opset.result(pack.input_value(port)) for port in range(3)])  # begins, ends, bytes
+    model.remove_result(results[0])
+    model.validate_nodes_and_infer_types()
+    return True
 
 
 def _rt_info_int(model: ov.Model, key: str) -> int | None:
@@ -164,12 +168,11 @@ class Tokenizer:
         self._has_skip_switch = _make_skip_special_tokens_switchable(detokenizer_model)
         if not self._has_skip_switch:
             logger.warning("%s has no VocabDecoder: skip_special_tokens is ignored", DETOKENIZER_FILE)
-        unpacked = _output_bytes_before_packing(detokenizer_model)
-        self._decodes_to_bytes = unpacked is not None
-        if unpacked is None:
-            logger.warning("%s does not end in StringTensorPack: decoding to '' may be wrong", DETOKENIZER_FILE)
-        else:
-            detokenizer_model = unpacked
+        self._decodes_to_bytes = _output_bytes_before_packing(detokenizer_model)
+        if not self._decodes_to_bytes:
+            logger.warning(
+                "%s does not end in StringTensorPack: decoding to '' may be wrong", DETOKENIZER_FILE
+            )
 
         self.bos_token_id = _rt_info_int(tokenizer_model, "bos_token_id")
         self.eos_token_id = _rt_info_int(tokenizer_model, "eos_token_id")
@@ -201,7 +204,7 @@ class Tokenizer:
             input_ids = request.get_tensor("input_ids").data  # [batch, padded_length]
             attention_mask = request.get_tensor("attention_mask").data  # [batch, padded_length]
             # The mask, not a pad id, tells padding apart: pad may also be a real token.
-            return [row[mask == 1].tolist() for row, mask in zip(input_ids, attention_mask)]
+            return [row[mask == 1].tolist() for row, mask in zip(input_ids, attention_mask, strict=True)]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]

@@ -1,0 +1,112 @@
+"""Greedy speculative output is token-identical to the target alone, and to OpenVINO GenAI.
+
+Compared at f32 compute and f32 KV cache (tests/conftest.py ``F32``), as OpenVINO GenAI's own
+speculative-decoding tests do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import F32
+from xpuspec import Pipeline, SamplingParams
+
+# Mixed lengths: one token up to a few hundred, code and prose, repeats for the n-gram drafter.
+PROMPTS = [
+    "def",
+    "def add(a, b):",
+    "import os\nimport sys\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "The quick brown fox jumps over the lazy dog. " * 6,
+    "for i in range(10):\n    if i % 2 == 0:\n        continue\n",
+    "print(os.path.join('a', 'b'))",
+    "x = 1\ny = 2\nz = x + y\n" * 8,
+    "return a + b",
+    "yield i\n" * 20,
+    "The",
+    "class",
+    "lazy dog " * 30,
+    "def __init__(self):\n    self.items = []\n",
+    "import sys; print(sys.argv)",
+    "fox jumps",
+    "if __name__ == '__main__':\n    main()\n",
+    "continue\n" * 12,
+    "a + b + c + d",
+    "self.y = y\n",
+]
+MAX_TOKENS = 32
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target_only(pair_bundle) -> list[list[int]]:
+    pipe = Pipeline(pair_bundle, drafter="none", properties=F32)
+    return [pipe.generate(prompt, GREEDY)[0].token_ids for prompt in PROMPTS]
+
+
+@pytest.fixture(scope="module", params=["draft", "ngram"])
+def speculative(request, pair_bundle) -> Pipeline:
+    return Pipeline(pair_bundle, drafter=request.param, properties=F32)
+
+
+def _mismatches(expected: list[list[int]], results) -> list[int]:
+    return [i for i, (ids, result) in enumerate(zip(expected, results, strict=True)) if ids != result.token_ids]
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 1, 4])
+def test_one_request_at_a_time(speculative, target_only, num_draft_tokens):
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens)
+    results = [speculative.generate(prompt, params)[0] for prompt in PROMPTS]
+    assert _mismatches(target_only, results) == []
+    if num_draft_tokens:
+        # Adaptive γ may rightly choose 0 here: this tiny draft costs as much as its target.
+        drafted = sum(r.stats["drafted"] for r in results)
+        assert drafted > 0, "the drafter proposed nothing: the comparison would not test speculation"
+
+
+def test_sixteen_in_flight(speculative, target_only):
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=4)
+    results = speculative.generate(PROMPTS[:16], params)
+    assert _mismatches(target_only[:16], results) == []
+
+
+def test_draft_model_accepts_and_rejects(pair_bundle, target_only):
+    """The perturbed draft must both accept and reject, so both paths of the comparison ran."""
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    results = pipe.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                                                    num_draft_tokens=4))
+    assert _mismatches(target_only, results) == []
+    drafted = sum(r.stats["drafted"] for r in results)
+    accepted = sum(r.stats["accepted"] for r in results)
+    assert 0 < accepted < drafted
+
+
+def test_preemption_keeps_output_exact(pair_bundle, target_only):
+    """A KV cache too small for all requests forces recompute-preemption; the output must not change."""
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, num_kv_blocks=12)
+    results = pipe.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                                                    num_draft_tokens=3))
+    assert _mismatches(target_only, results) == []
+    assert sum(r.stats["num_preemptions"] for r in results) > 0
+    assert pipe.engine.block_manager.num_used_blocks == 0
+
+
+def test_matches_openvino_genai(pair_bundle, target_only):
+    openvino_genai = pytest.importorskip("openvino_genai")
+    import numpy as np
+    import openvino as ov
+
+    genai = openvino_genai.LLMPipeline(str(pair_bundle / "target"), "CPU", **F32)
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = MAX_TOKENS
+    config.ignore_eos = True
+    config.do_sample = False
+    tokenizer = Pipeline(pair_bundle, drafter="none", properties=F32).tokenizer
+    mismatches = []
+    for index, prompt in enumerate(PROMPTS):
+        ids = np.array([tokenizer.encode(prompt)], dtype=np.int64)
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        tokens = list(genai.generate(inputs, config).tokens[0])
+        if tokens != target_only[index]:
+            mismatches.append(index)
+    assert mismatches == []
