@@ -64,6 +64,8 @@ class RequestText:
         """Return the new text that may be shown; sets ``stopped`` when a stop string is hit."""
         self.token_ids.extend(token_ids)
         delta = self.detokenizer.push(token_ids) if token_ids else ""
+        if finished:
+            delta += self.detokenizer.flush()  # a character cut short by the end still shows
         if self.stops is not None:
             delta, self.stopped = self.stops.push(delta)
             if finished and not self.stopped:
@@ -120,7 +122,7 @@ class Pipeline:
                     f"draft KV block size {draft_runner.block_size} differs from the target's "
                     f"{self.target_runner.block_size}: put both models on devices with the same block size"
                 )
-            proposer = DraftModelProposer(draft_runner)
+            proposer = DraftModelProposer(draft_runner, self.target_runner.vocab_size)
         elif drafter == "ngram":
             proposer = NgramDraftProposer()
         self.engine = LLMEngine(self.target_runner, proposer, config, self.bundle.eos_token_ids)
@@ -145,20 +147,35 @@ class Pipeline:
 
     # --------------------------------------------------------------- generation
     def generate(
-        self, prompts: str | Messages | Sequence[str | Messages], params: SamplingParams | None = None
+        self,
+        prompts: str | Messages | Sequence[str | Messages],
+        params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[GenerationResult]:
-        """Generate for every prompt at once (continuous batching); results in prompt order."""
-        params = params or SamplingParams()
+        """Generate for every prompt at once (continuous batching); results in prompt order.
+
+        ``params`` is one ``SamplingParams`` for all prompts or a list with one per prompt.
+        """
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
         ):
             prompts = [prompts]  # type: ignore[list-item]
+        if isinstance(params, list):
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+            per_prompt = params
+        else:
+            per_prompt = [params or SamplingParams()] * len(prompts)
         texts: dict[str, RequestText] = {}
         order = []
-        for prompt in prompts:
-            request_id = self._add(prompt, params)
-            texts[request_id] = RequestText(self.tokenizer, params)
-            order.append(request_id)
+        try:
+            for prompt, prompt_params in zip(prompts, per_prompt, strict=True):
+                request_id = self._add(prompt, prompt_params)
+                texts[request_id] = RequestText(self.tokenizer, prompt_params)
+                order.append(request_id)
+        except ValueError:
+            for request_id in order:  # nothing half-submitted stays in the engine
+                self.engine.abort(request_id)
+            raise
         finished: dict[str, StepOutput] = {}
         try:
             for output, _ in self._run(texts):

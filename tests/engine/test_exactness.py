@@ -50,12 +50,16 @@ def speculative(request, pair_bundle) -> Pipeline:
 
 
 def _mismatches(expected: list[list[int]], results) -> list[int]:
-    return [i for i, (ids, result) in enumerate(zip(expected, results, strict=True)) if ids != result.token_ids]
+    return [
+        i for i, (ids, result) in enumerate(zip(expected, results, strict=True)) if ids != result.token_ids
+    ]
 
 
 @pytest.mark.parametrize("num_draft_tokens", [None, 1, 4])
 def test_one_request_at_a_time(speculative, target_only, num_draft_tokens):
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens)
+    params = SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens
+    )
     results = [speculative.generate(prompt, params)[0] for prompt in PROMPTS]
     assert _mismatches(target_only, results) == []
     if num_draft_tokens:
@@ -73,8 +77,9 @@ def test_sixteen_in_flight(speculative, target_only):
 def test_draft_model_accepts_and_rejects(pair_bundle, target_only):
     """The perturbed draft must both accept and reject, so both paths of the comparison ran."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
-    results = pipe.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
-                                                    num_draft_tokens=4))
+    results = pipe.generate(
+        PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=4)
+    )
     assert _mismatches(target_only, results) == []
     drafted = sum(r.stats["drafted"] for r in results)
     accepted = sum(r.stats["accepted"] for r in results)
@@ -84,8 +89,9 @@ def test_draft_model_accepts_and_rejects(pair_bundle, target_only):
 def test_preemption_keeps_output_exact(pair_bundle, target_only):
     """A KV cache too small for all requests forces recompute-preemption; the output must not change."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, num_kv_blocks=12)
-    results = pipe.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
-                                                    num_draft_tokens=3))
+    results = pipe.generate(
+        PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=3)
+    )
     assert _mismatches(target_only, results) == []
     assert sum(r.stats["num_preemptions"] for r in results) > 0
     assert pipe.engine.block_manager.num_used_blocks == 0

@@ -80,8 +80,15 @@ class DraftModelProposer:
 
     needs_prefill = True
 
-    def __init__(self, runner):
+    def __init__(self, runner, target_vocab_size: int):
+        if runner.vocab_size > target_vocab_size:
+            raise ValueError(
+                f"the draft's vocabulary ({runner.vocab_size}) is larger than the target's ({target_vocab_size})"
+            )
         self.runner = runner
+        # Draft distributions are padded with zeros up to the target's vocabulary (ids the draft
+        # cannot produce), so the rejection sampler compares rows of one size.
+        self.target_vocab_size = target_vocab_size
 
     def measure_step_seconds(self) -> float:
         chunk = SequenceChunk(token_ids=[0], past_length=0, block_table=[0], num_logits=1)
@@ -139,7 +146,9 @@ class DraftModelProposer:
                 if params.greedy:
                     token_ids[request_id].append(int(np.argmax(logits[row])))
                 else:
-                    row_probs = probabilities(logits[row : row + 1], params)[0]  # [vocab]
+                    row_probs = probabilities(logits[row : row + 1], params)[0]  # [draft vocab]
+                    if row_probs.shape[0] < self.target_vocab_size:
+                        row_probs = np.pad(row_probs, (0, self.target_vocab_size - row_probs.shape[0]))
                     token_ids[request_id].append(sample(row_probs, rng_for(request_id)))
                     probs[request_id].append(row_probs)
         return {

@@ -1,0 +1,107 @@
+"""Sampled speculative output follows the target's distribution, through the whole engine.
+
+The sampler's own statistical tests (tests/spec_decode/test_rejection_sampler.py) use made-up
+distributions; this one runs the real models: the first three tokens after a prompt, where the
+first comes from the prefill and the next two through one speculative step with γ = 2 drafts
+from the draft model. Their joint frequencies over many seeded requests are compared with the
+exact target probabilities p(t1) p(t2|t1) p(t3|t1,t2), computed from the target's logits, by a
+chi-square goodness-of-fit test. The test passes when p > 1e-3; a deliberately broken acceptance
+rule must fail it (p < 1e-3) with the same samples budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from tests.conftest import F32
+from xpuspec import Pipeline, SamplingParams
+from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.sample.sampler import probabilities
+from xpuspec.spec_decode.rejection_sampler import RejectionSampler
+
+PROMPT = "def add(a, b):"
+NUM_SAMPLES = 6000
+SIGNIFICANCE = 1e-3
+# A small support keeps the table small enough for the sample count: 3 x 3 x 3 cells.
+# max_tokens 4: the speculative step may emit 2 accepted drafts and a bonus token (t2, t3, t4).
+PARAMS = dict(max_tokens=4, temperature=1.5, top_k=3, ignore_eos=True, num_draft_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
+    """p(t1, t2, t3) of the target under the same top-k/temperature transform."""
+    pipe = Pipeline(pair_bundle, drafter="none", properties=F32)
+    runner, params = pipe.target_runner, SamplingParams(**PARAMS)
+    prompt_ids = pipe.tokenizer.encode(PROMPT)
+    blocks = list(range(runner.num_blocks))
+
+    def next_probs(prefix: list[int]) -> np.ndarray:  # [vocab]
+        logits = runner.forward([SequenceChunk(prefix, 0, blocks, 1)])
+        return probabilities(np.array(logits), params)[0]
+
+    joint = {}
+    first = next_probs(prompt_ids)
+    for t1 in np.flatnonzero(first):
+        second = next_probs(prompt_ids + [int(t1)])
+        for t2 in np.flatnonzero(second):
+            third = next_probs(prompt_ids + [int(t1), int(t2)])
+            for t3 in np.flatnonzero(third):
+                joint[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
+    return joint
+
+
+def sample_triples(pair_bundle) -> list[tuple[int, ...]]:
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    params = [SamplingParams(seed=seed, **PARAMS) for seed in range(NUM_SAMPLES)]
+    results = pipe.generate([PROMPT] * NUM_SAMPLES, params)
+    # Every request's first speculative step drafted both t2 and t3.
+    assert all(r.stats["per_position_acceptance"][1] is not None for r in results)
+    return [tuple(r.token_ids[:3]) for r in results]
+
+
+def goodness_of_fit(triples, joint) -> float:
+    cells = sorted(joint)
+    counts = {cell: 0 for cell in cells}
+    outside = 0
+    for triple in triples:
+        if triple in counts:
+            counts[triple] += 1
+        else:
+            outside += 1
+    if outside:
+        return 0.0  # a token the target cannot produce: certainly not the target's distribution
+    expected = np.array([joint[c] for c in cells]) * len(triples)
+    observed = np.array([counts[c] for c in cells], dtype=float)
+    # Pool the cells expected below 5 (chi-square needs it).
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+def test_speculative_sampling_follows_target(pair_bundle, exact_joint):
+    p_value = goodness_of_fit(sample_triples(pair_bundle), exact_joint)
+    assert p_value > SIGNIFICANCE, f"chi-square p = {p_value:.2e}"
+
+
+@pytest.mark.parametrize("broken", ["always_accept", "recover_from_target"])
+def test_broken_acceptance_rule_is_caught(pair_bundle, exact_joint, monkeypatch, broken):
+    if broken == "always_accept":
+        monkeypatch.setattr(RejectionSampler, "acceptance_probability", staticmethod(lambda p, q: 1.0))
+    else:
+        monkeypatch.setattr(
+            RejectionSampler, "recovery_distribution", staticmethod(lambda target, draft, token: target)
+        )
+    p_value = goodness_of_fit(sample_triples(pair_bundle), exact_joint)
+    assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
+
+
+def test_table_covers_the_support(exact_joint):
+    assert len(exact_joint) == 27
+    assert sum(exact_joint.values()) == pytest.approx(1.0)
+    assert len({t1 for t1, _, _ in itertools.islice(exact_joint, None)}) == 3
