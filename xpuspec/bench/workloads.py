@@ -1,0 +1,94 @@
+"""Benchmark prompts: held-out code completion from the demo pair's held-out files, chat, or a JSONL file."""
+
+from __future__ import annotations
+
+import json
+import random
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+# The demo pair never trained on these standard-library files (xpuspec/demo/data.py holds the
+# same list; it is repeated here so that benchmarks need no torch).
+HELDOUT_FILES: tuple[str, ...] = (
+    "textwrap.py",
+    "json/encoder.py",
+    "json/decoder.py",
+    "shlex.py",
+    "fractions.py",
+    "heapq.py",
+    "bisect.py",
+    "csv.py",
+    "glob.py",
+    "fnmatch.py",
+    "queue.py",
+    "sched.py",
+    "graphlib.py",
+    "pprint.py",
+    "colorsys.py",
+    "html/__init__.py",
+)
+
+CHAT_QUESTIONS = (
+    "Write a Python function that reverses a string.",
+    "How do I read a JSON file in Python?",
+    "Explain what a generator is.",
+    "Write a class for a stack with push and pop.",
+    "How do I sort a list of dictionaries by a key?",
+    "What does the with statement do?",
+    "Write a function that checks whether a number is prime.",
+    "How do I join paths with pathlib?",
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str | list[dict[str, str]]
+    source: str
+
+
+def heldout_code_prompts(count: int, prompt_chars: int = 600, seed: int = 0) -> list[Prompt]:
+    """Windows of held-out standard-library source, cut at a line end: code completion."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = {
+        name: (root / name).read_text(encoding="utf-8") for name in HELDOUT_FILES if (root / name).is_file()
+    }
+    if not texts:
+        raise FileNotFoundError(f"none of the held-out files exist below {root}")
+    rng = random.Random(seed)
+    names = sorted(texts)
+    prompts = []
+    for index in range(count):
+        name = names[index % len(names)]
+        text = texts[name]
+        start = rng.randrange(0, max(1, len(text) - prompt_chars))
+        start = text.rfind("\n", 0, start) + 1
+        end = text.rfind("\n", start, start + prompt_chars) + 1 or start + prompt_chars
+        prompts.append(Prompt(text[start:end], f"{name}@{start}"))
+    return prompts
+
+
+def chat_prompts(count: int) -> list[Prompt]:
+    return [
+        Prompt([{"role": "user", "content": CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]}], "chat")
+        for i in range(count)
+    ]
+
+
+def jsonl_prompts(path: Path, count: int | None = None) -> list[Prompt]:
+    """One JSON object per line with "prompt" (text) or "messages" (chat)."""
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error})") from error
+        if "prompt" in record:
+            prompts.append(Prompt(str(record["prompt"]), f"{path.name}:{number}"))
+        elif "messages" in record:
+            prompts.append(Prompt(record["messages"], f"{path.name}:{number}"))
+        else:
+            raise ValueError(f'{path}:{number}: needs a "prompt" or a "messages" field')
+    return prompts[:count] if count else prompts
