@@ -11,6 +11,8 @@ import sys
 COMMAND_MODULES = [
     "xpuspec.prepare.commands",
     "xpuspec.generate_command",
+    "xpuspec.devices.commands",
+    "xpuspec.server.command",
 ]
 
 

@@ -8,6 +8,7 @@ result.text, result.token_ids, result.finish_reason, result.stats
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator, Sequence
@@ -15,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpuspec.devices.executors import create_runner
+from xpuspec.devices.placement import DRAFTERS, Placement, choose_placement, resolve_device
+from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
-from xpuspec.engine.model_runner import PagedModelRunner
+from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
@@ -24,7 +28,6 @@ from xpuspec.text import ChatTemplate, IncrementalDetokenizer, StopStringMatcher
 
 logger = logging.getLogger(__name__)
 
-DRAFTERS = ("auto", "draft", "ngram", "none")
 Messages = list[dict[str, str]]
 
 
@@ -34,20 +37,6 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str | None
     stats: dict[str, Any] = field(default_factory=dict)
-
-
-def check_device(device: str) -> None:
-    """Fail early, naming the devices that exist, when a plain device name is absent."""
-    import openvino as ov
-
-    plain = device.split(".")[0].upper()
-    if plain in ("AUTO", "HETERO", "MULTI", "BATCH") or ":" in device:
-        return  # OpenVINO resolves these itself
-    available = ov.Core().available_devices
-    if device.upper() not in [d.upper() for d in available] and plain not in [
-        d.split(".")[0] for d in available
-    ]:
-        raise ValueError(f"device {device!r} is not present here; OpenVINO sees: {', '.join(available)}")
 
 
 class RequestText:
@@ -88,16 +77,33 @@ class Pipeline:
         draft_properties: dict[str, Any] | None = None,
         engine_config: EngineConfig | None = None,
         num_kv_blocks: int | None = None,
+        use_placement: bool = True,
+        overlap: bool | None = None,
     ):
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
+        import openvino as ov
+
         self.bundle = ModelBundle.open(bundle)
+        core = ov.Core()
+        registry = default_registry()
+        requested = Placement(target_device, draft_device, drafter)
+        # Arguments left at their defaults take the placement `xpuspec plan --write` recorded.
+        self.placement = (
+            choose_placement(self.bundle, requested, core, registry) if use_placement else requested
+        )
+        drafter = self.placement.drafter
+        # The speculation length of requests that leave num_draft_tokens unset (None: adaptive).
+        self.default_num_draft_tokens = self.placement.num_draft_tokens
         if drafter == "draft" and self.bundle.draft is None:
             raise ValueError(f"{self.bundle.root} has no draft model; use drafter='ngram' or 'none'")
         if drafter == "auto":
             drafter = "draft" if self.bundle.draft is not None else "ngram"
         self.drafter = drafter
-        check_device(target_device)
+        self.target_device = resolve_device(self.placement.target_device, core, registry)
+        self.draft_device = (
+            resolve_device(self.placement.draft_device, core, registry) if drafter == "draft" else None
+        )
         self.tokenizer = Tokenizer(self.bundle.target.path)
         facts = self.bundle.tokenizer_facts
         template = self.bundle.chat_template
@@ -105,17 +111,30 @@ class Pipeline:
             ChatTemplate(template, facts.get("bos_token"), facts.get("eos_token")) if template else None
         )
         config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
-        self.target_runner = PagedModelRunner(
-            self.bundle.target.path, device=target_device, properties=properties, num_blocks=num_kv_blocks
+        runner_limits = {
+            "max_draft_tokens": config.max_draft_tokens,
+            "max_sequences": config.max_num_seqs,
+            "max_context": config.max_model_len,
+            "core": core,
+        }
+        self.target_runner = create_runner(
+            self.target_device,
+            self.bundle.target,
+            "target",
+            properties,
+            num_blocks=num_kv_blocks,
+            **runner_limits,
         )
         proposer: DraftProposer | None = None
-        if drafter == "draft":
-            check_device(draft_device)
-            draft_runner = PagedModelRunner(
-                self.bundle.draft.path,  # type: ignore[union-attr]
-                device=draft_device,
-                properties=draft_properties if draft_properties is not None else properties,
+        if self.draft_device is not None:
+            draft_runner = create_runner(
+                self.draft_device,
+                self.bundle.draft,  # type: ignore[arg-type]
+                "draft",
+                draft_properties if draft_properties is not None else properties,
                 num_blocks=self.target_runner.num_blocks,
+                block_size=self.target_runner.block_size,
+                **runner_limits,
             )
             if draft_runner.block_size != self.target_runner.block_size:
                 raise ValueError(
@@ -125,7 +144,11 @@ class Pipeline:
             proposer = DraftModelProposer(draft_runner, self.target_runner.vocab_size)
         elif drafter == "ngram":
             proposer = NgramDraftProposer()
-        self.engine = LLMEngine(self.target_runner, proposer, config, self.bundle.eos_token_ids)
+        # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
+        draft_device_name = self.draft_device.device if self.draft_device is not None else None
+        self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
+        engine_class = OverlappedEngine if self.overlap else LLMEngine
+        self.engine = engine_class(self.target_runner, proposer, config, self.bundle.eos_token_ids)
         self.engine.calibrate()
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).
@@ -206,6 +229,8 @@ class Pipeline:
 
     def _add(self, prompt: str | Messages, params: SamplingParams) -> str:
         request_id = f"pipe-{next(self._request_counter)}"
+        if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
+            params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
         self.engine.add_request(request_id, self._encode(prompt), params)
         return request_id
 

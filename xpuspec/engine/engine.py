@@ -40,13 +40,19 @@ logger = logging.getLogger(__name__)
 
 
 class TargetModel(Protocol):
-    """What the engine needs of the target executor (``PagedModelRunner`` satisfies it)."""
+    """What the engine needs of the target executor (``PagedModelRunner`` and
+    ``StatefulModelRunner`` satisfy it; a runner with ``release(sequence_id)`` is told when a
+    sequence's KV is no longer needed)."""
 
     block_size: int
     num_blocks: int
     vocab_size: int
 
     def forward(self, chunks: list[SequenceChunk]) -> np.ndarray: ...  # [sum num_logits, vocab]
+
+    def start(self, chunks: list[SequenceChunk]) -> None: ...
+
+    def wait(self) -> np.ndarray: ...  # [sum num_logits, vocab]
 
 
 FINISH_REASONS = {
@@ -113,6 +119,12 @@ class LLMEngine:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
+        max_sequences = getattr(target, "max_sequences", None)
+        if max_sequences is not None and config.max_num_seqs > max_sequences:
+            raise ValueError(
+                f"max_num_seqs ({config.max_num_seqs}) exceeds the {max_sequences} sequences the target "
+                "executor holds state for; lower max_num_seqs or raise the executor's max_sequences"
+            )
         self.block_manager = BlockManager(target.num_blocks, target.block_size)
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -189,39 +201,67 @@ class LLMEngine:
     # --------------------------------------------------------------------- step
     def step(self) -> list[StepOutput]:
         """Run one batched step; return what changed for each touched request."""
-        outputs: list[StepOutput] = []
-        scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
-        for sequence in scheduled.preempted:
-            self._states[sequence.request_id].stats.num_preemptions += 1
-        for sequence in scheduled.finished:
-            # Ended by the scheduler: it can grow no further in this KV cache or context.
-            state = self._states[sequence.request_id]
-            outputs.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
-            self._retire(sequence)
-        if not scheduled.chunks:
+        chunks, outputs = self._schedule()
+        if not chunks:
             return outputs
-
-        proposals = self._propose(scheduled.chunks)
+        proposals = self._propose(chunks)
         runner_chunks = [
-            self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in scheduled.chunks
+            self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
         started = self.clock()
         logits = self.target.forward(runner_chunks)  # [sum num_logits, vocab]
         self.cost_model.record_target_step(
             sum(len(c.token_ids) for c in runner_chunks), self.clock() - started
         )
+        outputs.extend(self._accept_all(chunks, runner_chunks, logits, proposals))
+        return outputs
 
+    # ------------------------------------------------------- parts of a step
+    # (shared with xpuspec.engine.overlap, which runs them in another order)
+    def _schedule(self) -> tuple[list[ScheduledChunk], list[StepOutput]]:
+        """Plan the step; return its chunks and the outputs of requests the scheduler ended."""
+        outputs: list[StepOutput] = []
+        scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
+        for sequence in scheduled.preempted:
+            self._states[sequence.request_id].stats.num_preemptions += 1
+            self._on_preempted(sequence)
+        for sequence in scheduled.finished:
+            # Ended by the scheduler: it can grow no further in this KV cache or context.
+            state = self._states[sequence.request_id]
+            outputs.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
+            self._retire(sequence)
+        return scheduled.chunks, outputs
+
+    def _accept_all(
+        self,
+        chunks: list[ScheduledChunk],
+        runner_chunks: list[SequenceChunk],
+        logits: np.ndarray,  # [sum num_logits, vocab]
+        proposals: dict[str, Proposal],
+    ) -> list[StepOutput]:
+        """Advance each chunk's sequence past the computed tokens and verify the ones that sample."""
+        outputs: list[StepOutput] = []
         row = 0
-        for chunk, runner_chunk in zip(scheduled.chunks, runner_chunks, strict=True):
+        for chunk, runner_chunk in zip(chunks, runner_chunks, strict=True):
             sequence = chunk.sequence
             sequence.num_computed_tokens += chunk.num_tokens
             if runner_chunk.num_logits == 0:
                 continue
             rows = logits[row : row + runner_chunk.num_logits]  # [1 + γ, vocab]
             row += runner_chunk.num_logits
-            proposal = proposals.get(sequence.request_id)
-            outputs.append(self._accept(sequence, rows, proposal))
+            outputs.append(self._accept(sequence, rows, proposals.get(sequence.request_id)))
         return outputs
+
+    def _on_preempted(self, sequence: Sequence) -> None:
+        """A preempted sequence restarts from position 0: executors may drop its KV now."""
+        self._release_kv(sequence.request_id)
+
+    def _release_kv(self, request_id: str) -> None:
+        release = getattr(self.target, "release", None)
+        if release is not None:
+            release(request_id)
+        if self.proposer is not None:
+            self.proposer.release(request_id)
 
     # ----------------------------------------------------------------- internals
     def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
@@ -267,7 +307,11 @@ class LLMEngine:
             token_ids = token_ids + proposal.token_ids
             num_logits += len(proposal.token_ids)
         return SequenceChunk(
-            token_ids=token_ids, past_length=start, block_table=sequence.block_table, num_logits=num_logits
+            token_ids=token_ids,
+            past_length=start,
+            block_table=sequence.block_table,
+            num_logits=num_logits,
+            sequence_id=sequence.request_id,
         )
 
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
@@ -321,3 +365,4 @@ class LLMEngine:
         self._states.pop(sequence.request_id, None)
         self._sequences.pop(sequence.request_id, None)
         self.acceptance.forget(sequence.request_id)
+        self._release_kv(sequence.request_id)

@@ -54,6 +54,9 @@ class SequenceChunk:
     past_length: int  # tokens of this sequence already in the KV cache (positions start here)
     block_table: Sequence[int]  # physical KV blocks covering positions [0, past_length + n)
     num_logits: int  # how many trailing rows (of the n) need logits, 0..n
+    # Which sequence the tokens belong to. The paged runner ignores it (the block table says where
+    # the KV lives); a stateful runner keeps each sequence's KV in its own infer request.
+    sequence_id: str | None = None
 
 
 class _HostInput:

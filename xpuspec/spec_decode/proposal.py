@@ -42,6 +42,10 @@ class DraftProposer(Protocol):
         """Seconds to draft one token for one sequence (the cost model's calibration)."""
         ...
 
+    def release(self, sequence_id: str) -> None:
+        """The sequence finished or was preempted: drop whatever state the drafter keeps for it."""
+        ...
+
 
 class NgramDraftProposer:
     """Prompt lookup: propose the tokens that followed the latest earlier match of the sequence's tail."""
@@ -50,6 +54,9 @@ class NgramDraftProposer:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
+
+    def release(self, sequence_id: str) -> None:
+        pass  # stateless: the lookup reads the sequence's tokens each time
 
     def measure_step_seconds(self) -> float:
         tokens = list(range(256)) * 2
@@ -83,12 +90,19 @@ class DraftModelProposer:
     def __init__(self, runner, target_vocab_size: int):
         if runner.vocab_size > target_vocab_size:
             raise ValueError(
-                f"the draft's vocabulary ({runner.vocab_size}) is larger than the target's ({target_vocab_size})"
+                f"the draft's vocabulary ({runner.vocab_size}) is larger than the target's "
+                f"({target_vocab_size})"
             )
         self.runner = runner
         # Draft distributions are padded with zeros up to the target's vocabulary (ids the draft
         # cannot produce), so the rejection sampler compares rows of one size.
         self.target_vocab_size = target_vocab_size
+
+    def release(self, sequence_id: str) -> None:
+        # A paged draft cache is freed with the shared block table; a stateful one holds a request.
+        release = getattr(self.runner, "release", None)
+        if release is not None:
+            release(sequence_id)
 
     def measure_step_seconds(self) -> float:
         chunk = SequenceChunk(token_ids=[0], past_length=0, block_table=[0], num_logits=1)
@@ -112,6 +126,7 @@ class DraftModelProposer:
                     past_length=start,
                     block_table=sequence.block_table,
                     num_logits=1 if decoding else 0,
+                    sequence_id=sequence.request_id,
                 )
             )
             sequence.num_draft_computed_tokens = end
@@ -134,6 +149,7 @@ class DraftModelProposer:
                             past_length=c.sequence.num_draft_computed_tokens,
                             block_table=c.sequence.block_table,
                             num_logits=1,
+                            sequence_id=c.sequence.request_id,
                         )
                         for c in active
                     ]

@@ -1,0 +1,167 @@
+"""Overlapped draft and verify: the draft proposes for one group of sequences while the target
+verifies another.
+
+When the draft and the target run on different devices (or on disjoint CPU cores), the sequential
+step ``propose(all) -> verify(all)`` leaves one of them idle at any time. Here the running decodes
+alternate between two phases, one per step:
+
+* a sequence whose proposal is **pending** (made last step) is verified by the target this step;
+* a sequence without one gets its drafts from the draft model this step, while the target runs.
+
+One step therefore starts the target on the pending group (plus any prefill chunks), runs the
+drafter synchronously on the other group, then waits for the target and accepts. Next step the
+roles swap. Exactness does not suffer: the groups are disjoint sequences, so no draft ever depends
+on an unverified result, and every sequence still sees propose -> verify -> accept in order with
+its own random stream.
+
+Balancing: when everything is in one phase (e.g. a batch admitted together), only about half the
+sequences are drafted for; the rest decode one token on the target without drafts, which splits
+them into two groups of about equal size that then alternate.
+
+The scheduler still plans every step for all running sequences (budget, γ, KV blocks). A
+sequence that drafts this step is simply not computed by the target: its
+``num_computed_tokens`` does not move, so the scheduler plans it again next step. The γ asked for
+a pending sequence is its proposal's length; if the scheduler grants fewer, the proposal is cut
+(a prefix of a draft is a valid draft).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from xpuspec.engine.engine import LLMEngine, StepOutput
+from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.engine.sequence import Sequence
+from xpuspec.spec_decode.proposal import Proposal
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _PendingProposal:
+    proposal: Proposal
+    num_tokens: int  # the sequence's length when it was drafted: it must not change before verifying
+
+
+class OverlappedEngine(LLMEngine):
+    """An :class:`LLMEngine` whose steps overlap the drafter with the target (same public API).
+
+    The target runner must have the asynchronous ``start(chunks)`` / ``wait()`` pair; the drafter
+    runs on its own runner and device.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.proposer is None:
+            raise ValueError("overlap needs a drafter: there is nothing to overlap the target with")
+        if not (hasattr(self.target, "start") and hasattr(self.target, "wait")):
+            raise ValueError("overlap needs a target runner with start()/wait() (asynchronous inference)")
+        self._pending: dict[str, _PendingProposal] = {}
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[StepOutput]:
+        chunks, outputs = self._schedule()
+        if not chunks:
+            return outputs
+        verify, draft, prefill = self._split(chunks)
+
+        proposals: dict[str, Proposal] = {}
+        for chunk in verify:
+            proposal = self._take_pending(chunk)
+            if proposal is not None:
+                proposals[chunk.sequence.request_id] = proposal
+        target_work = prefill + verify
+        runner_chunks = [
+            self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in target_work
+        ]
+        if runner_chunks:
+            started = self.clock()
+            self.target.start(runner_chunks)
+        # The draft model catches up with this step's prefill chunks too; its KV is separate from the
+        # target's, so it may read them while the target computes them.
+        drafter_work = draft + [chunk for chunk in prefill if self.proposer.needs_prefill]
+        if drafter_work:
+            for request_id, proposal in self._propose(drafter_work).items():
+                sequence = self._sequences[request_id]
+                self._pending[request_id] = _PendingProposal(proposal, sequence.num_tokens)
+            for chunk in draft:
+                # A drafter may propose nothing; the sequence is then verified as a plain decode.
+                self._pending.setdefault(
+                    chunk.sequence.request_id, _PendingProposal(Proposal([], None), chunk.sequence.num_tokens)
+                )
+        if runner_chunks:
+            logits = self.target.wait()  # [sum num_logits, vocab]
+            if not drafter_work:
+                # Only a step without concurrent drafting times the target alone.
+                self.cost_model.record_target_step(
+                    sum(len(c.token_ids) for c in runner_chunks), self.clock() - started
+                )
+            outputs.extend(self._accept_all(target_work, runner_chunks, logits, proposals))
+        return outputs
+
+    # ----------------------------------------------------------------- internals
+    def _split(
+        self, chunks: list[ScheduledChunk]
+    ) -> tuple[list[ScheduledChunk], list[ScheduledChunk], list[ScheduledChunk]]:
+        """Sort the step's chunks into (target decodes, decodes to draft for, prefills)."""
+        target: list[ScheduledChunk] = []
+        candidates: list[ScheduledChunk] = []
+        prefill: list[ScheduledChunk] = []
+        for chunk in chunks:
+            if chunk.num_tokens > 1 or chunk.sequence.is_prefilling:
+                prefill.append(chunk)
+            elif chunk.sequence.request_id in self._pending or chunk.num_draft_tokens == 0:
+                target.append(chunk)  # verify its pending drafts, or a decode without drafts (γ = 0)
+            else:
+                candidates.append(chunk)
+        # Draft for about half of the decodes; the rest of the candidates decode one token on the
+        # target without drafts, which puts them in the other phase from the next step on.
+        num_decodes = len(target) + len(candidates)
+        num_to_draft = min(len(candidates), max(1, -(-num_decodes // 2)))
+        return target + candidates[num_to_draft:], candidates[:num_to_draft], prefill
+
+    def _take_pending(self, chunk: ScheduledChunk) -> Proposal | None:
+        pending = self._pending.pop(chunk.sequence.request_id, None)
+        if pending is None:
+            return None
+        if pending.num_tokens != chunk.sequence.num_tokens:
+            raise AssertionError(
+                f"request {chunk.sequence.request_id!r} changed between drafting and verifying"
+            )
+        proposal = pending.proposal
+        granted = chunk.num_draft_tokens
+        if len(proposal.token_ids) > granted:
+            # The scheduler cut γ (budget, blocks or length limits): verify a prefix of the draft.
+            probs = proposal.probs[:granted] if proposal.probs is not None else None
+            proposal = Proposal(proposal.token_ids[:granted], probs)
+        return proposal
+
+    def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
+        pending = self._pending.get(sequence.request_id)
+        if pending is not None:
+            return len(pending.proposal.token_ids)
+        return super()._choose_num_draft_tokens(sequence)
+
+    def _on_preempted(self, sequence: Sequence) -> None:
+        self._pending.pop(sequence.request_id, None)
+        super()._on_preempted(sequence)
+
+    def _retire(self, sequence: Sequence) -> None:
+        self._pending.pop(sequence.request_id, None)
+        super()._retire(sequence)
+
+
+def overlap_wanted(requested: bool | None, target_device: str, draft_device: str | None) -> bool:
+    """Whether to overlap: as ``requested``, or by default when a draft model has a device of its own.
+
+    Two models on one device (e.g. both on ``CPU``) only overlap usefully when their compile
+    properties give them disjoint cores; that is the caller's choice (``requested=True``).
+    """
+    if requested is not None:
+        if requested and draft_device is None:
+            raise ValueError(
+                "overlap=True needs a draft model (drafter='draft'): nothing else runs on a device"
+            )
+        return requested
+    return draft_device is not None and draft_device.upper() != target_device.upper()
