@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from xpuspec.devices.capabilities import CoreLike
-from xpuspec.devices.plugin import ExecutorKind, OpenVINODevicePlugin, Role
+from xpuspec.devices.plugin import DEFAULT_MAX_DRAFT_TOKENS, ExecutorKind, OpenVINODevicePlugin, Role
 
 
 class CpuPlugin(OpenVINODevicePlugin):
@@ -33,12 +34,29 @@ class CpuPlugin(OpenVINODevicePlugin):
     def default_properties(self, role: Role, max_draft_tokens: int) -> dict[str, Any]:
         properties: dict[str, Any] = {
             "PERFORMANCE_HINT": "LATENCY",
-            # The CPU plugin's own default (u8 with per-block scales) made explicit, so a manifest or
-            # a log shows what ran; exact comparisons override it with f32.
+            # A quantised cache (u8 with per-block scales) is the fast default; see compile_properties
+            # for the f32 case.
             "KV_CACHE_PRECISION": "u8",
         }
         threads = self.threads[role]
         if threads is not None:
             properties["INFERENCE_NUM_THREADS"] = threads
             properties["ENABLE_CPU_PINNING"] = True
+        return properties
+
+    def compile_properties(
+        self,
+        role: Role,
+        user_properties: Mapping[str, Any] | None = None,
+        *,
+        max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+    ) -> dict[str, Any]:
+        properties = super().compile_properties(role, user_properties, max_draft_tokens=max_draft_tokens)
+        user = user_properties or {}
+        if (
+            str(user.get("INFERENCE_PRECISION_HINT", "")).lower() == "f32"
+            and "KV_CACHE_PRECISION" not in user
+        ):
+            # Asking for f32 compute asks for exact results; a quantised cache would undo that.
+            properties["KV_CACHE_PRECISION"] = "f32"
         return properties

@@ -81,6 +81,15 @@ def test_user_properties_override_plugin_defaults():
     assert npu["NPUW_LLM_MAX_PROMPT_LEN"] == "2048" and npu["NPUW_LLM"] == "YES"
 
 
+def test_cpu_f32_compute_brings_an_f32_cache_unless_told_otherwise():
+    f32 = CpuPlugin().compile_properties("target", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert f32["KV_CACHE_PRECISION"] == "f32"
+    explicit = CpuPlugin().compile_properties(
+        "target", {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"}
+    )
+    assert explicit["KV_CACHE_PRECISION"] == "u8"
+
+
 def test_gpu_defaults_to_f16():
     properties = GpuPlugin().compile_properties("target")
     assert properties["INFERENCE_PRECISION_HINT"] == "f16" and properties["KV_CACHE_PRECISION"] == "f16"
