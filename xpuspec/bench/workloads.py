@@ -8,26 +8,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-# The demo pair never trained on these standard-library files (xpuspec/demo/data.py holds the
-# same list; it is repeated here so that benchmarks need no torch).
-HELDOUT_FILES: tuple[str, ...] = (
-    "textwrap.py",
-    "json/encoder.py",
-    "json/decoder.py",
-    "shlex.py",
-    "fractions.py",
-    "heapq.py",
-    "bisect.py",
-    "csv.py",
-    "glob.py",
-    "fnmatch.py",
-    "queue.py",
-    "sched.py",
-    "graphlib.py",
-    "pprint.py",
-    "colorsys.py",
-    "html/__init__.py",
-)
+from xpuspec.demo.heldout import HELDOUT_FILES
 
 CHAT_QUESTIONS = (
     "Write a Python function that reverses a string.",

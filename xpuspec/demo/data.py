@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from xpuspec.demo.heldout import HELDOUT_FILES
+
 logger = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
@@ -28,25 +30,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
-# Ordinary, mid-sized modules of the standard library, relative to its root. Evaluation only.
-HELDOUT_FILES: tuple[str, ...] = (
-    "textwrap.py",
-    "json/encoder.py",
-    "json/decoder.py",
-    "shlex.py",
-    "fractions.py",
-    "heapq.py",
-    "bisect.py",
-    "csv.py",
-    "glob.py",
-    "fnmatch.py",
-    "queue.py",
-    "sched.py",
-    "graphlib.py",
-    "pprint.py",
-    "colorsys.py",
-    "html/__init__.py",
-)
 
 # Directories that are test suites, vendored wheels, generated tables or build configuration.
 _EXCLUDED_DIRECTORIES = frozenset(
