@@ -1,0 +1,202 @@
+"""Bad requests get OpenAI-shaped errors with the right status, and the server stays healthy."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+MODEL = "bundle"  # the pair bundle's folder name: the served model name
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "hello", "max_tokens": 4, **fields}
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+
+
+def without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}
+
+
+@dataclass
+class BadRequest:
+    name: str
+    path: str
+    body: Any  # a dict is sent as JSON, bytes as they are
+    status: int
+    param: str | None = None
+    code: str | None = None
+    method: str = "POST"
+
+
+CASES = [
+    BadRequest("malformed json", COMPLETIONS, b'{"model": ', 400, code="invalid_json"),
+    BadRequest("empty body", COMPLETIONS, b"", 400, code="invalid_json"),
+    BadRequest("json array", COMPLETIONS, b"[1, 2]", 400, code="invalid_json"),
+    BadRequest("not utf-8", COMPLETIONS, b'{"model": "\xff"}', 400, code="invalid_json"),
+    BadRequest("missing model", COMPLETIONS, without(completion(), "model"), 400, "model"),
+    BadRequest("model not a string", COMPLETIONS, completion(model=7), 400, "model"),
+    BadRequest("missing prompt", COMPLETIONS, without(completion(), "prompt"), 400, "prompt"),
+    BadRequest("prompt a number", COMPLETIONS, completion(prompt=123), 400, "prompt"),
+    BadRequest("prompt empty list", COMPLETIONS, completion(prompt=[]), 400, "prompt"),
+    BadRequest("prompt mixed list", COMPLETIONS, completion(prompt=["a", 3]), 400, "prompt.1"),
+    BadRequest("prompt lone surrogate", COMPLETIONS, completion(prompt="\ud800"), 400, "prompt"),
+    BadRequest("token id negative", COMPLETIONS, completion(prompt=[1, -2]), 400, "prompt.1"),
+    BadRequest("token id beyond vocab", COMPLETIONS, completion(prompt=[1, 10**6]), 400, "prompt"),
+    BadRequest("max_tokens a string", COMPLETIONS, completion(max_tokens="5"), 400, "max_tokens"),
+    BadRequest("max_tokens zero", COMPLETIONS, completion(max_tokens=0), 400, "max_tokens"),
+    BadRequest("max_tokens fractional", COMPLETIONS, completion(max_tokens=1.5), 400, "max_tokens"),
+    BadRequest(
+        "beyond the context",
+        COMPLETIONS,
+        completion(max_tokens=10_000),
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    BadRequest("temperature negative", COMPLETIONS, completion(temperature=-0.1), 400, "temperature"),
+    BadRequest("temperature too high", COMPLETIONS, completion(temperature=2.5), 400, "temperature"),
+    BadRequest("temperature a string", COMPLETIONS, completion(temperature="hot"), 400, "temperature"),
+    BadRequest("top_p zero", COMPLETIONS, completion(top_p=0), 400, "top_p"),
+    BadRequest("top_p above one", COMPLETIONS, completion(top_p=1.5), 400, "top_p"),
+    BadRequest("top_k negative", COMPLETIONS, completion(top_k=-1), 400, "top_k"),
+    BadRequest("n zero", COMPLETIONS, completion(n=0), 400, "n"),
+    BadRequest("n too large", COMPLETIONS, completion(n=17), 400, "n"),
+    BadRequest("n a bool", COMPLETIONS, completion(n=True), 400, "n"),
+    BadRequest("too many choices", COMPLETIONS, completion(prompt=["a"] * 10, n=16), 400, "n"),
+    BadRequest("stop a number", COMPLETIONS, completion(stop=5), 400, "stop"),
+    BadRequest("stop empty string", COMPLETIONS, completion(stop=[""]), 400, "stop.0"),
+    BadRequest("too many stops", COMPLETIONS, completion(stop=[str(i) for i in range(17)]), 400, "stop"),
+    BadRequest("seed a string", COMPLETIONS, completion(seed="x"), 400, "seed"),
+    BadRequest("stream a string", COMPLETIONS, completion(stream="yes"), 400, "stream"),
+    BadRequest(
+        "stream_options without stream",
+        COMPLETIONS,
+        completion(stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+    ),
+    BadRequest(
+        "num_draft_tokens too large", COMPLETIONS, completion(num_draft_tokens=17), 400, "num_draft_tokens"
+    ),
+    BadRequest("unknown drafter", COMPLETIONS, completion(drafter="medusa"), 400, "drafter"),
+    BadRequest(
+        "drafter none with drafts",
+        COMPLETIONS,
+        completion(drafter="none", num_draft_tokens=3),
+        400,
+        "num_draft_tokens",
+    ),
+    BadRequest("echo", COMPLETIONS, completion(echo=True), 400, "echo", "unsupported_parameter"),
+    BadRequest("logprobs", COMPLETIONS, completion(logprobs=1), 400, "logprobs", "unsupported_parameter"),
+    BadRequest(
+        "unknown model", COMPLETIONS, completion(model="../../etc/passwd"), 404, "model", "model_not_found"
+    ),
+    BadRequest("chat unknown model", CHAT, chat(model="gpt-4"), 404, "model", "model_not_found"),
+    BadRequest("chat missing messages", CHAT, without(chat(), "messages"), 400, "messages"),
+    BadRequest("chat empty messages", CHAT, chat(messages=[]), 400, "messages"),
+    BadRequest(
+        "chat unknown role", CHAT, chat(messages=[{"role": "robot", "content": "x"}]), 400, "messages.0.role"
+    ),
+    BadRequest(
+        "chat content a number",
+        CHAT,
+        chat(messages=[{"role": "user", "content": 5}]),
+        400,
+        "messages.0.content",
+    ),
+    BadRequest("chat message not an object", CHAT, chat(messages=["hi"]), 400),
+    BadRequest(
+        "chat max_completion_tokens zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"
+    ),
+    BadRequest(
+        "chat beyond the context",
+        CHAT,
+        chat(max_completion_tokens=5000),
+        400,
+        "max_completion_tokens",
+        "context_length_exceeded",
+    ),
+    BadRequest("unknown route", "/v1/embeddings", completion(), 404, code="not_found"),
+    BadRequest("wrong method", COMPLETIONS, None, 405, code="method_not_allowed", method="GET"),
+    BadRequest("wrong method on models", "/v1/models", None, 405, code="method_not_allowed", method="PUT"),
+    BadRequest("unknown model card", "/v1/models/nope", None, 404, "model", "model_not_found", method="GET"),
+    BadRequest(
+        "body too large", COMPLETIONS, completion(prompt="x" * (2 << 20)), 413, code="request_too_large"
+    ),
+]
+
+
+def send(client: FlaskClient, case: BadRequest):  # type: ignore[no-untyped-def]
+    data = case.body if isinstance(case.body, bytes) or case.body is None else json.dumps(case.body)
+    return client.open(case.path, method=case.method, data=data, content_type="application/json")
+
+
+def test_the_suite_has_enough_distinct_cases() -> None:
+    assert len({case.name for case in CASES}) == len(CASES) >= 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_bad_request_gets_an_openai_error(client: FlaskClient, case: BadRequest) -> None:
+    response = send(client, case)
+    assert response.status_code == case.status, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["type"] == "invalid_request_error"
+    if case.param is not None:
+        assert error["param"] == case.param
+    if case.code is not None:
+        assert error["code"] == case.code
+
+
+def test_valid_requests_succeed_after_every_bad_one(client: FlaskClient) -> None:
+    for case in CASES:
+        send(client, case)
+    assert client.get("/health").status_code == 200
+    response = client.post(COMPLETIONS, json=completion(temperature=0))
+    assert response.status_code == 200
+    body = response.get_json()
+    assert body["object"] == "text_completion" and len(body["choices"]) == 1
+    assert body["usage"]["completion_tokens"] <= 4
+    response = client.post(CHAT, json=chat(temperature=0))
+    assert response.status_code == 200
+    assert response.get_json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_wrong_method_names_the_allowed_ones(client: FlaskClient) -> None:
+    response = client.get(COMPLETIONS)
+    assert response.status_code == 405
+    assert "POST" in response.headers["Allow"]
+
+
+def test_token_id_prompts_and_prompt_lists_give_one_choice_each(client: FlaskClient) -> None:
+    response = client.post(COMPLETIONS, json=completion(prompt=[[5, 6, 7], [8, 9]], n=2, temperature=0))
+    assert response.status_code == 200
+    body = response.get_json()
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2, 3]
+    assert body["usage"]["prompt_tokens"] == 5
+    # Greedy: the two choices of each prompt agree.
+    texts = [choice["text"] for choice in body["choices"]]
+    assert texts[0] == texts[1] and texts[2] == texts[3]
+
+
+def test_server_drafter_or_none_per_request(client: FlaskClient, served_app: Flask) -> None:
+    from xpuspec.server import server_state
+
+    own = server_state(served_app).loop.pipeline.drafter  # type: ignore[union-attr]
+    texts = []
+    for drafter in (own, "auto", "none"):
+        response = client.post(COMPLETIONS, json=completion(temperature=0, drafter=drafter, max_tokens=8))
+        assert response.status_code == 200, response.get_json()
+        texts.append(response.get_json()["choices"][0]["text"])
+    assert len(set(texts)) == 1  # speculation never changes a greedy output

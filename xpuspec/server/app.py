@@ -1,0 +1,83 @@
+"""The application factory: ``create_app(pipeline_or_factory, ServerConfig(...))``."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flask import Flask, Response, request
+
+from xpuspec.server.config import ServerConfig
+from xpuspec.server.engine_loop import EngineLoop
+from xpuspec.server.errors import APIError, error_response, register_error_handlers
+from xpuspec.server.metrics import ServerMetrics
+from xpuspec.server.openai_routes import openai_api
+from xpuspec.server.ops_routes import operations
+from xpuspec.server.state import EXTENSION_KEY, ServerState, server_state
+
+if TYPE_CHECKING:
+    from xpuspec.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+UNAUTHENTICATED_PATHS = ("/health",)
+
+
+def create_app(
+    pipeline: Pipeline | Callable[[], Pipeline],
+    config: ServerConfig | None = None,
+    *,
+    start: bool = True,
+) -> Flask:
+    """A Flask app serving ``pipeline``; a factory is called in the engine thread (the app answers
+    /health with 503 until it returns). ``start=False`` leaves ``server_state(app).loop.start()``
+    to the caller.
+    """
+    config = config or ServerConfig()
+    factory = pipeline if callable(pipeline) and not hasattr(pipeline, "engine") else (lambda: pipeline)
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+
+    # The gauges read the loop lazily (at scrape time), so the metrics can exist before the loop.
+    metrics = ServerMetrics(lambda: loop.snapshot, lambda: loop.num_in_flight)
+    loop = EngineLoop(
+        factory,  # type: ignore[arg-type]
+        max_in_flight=config.max_queue,
+        on_finish=metrics.record_finished,
+        on_cancel=metrics.cancelled_requests.inc,
+    )
+    app.extensions[EXTENSION_KEY] = ServerState(config=config, loop=loop, metrics=metrics)
+
+    register_error_handlers(app)
+    app.before_request(_authenticate)
+    app.after_request(_count_request)
+    app.register_blueprint(openai_api)
+    app.register_blueprint(operations)
+    if start:
+        loop.start()
+    return app
+
+
+def _authenticate() -> Response | None:
+    api_key = server_state().config.api_key
+    if api_key is None or request.path in UNAUTHENTICATED_PATHS:
+        return None
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return error_response(
+            APIError(401, "missing API key: send 'Authorization: Bearer KEY'", code="missing_api_key")
+        )
+    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        return error_response(APIError(401, "invalid API key", code="invalid_api_key"))
+    return None
+
+
+def _count_request(response: Response) -> Response:
+    endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    server_state().metrics.http_requests.labels(endpoint, str(response.status_code)).inc()
+    return response

@@ -1,0 +1,172 @@
+"""From a validated request body to engine requests: prompts encoded, limits checked, params per choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.server.engine_loop import ChoiceRequest
+from xpuspec.server.errors import APIError
+from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+
+if TYPE_CHECKING:
+    from xpuspec.pipeline import Pipeline
+
+# Per-request drafter names that keep the server's drafter; "none" turns drafting off for the request.
+SERVER_DRAFTER_ALIASES = ("auto",)
+
+
+@dataclass
+class PreparedRequest:
+    choices: list[ChoiceRequest]
+    num_prompt_tokens: int  # each distinct prompt once, as OpenAI counts usage
+    num_choices_per_prompt: int
+
+
+def check_model(body: GenerationFields, served_model_name: str) -> None:
+    # Compared only: the name never becomes a path.
+    if body.model != served_model_name:
+        raise APIError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {served_model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def resolve_num_draft_tokens(body: GenerationFields, server_drafter: str) -> int | None:
+    """The per-request drafter: the server's own (by name or 'auto') or 'none'; anything else is a 400."""
+    drafter = body.drafter
+    if drafter is None or drafter in SERVER_DRAFTER_ALIASES or drafter == server_drafter:
+        return body.num_draft_tokens
+    if drafter == "none":
+        if body.num_draft_tokens:
+            raise APIError(
+                400,
+                "drafter 'none' cannot be combined with num_draft_tokens > 0",
+                param="num_draft_tokens",
+                code="invalid_value",
+            )
+        return 0
+    raise APIError(
+        400,
+        f"drafter {drafter!r} is not available: this server runs {server_drafter!r}; "
+        f"pass {server_drafter!r}, 'auto' or 'none'",
+        param="drafter",
+        code="invalid_value",
+    )
+
+
+def sampling_params(
+    body: GenerationFields, max_tokens: int, num_draft_tokens: int | None, choice: int
+) -> SamplingParams:
+    seed = None if body.seed is None else body.seed + choice
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        seed=seed,
+        stop=body.stop_list,
+        ignore_eos=bool(body.ignore_eos),
+        num_draft_tokens=num_draft_tokens,
+    )
+
+
+def _check_context(num_prompt_tokens: int, max_tokens: int, context: int, param: str) -> None:
+    if num_prompt_tokens + max_tokens > context:
+        raise APIError(
+            400,
+            f"this model's context is {context} tokens; the prompt has {num_prompt_tokens} tokens and "
+            f"{param} is {max_tokens}: reduce the prompt or {param}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def _expand(
+    body: GenerationFields,
+    prompts: list[list[int]],
+    max_tokens_of: list[int],
+    num_draft_tokens: int | None,
+) -> PreparedRequest:
+    n = body.n or 1
+    choices = []
+    for prompt_index, prompt in enumerate(prompts):
+        for choice in range(n):
+            params = sampling_params(body, max_tokens_of[prompt_index], num_draft_tokens, choice)
+            choices.append(ChoiceRequest(prompt_index * n + choice, prompt, params))
+    return PreparedRequest(choices, sum(len(p) for p in prompts), n)
+
+
+def _check_common(body: GenerationFields) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400,
+            "stream_options is only allowed with stream=true",
+            param="stream_options",
+            code="invalid_value",
+        )
+
+
+def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
+    _check_common(body)
+    if body.echo:
+        raise APIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
+    if body.logprobs is not None:
+        raise APIError(400, "logprobs is not supported", param="logprobs", code="unsupported_parameter")
+    num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
+    prompt = body.prompt
+    vocab_size = pipeline.engine.target.vocab_size
+    if isinstance(prompt, str):
+        prompts = [pipeline.tokenizer.encode(prompt)]
+    elif all(isinstance(item, str) for item in prompt):
+        prompts = pipeline.tokenizer.encode_batch(prompt)  # type: ignore[arg-type]
+    elif all(isinstance(item, int) for item in prompt):
+        prompts = [list(prompt)]  # type: ignore[arg-type]
+    else:
+        prompts = [list(item) for item in prompt]  # type: ignore[union-attr]
+    for index, token_ids in enumerate(prompts):
+        if not token_ids:
+            raise APIError(400, f"prompt {index} encodes to no tokens", param="prompt", code="invalid_value")
+        if max(token_ids) >= vocab_size:
+            raise APIError(
+                400,
+                f"prompt {index} has a token id >= the vocabulary size {vocab_size}",
+                param="prompt",
+                code="invalid_value",
+            )
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    context = pipeline.engine.config.max_model_len
+    for token_ids in prompts:
+        _check_context(len(token_ids), max_tokens, context, "max_tokens")
+    return _expand(body, prompts, [max_tokens] * len(prompts), num_draft_tokens)
+
+
+def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
+    _check_common(body)
+    if body.logprobs:
+        raise APIError(400, "logprobs is not supported", param="logprobs", code="unsupported_parameter")
+    num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
+    if pipeline.chat_template is None:
+        raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+    messages = [{"role": m.role, "content": m.text} for m in body.messages]
+    try:
+        rendered = pipeline.apply_chat_template(messages)
+    except ValueError as error:  # the template itself may reject a conversation (raise_exception)
+        raise APIError(400, str(error), param="messages", code="invalid_value") from None
+    token_ids = pipeline.tokenizer.encode(rendered, add_special_tokens=False)
+    if not token_ids:
+        raise APIError(400, "the messages encode to no tokens", param="messages", code="invalid_value")
+    context = pipeline.engine.config.max_model_len
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    if requested is None:
+        if len(token_ids) >= context:
+            _check_context(len(token_ids), 1, context, "max_completion_tokens")
+        max_tokens = context - len(token_ids)
+    else:
+        _check_context(len(token_ids), requested, context, param)
+        max_tokens = requested
+    return _expand(body, [token_ids], [max_tokens], num_draft_tokens)

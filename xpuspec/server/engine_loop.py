@@ -1,0 +1,330 @@
+"""The one thread that drives the engine; request threads talk to it through queues.
+
+``LLMEngine`` is not thread-safe, so only the loop thread calls ``add_request``, ``abort`` and
+``step``. A request thread encodes its prompts (the tokenizer is thread-safe), calls
+:meth:`EngineLoop.submit` and reads :class:`ChoiceEvent`\\ s from the returned :class:`Generation`.
+Text (detokenizing, stop strings) is made in the loop thread, which must abort a request whose stop
+string appeared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from xpuspec.engine.request_stats import RequestStats
+from xpuspec.sample.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from xpuspec.pipeline import Pipeline, RequestText
+
+logger = logging.getLogger(__name__)
+
+# How long an idle loop sleeps on its command queue before looking at its stop flag again.
+IDLE_WAIT_S = 0.1
+
+
+class QueueFullError(Exception):
+    """More requests are in flight than ``max_queue`` allows."""
+
+
+class NotAcceptingError(Exception):
+    """The loop is loading, draining or has stopped."""
+
+
+@dataclass
+class ChoiceEvent:
+    """New text of one choice; ``finish_reason`` set on its last event, ``error`` on a failure."""
+
+    index: int
+    text: str
+    num_new_tokens: int
+    finish_reason: str | None = None
+    stats: RequestStats | None = None
+    error: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+@dataclass
+class ChoiceRequest:
+    """One engine request: a choice of an HTTP request."""
+
+    index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class EngineSnapshot:
+    """Engine figures copied by the loop thread after each step, for metrics and the admin view."""
+
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+class Generation:
+    """The choices of one HTTP request in flight; their events arrive on one queue, in order per choice."""
+
+    def __init__(self, loop: EngineLoop, request_ids: list[str]) -> None:
+        self.events: queue.Queue[ChoiceEvent] = queue.Queue()
+        self._loop = loop
+        self._request_ids = request_ids
+        self._unfinished = set(range(len(request_ids)))
+
+    def next_event(self, timeout: float | None = None) -> ChoiceEvent | None:
+        """The next event, or None after ``timeout`` seconds without one."""
+        try:
+            event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if event.final:
+            self._unfinished.discard(event.index)
+        return event
+
+    @property
+    def done(self) -> bool:
+        return not self._unfinished
+
+    def cancel(self) -> None:
+        """Abort every unfinished choice (the client left); idempotent."""
+        for index in sorted(self._unfinished):
+            self._loop.abort(self._request_ids[index])
+        self._unfinished.clear()
+
+
+@dataclass
+class _Active:
+    """Loop-side state of one engine request."""
+
+    generation: Generation
+    index: int
+    text: RequestText
+    num_prompt_tokens: int
+    pending_text: list[str] = field(default_factory=list)
+
+
+class EngineLoop:
+    """Owns a Pipeline's engine in one background thread: admission, stepping, delivery, draining."""
+
+    def __init__(
+        self,
+        pipeline_factory: Callable[[], Pipeline],
+        max_in_flight: int,
+        on_finish: Callable[[int, RequestStats, str], None] | None = None,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> None:
+        self._pipeline_factory = pipeline_factory
+        self.max_in_flight = max_in_flight
+        self._on_finish = on_finish
+        self._on_cancel = on_cancel
+        self.pipeline: Pipeline | None = None
+        self.load_error: BaseException | None = None
+        self.ready = threading.Event()
+        self.snapshot = EngineSnapshot()
+        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._admission = threading.Lock()
+        self._num_in_flight = 0
+        self._accepting = True
+        self._stop = threading.Event()
+        self._idle = threading.Condition(self._admission)
+        self._active: dict[str, _Active] = {}
+        # Events and finished counts of this iteration, published only after the snapshot is
+        # refreshed: a client that saw its request end then sees the engine without it.
+        self._outbox: list[tuple[Generation, ChoiceEvent]] = []
+        self._num_ended = 0
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="xpuspec-engine-loop", daemon=True)
+
+    # ------------------------------------------------------------ any thread
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_in_flight
+
+    @property
+    def draining(self) -> bool:
+        return not self._accepting
+
+    def submit(self, choices: list[ChoiceRequest]) -> Generation:
+        """Queue all choices of one HTTP request, or none: raises QueueFullError / NotAcceptingError."""
+        if not self.ready.is_set() or self.load_error is not None:
+            raise NotAcceptingError("the model is still loading" if self.load_error is None else "failed")
+        with self._admission:
+            if not self._accepting:
+                raise NotAcceptingError("the server is shutting down")
+            if self._num_in_flight + len(choices) > self.max_in_flight:
+                raise QueueFullError(
+                    f"{self._num_in_flight} requests in flight, the limit is {self.max_in_flight}"
+                )
+            self._num_in_flight += len(choices)
+        request_ids = [f"req-{next(self._ids)}" for _ in choices]
+        generation = Generation(self, request_ids)
+        for request_id, choice in zip(request_ids, choices, strict=True):
+            self._commands.put(("add", (request_id, generation, choice)))
+        return generation
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def stop_accepting(self) -> None:
+        with self._admission:
+            self._accepting = False
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no request is in flight; True if that happened within ``timeout``."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._num_in_flight == 0, timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread; requests still in flight end with an error event."""
+        self.stop_accepting()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ loop thread
+    def _run(self) -> None:
+        try:
+            self.pipeline = self._pipeline_factory()
+        except BaseException as error:  # a bad bundle or device must surface, not hang /health
+            logger.exception("loading the model failed")
+            self.load_error = error
+            self.ready.set()
+            return
+        engine = self.pipeline.engine
+        self.snapshot = EngineSnapshot(kv_blocks_total=engine.block_manager.num_blocks)
+        self.ready.set()
+        logger.info("engine ready")
+        while not self._stop.is_set():
+            self._take_commands(block=not engine.has_unfinished())
+            if engine.has_unfinished():
+                try:
+                    outputs = engine.step()
+                except Exception as error:
+                    logger.exception("engine step failed")
+                    self._fail_all(f"engine failure: {error}")
+                    outputs = []
+                for output in outputs:
+                    self._deliver(
+                        output.request_id,
+                        output.new_token_ids,
+                        output.finished,
+                        output.finish_reason,
+                        output.stats,
+                    )
+            self._publish()
+        self._fail_all("the server stopped")
+        self._publish()
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_WAIT_S) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = command
+            if kind == "add":
+                self._add(*payload)  # type: ignore[misc]
+            else:
+                self._abort(payload)  # type: ignore[arg-type]
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _add(self, request_id: str, generation: Generation, choice: ChoiceRequest) -> None:
+        from xpuspec.pipeline import RequestText
+
+        assert self.pipeline is not None
+        try:
+            self.pipeline.engine.add_request(request_id, choice.prompt_token_ids, choice.params)
+        except ValueError as error:
+            self._outbox.append((generation, ChoiceEvent(choice.index, "", 0, error=str(error))))
+            self._num_ended += 1
+            return
+        self._active[request_id] = _Active(
+            generation,
+            choice.index,
+            RequestText(self.pipeline.tokenizer, choice.params),
+            len(choice.prompt_token_ids),
+        )
+
+    def _abort(self, request_id: str) -> None:
+        assert self.pipeline is not None
+        if self._active.pop(request_id, None) is None:
+            return  # finished before the abort arrived
+        self.pipeline.engine.abort(request_id)
+        self._num_ended += 1
+        if self._on_cancel is not None:
+            self._on_cancel()
+
+    def _deliver(
+        self, request_id: str, token_ids: list[int], finished: bool, reason: str | None, stats: RequestStats
+    ) -> None:
+        active = self._active.get(request_id)
+        if active is None:
+            return
+        delta = active.text.push(token_ids, finished)
+        if active.text.stopped and not finished:
+            assert self.pipeline is not None
+            self.pipeline.engine.abort(request_id, finish_reason="stop")
+            finished, reason = True, "stop"
+        if not finished:
+            if delta or token_ids:
+                self._outbox.append((active.generation, ChoiceEvent(active.index, delta, len(token_ids))))
+            return
+        del self._active[request_id]
+        final = ChoiceEvent(active.index, delta, len(token_ids), finish_reason=reason or "stop", stats=stats)
+        self._outbox.append((active.generation, final))
+        if self._on_finish is not None:
+            try:
+                self._on_finish(active.num_prompt_tokens, stats, reason or "stop")
+            except Exception:
+                logger.exception("recording metrics failed")
+        self._num_ended += 1
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, active in list(self._active.items()):
+            try:
+                if self.pipeline is not None:
+                    self.pipeline.engine.abort(request_id)
+            except Exception:
+                logger.exception("aborting %s failed", request_id)
+            self._outbox.append((active.generation, ChoiceEvent(active.index, "", 0, error=message)))
+            del self._active[request_id]
+            self._num_ended += 1
+
+    def _publish(self) -> None:
+        if self.pipeline is not None:
+            self._update_snapshot()
+        for generation, event in self._outbox:
+            generation.events.put(event)
+        self._outbox.clear()
+        if self._num_ended:
+            with self._idle:
+                self._num_in_flight -= self._num_ended
+                if self._num_in_flight == 0:
+                    self._idle.notify_all()
+            self._num_ended = 0
+
+    def _update_snapshot(self) -> None:
+        assert self.pipeline is not None
+        engine = self.pipeline.engine
+        self.snapshot = EngineSnapshot(
+            kv_blocks_used=engine.block_manager.num_used_blocks,
+            kv_blocks_total=engine.block_manager.num_blocks,
+            num_running=engine.scheduler.num_running,
+            num_waiting=engine.scheduler.num_waiting,
+        )

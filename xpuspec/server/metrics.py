@@ -1,0 +1,112 @@
+"""Prometheus metrics of one app, in its own registry (so two apps in one process never collide)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from xpuspec.engine.request_stats import RequestStats
+from xpuspec.server.engine_loop import EngineSnapshot
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class ServerMetrics:
+    """Counters fed by the engine loop and HTTP hooks; gauges read the loop's snapshot at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], EngineSnapshot], num_in_flight: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.http_requests = Counter(
+            "xpuspec_http_requests", "HTTP requests answered", ["endpoint", "status"], registry=registry
+        )
+        self.finished_requests = Counter(
+            "xpuspec_requests_finished",
+            "Engine requests (choices) finished",
+            ["finish_reason"],
+            registry=registry,
+        )
+        self.cancelled_requests = Counter(
+            "xpuspec_requests_cancelled",
+            "Engine requests aborted because their client left",
+            registry=registry,
+        )
+        self.prompt_tokens = Counter("xpuspec_prompt_tokens", "Prompt tokens processed", registry=registry)
+        self.generation_tokens = Counter("xpuspec_generation_tokens", "Tokens generated", registry=registry)
+        self.time_to_first_token = Histogram(
+            "xpuspec_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.time_per_output_token = Histogram(
+            "xpuspec_time_per_output_token_seconds",
+            "Mean gap between generated tokens of a request",
+            buckets=PER_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.draft_tokens = Counter("xpuspec_spec_draft_tokens", "Draft tokens proposed", registry=registry)
+        self.accepted_tokens = Counter(
+            "xpuspec_spec_accepted_tokens", "Draft tokens accepted by the target", registry=registry
+        )
+        self.drafted_per_position = Counter(
+            "xpuspec_spec_draft_tokens_per_position",
+            "Draft tokens proposed at each draft position",
+            ["position"],
+            registry=registry,
+        )
+        self.accepted_per_position = Counter(
+            "xpuspec_spec_accepted_tokens_per_position",
+            "Draft tokens accepted at each draft position",
+            ["position"],
+            registry=registry,
+        )
+        acceptance = Gauge(
+            "xpuspec_spec_acceptance_rate", "Accepted / proposed draft tokens since start", registry=registry
+        )
+        acceptance.set_function(self._acceptance_rate)
+        self._drafted_total = 0
+        self._accepted_total = 0
+
+        def gauge(name: str, documentation: str, read: Callable[[], float]) -> None:
+            Gauge(name, documentation, registry=registry).set_function(read)
+
+        gauge("xpuspec_requests_running", "Requests in the running batch", lambda: snapshot().num_running)
+        gauge("xpuspec_queue_depth", "Requests waiting for a batch slot", lambda: snapshot().num_waiting)
+        gauge("xpuspec_requests_in_flight", "Admitted requests not yet finished", lambda: num_in_flight())
+        gauge("xpuspec_kv_cache_blocks_used", "KV-cache blocks held", lambda: snapshot().kv_blocks_used)
+        gauge("xpuspec_kv_cache_blocks_total", "KV-cache blocks in all", lambda: snapshot().kv_blocks_total)
+        gauge(
+            "xpuspec_kv_cache_usage_ratio",
+            "Fraction of KV-cache blocks held",
+            lambda: snapshot().kv_blocks_used / max(1, snapshot().kv_blocks_total),
+        )
+
+    def _acceptance_rate(self) -> float:
+        return self._accepted_total / self._drafted_total if self._drafted_total else 0.0
+
+    def record_finished(self, num_prompt_tokens: int, stats: RequestStats, finish_reason: str) -> None:
+        """Called by the engine loop thread when a choice ends."""
+        self.finished_requests.labels(finish_reason).inc()
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc(stats.num_output_tokens)
+        if stats.ttft_s is not None:
+            self.time_to_first_token.observe(stats.ttft_s)
+        if stats.num_output_tokens > 1 and stats.first_token_time is not None and stats.last_token_time:
+            gap = (stats.last_token_time - stats.first_token_time) / (stats.num_output_tokens - 1)
+            self.time_per_output_token.observe(gap)
+        self.draft_tokens.inc(stats.drafted)
+        self.accepted_tokens.inc(stats.accepted)
+        self._drafted_total += stats.drafted
+        self._accepted_total += stats.accepted
+        for position, (drafted, accepted) in enumerate(
+            zip(stats.drafted_per_position, stats.accepted_per_position, strict=True)
+        ):
+            if drafted:
+                self.drafted_per_position.labels(str(position)).inc(drafted)
+                self.accepted_per_position.labels(str(position)).inc(accepted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

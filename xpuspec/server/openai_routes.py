@@ -1,0 +1,154 @@
+"""The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from flask import Blueprint, Response, jsonify, request
+from pydantic import BaseModel, ValidationError
+
+from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
+from xpuspec.server.engine_loop import NotAcceptingError, QueueFullError
+from xpuspec.server.errors import APIError
+from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
+from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
+from xpuspec.server.state import ServerState, server_state
+
+openai_api = Blueprint("openai_api", __name__, url_prefix="/v1")
+
+Body = TypeVar("Body", bound=BaseModel)
+# nginx's code for "client closed request": only logs and metrics ever see it.
+CLIENT_CLOSED_REQUEST = 499
+
+
+def parse_body(schema: type[Body]) -> Body:
+    raw = request.get_data(cache=False)  # raises 413 beyond MAX_CONTENT_LENGTH
+    if not raw.strip():
+        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data, strict=True)
+    except ValidationError as error:
+        message, param = first_error(error)
+        raise APIError(400, message, param=param, code="invalid_value") from None
+
+
+def ready_pipeline(state: ServerState) -> Any:
+    loop = state.loop
+    if not loop.ready.is_set():
+        raise APIError(503, "the model is still loading", code="loading", headers={"Retry-After": "5"})
+    if loop.load_error is not None or loop.pipeline is None:
+        raise APIError(503, "the model failed to load; see the server log", code="load_failed")
+    return loop.pipeline
+
+
+class TrackedStream:
+    """A response body that tells the state when it is closed, even if never iterated."""
+
+    def __init__(self, frames: Iterator[str], on_close: Callable[[], None]) -> None:
+        self._frames = frames
+        self._on_close: Callable[[], None] | None = on_close
+
+    def __iter__(self) -> Iterable[str]:
+        return self._frames
+
+    def close(self) -> None:
+        try:
+            self._frames.close()  # type: ignore[attr-defined]
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+                self._on_close = None
+
+
+def _generate(
+    kind: Kind, body: CompletionRequest | ChatCompletionRequest, prepared: PreparedRequest
+) -> Response:
+    state = server_state()
+    if len(prepared.choices) > state.config.max_choices:
+        raise APIError(
+            400,
+            f"{len(prepared.choices)} choices (prompts x n); at most {state.config.max_choices} per request",
+            param="n",
+            code="invalid_value",
+        )
+    try:
+        generation = state.loop.submit(prepared.choices)
+    except QueueFullError as error:
+        raise APIError(
+            503,
+            f"the server is busy ({error}); retry later",
+            code="queue_full",
+            headers={"Retry-After": str(state.config.retry_after_s)},
+        ) from None
+    except NotAcceptingError as error:
+        raise APIError(503, f"not accepting requests: {error}", code="unavailable") from None
+    context = ResponseContext(
+        kind=kind,
+        model=state.config.served_model_name,
+        num_prompt_tokens=prepared.num_prompt_tokens,
+        num_choices=len(prepared.choices),
+        client_disconnected=request.environ.get("waitress.client_disconnected"),
+    )
+    state.response_opened()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        frames = TrackedStream(stream(generation, context, include_usage), state.response_closed)
+        return Response(
+            frames,  # type: ignore[arg-type]
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        return jsonify(collect(generation, context))
+    except ClientGone:
+        return Response(status=CLIENT_CLOSED_REQUEST)
+    finally:
+        state.response_closed()
+
+
+@openai_api.post("/completions")
+def completions() -> Response:
+    body = parse_body(CompletionRequest)
+    state = server_state()
+    check_model(body, state.config.served_model_name)
+    pipeline = ready_pipeline(state)
+    return _generate("completion", body, prepare_completion(body, pipeline, pipeline.drafter))
+
+
+@openai_api.post("/chat/completions")
+def chat_completions() -> Response:
+    body = parse_body(ChatCompletionRequest)
+    state = server_state()
+    check_model(body, state.config.served_model_name)
+    pipeline = ready_pipeline(state)
+    return _generate("chat", body, prepare_chat(body, pipeline, pipeline.drafter))
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.config.served_model_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "xpuspec",
+    }
+
+
+@openai_api.get("/models")
+def list_models() -> Response:
+    return jsonify({"object": "list", "data": [_model_card(server_state())]})
+
+
+@openai_api.get("/models/<string:model>")
+def get_model(model: str) -> Response:
+    state = server_state()
+    if model != state.config.served_model_name:
+        raise APIError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
+    return jsonify(_model_card(state))

@@ -1,0 +1,157 @@
+"""The OpenAPI 3.1 document of the API, with request and response schemas generated from pydantic."""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from xpuspec.server.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    EngineState,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+
+REF = "#/components/schemas/{model}"
+
+
+@lru_cache(maxsize=1)
+def _component_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    request_models: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
+    response_models: list[type[BaseModel]] = [
+        CompletionResponse,
+        ChatCompletionResponse,
+        ModelList,
+        ModelCard,
+        ErrorResponse,
+        EngineState,
+    ]
+    keys, definitions = models_json_schema(
+        [(model, "validation") for model in request_models]
+        + [(model, "serialization") for model in response_models],
+        ref_template=REF,
+    )
+    refs = {model.__name__: schema for (model, _mode), schema in keys.items()}
+    return refs, definitions.get("$defs", {})
+
+
+def _json(ref: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": ref}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": _json({"$ref": REF.format(model="ErrorResponse")})}
+
+
+def _generation_operation(
+    summary: str, request_ref: dict[str, Any], response_ref: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "requestBody": {"required": True, "content": _json(request_ref)},
+        "responses": {
+            "200": {
+                "description": "the completion; with stream=true, SSE chunks ending in `data: [DONE]`",
+                "content": {**_json(response_ref), "text/event-stream": {"schema": {"type": "string"}}},
+            },
+            "400": _error("malformed JSON, wrong types, values out of range, prompt beyond the context"),
+            "401": _error("missing or invalid API key"),
+            "404": _error("unknown model"),
+            "413": _error("request body too large"),
+            "503": _error("loading, shutting down, or too many requests in flight (see Retry-After)"),
+        },
+    }
+
+
+def _with_served_model(definitions: dict[str, Any], served_model_name: str) -> dict[str, Any]:
+    """Copies of the schemas whose ``model`` field names the one value this server accepts."""
+    schemas = copy.deepcopy(definitions)
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        schemas[name]["properties"]["model"]["enum"] = [served_model_name]
+    return schemas
+
+
+def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
+    refs, definitions = _component_schemas()
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "xpuspec",
+            "version": "1",
+            "description": f"OpenAI-compatible API over speculative decoding; serves {served_model_name!r}.",
+        },
+        "paths": {
+            "/v1/completions": {
+                "post": _generation_operation(
+                    "Text completion", refs["CompletionRequest"], refs["CompletionResponse"]
+                )
+            },
+            "/v1/chat/completions": {
+                "post": _generation_operation(
+                    "Chat completion", refs["ChatCompletionRequest"], refs["ChatCompletionResponse"]
+                )
+            },
+            "/v1/models": {
+                "get": {
+                    "summary": "The served model",
+                    "responses": {"200": {"description": "models", "content": _json(refs["ModelList"])}},
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One model",
+                    "parameters": [
+                        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {
+                        "200": {"description": "the model", "content": _json(refs["ModelCard"])},
+                        "404": _error("unknown model"),
+                    },
+                }
+            },
+            "/v1/xpuspec/state": {
+                "get": {
+                    "summary": "Engine state (KV blocks in use, running and waiting requests)",
+                    "responses": {"200": {"description": "state", "content": _json(refs["EngineState"])}},
+                }
+            },
+            "/health": {
+                "get": {
+                    "summary": "Readiness (no authentication)",
+                    "security": [],
+                    "responses": {
+                        "200": {"description": "ready"},
+                        "503": {"description": "loading, failed or draining"},
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "metrics",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+        },
+        "components": {"schemas": _with_served_model(definitions, served_model_name)},
+    }
+    if with_auth:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearer": []}]
+        for path, operations in document["paths"].items():
+            if path != "/health":
+                for operation in operations.values():
+                    operation["responses"].setdefault("401", _error("missing or invalid API key"))
+    return document

@@ -1,0 +1,230 @@
+"""Request and response bodies of the API, validated with pydantic at the HTTP boundary only.
+
+Requests are validated strictly (``"5"`` is not a number, ``1`` is not a bool) so a wrong type is a
+400, not a silent coercion. Unknown fields are ignored, as OpenAI-compatible servers commonly do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
+
+MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16
+
+NonEmptyString = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+def _check_encodable(text: str, what: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); the tokenizer needs valid UTF-8.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{what} is not valid Unicode text (lone surrogate at {error.start})") from None
+    return text
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: bool = False
+
+
+class GenerationFields(BaseModel):
+    """Fields both endpoints share; ``model`` is compared with the served name, never used as a path."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str = Field(description="the served model name (GET /v1/models)")
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0, description="0 is greedy")
+    top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, description="makes sampling repeatable; choice i uses seed + i")
+    stop: NonEmptyString | list[NonEmptyString] | None = Field(None, description="up to 16 stop strings")
+    n: int | None = Field(1, ge=1, le=MAX_CHOICES, description="number of choices")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    # xpuspec extensions
+    top_k: int | None = Field(0, ge=0, description="xpuspec: keep the k most likely tokens (0: all)")
+    num_draft_tokens: int | None = Field(
+        None, ge=0, le=MAX_DRAFT_TOKENS, description="xpuspec: fixed speculation length (default adaptive)"
+    )
+    drafter: str | None = Field(
+        None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
+    )
+    ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        for text in stops:
+            _check_encodable(text, "a stop string")
+        return stop
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(GenerationFields):
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    ) = Field(description="text, a list of texts, token ids, or a list of token-id lists")
+    max_tokens: int | None = Field(16, ge=1, description="tokens to generate per choice")
+    echo: bool | None = Field(False, description="not supported: must be false")
+    logprobs: int | None = Field(None, description="not supported: must be null")
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, prompt: Any) -> Any:
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        for text in texts:
+            if isinstance(text, str):
+                _check_encodable(text, "the prompt")
+        return prompt
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart]
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, content: str | list[TextPart]) -> str | list[TextPart]:
+        _check_encodable(content if isinstance(content, str) else "".join(p.text for p in content), "content")
+        return content
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1, description="deprecated name of max_completion_tokens")
+    max_completion_tokens: int | None = Field(None, ge=1, description="default: the rest of the context")
+    logprobs: bool | None = Field(False, description="not supported: must be false")
+
+
+# ------------------------------------------------------------------ responses (for the OpenAPI document)
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length", "abort"] | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length", "abort"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class EngineState(BaseModel):
+    ready: bool
+    draining: bool
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_running: int
+    num_waiting: int
+    num_in_flight: int
+
+
+def first_error(error: ValidationError) -> tuple[str, str | None]:
+    """The message and dotted parameter path of pydantic's most specific complaint.
+
+    A union reports one error per member; the deepest location says best what was wrong
+    (``stop: [""]`` is "too short at stop.0", not "not a string"), and among equally deep ones a
+    broken constraint says more than a type mismatch of another member.
+    """
+    details = error.errors(include_url=False)
+    detail = max(details, key=lambda d: (len(d["loc"]), not d["type"].endswith("_type")))
+    # Union members add their type names to the location; keep only the request's own keys.
+    location = [str(part) for part in detail["loc"] if isinstance(part, int) or not _is_type_tag(part)]
+    param = ".".join(location) or None
+    message = detail["msg"]
+    if param:
+        message = f"{param}: {message}"
+    return message, param
+
+
+def _is_type_tag(part: object) -> bool:
+    text = str(part)
+    return (
+        "[" in text
+        or text in ("str", "int", "float", "bool", "list", "dict", "none", "TextPart")
+        or text.startswith(("function-", "constrained-", "literal["))
+    )

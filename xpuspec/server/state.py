@@ -1,0 +1,47 @@
+"""What the routes of one app share: configuration, the engine loop, metrics, open responses."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from flask import Flask, current_app
+
+from xpuspec.server.config import ServerConfig
+from xpuspec.server.engine_loop import EngineLoop
+from xpuspec.server.metrics import ServerMetrics
+
+EXTENSION_KEY = "xpuspec"
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    loop: EngineLoop
+    metrics: ServerMetrics
+    started: int = field(default_factory=lambda: int(time.time()))
+    _open_responses: int = 0
+    _lock: threading.Condition = field(default_factory=threading.Condition)
+
+    # Responses whose body is still being produced: a drain waits for them, not only for the engine.
+    def response_opened(self) -> None:
+        with self._lock:
+            self._open_responses += 1
+
+    def response_closed(self) -> None:
+        with self._lock:
+            self._open_responses -= 1
+            self._lock.notify_all()
+
+    @property
+    def open_responses(self) -> int:
+        return self._open_responses
+
+    def wait_responses_closed(self, timeout: float | None) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: self._open_responses == 0, timeout)
+
+
+def server_state(app: Flask | None = None) -> ServerState:
+    return (app or current_app).extensions[EXTENSION_KEY]  # type: ignore[no-any-return]
