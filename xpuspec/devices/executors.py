@@ -37,7 +37,12 @@ def create_runner(
         from xpuspec.engine.model_runner import PagedModelRunner
 
         return PagedModelRunner(
-            model.path, device=device.device, properties=properties, num_blocks=num_blocks, core=core
+            model.path,
+            device=device.device,
+            properties=properties,
+            num_blocks=num_blocks,
+            core=core,
+            capacity_tokens=max_sequences * (max_context + max_draft_tokens + 1),
         )
     if plugin.executor_kind == "stateful":
         try:

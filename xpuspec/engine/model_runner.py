@@ -106,6 +106,7 @@ class PagedModelRunner:
         num_blocks: int | None = None,
         cache_bytes: int | None = None,
         core: ov.Core | None = None,
+        capacity_tokens: int | None = None,
     ) -> None:
         model_path = Path(model_dir) / MODEL_FILE
         if not model_path.is_file():
@@ -139,6 +140,9 @@ class PagedModelRunner:
                 raise ValueError(
                     f"cache_bytes={budget} is below one KV block of this model ({bytes_per_block} bytes)"
                 )
+            if capacity_tokens is not None:
+                # No more memory than the engine can ever fill: every sequence slot at full context.
+                num_blocks = min(num_blocks, -(-capacity_tokens // self.block_size))
         self.num_blocks: int = num_blocks
         self.cache_tensors: dict[str, ov.Tensor] = {}
         for name, port in cache_ports.items():
