@@ -13,6 +13,8 @@ COMMAND_MODULES = [
     "xpuspec.generate_command",
     "xpuspec.devices.commands",
     "xpuspec.server.command",
+    "xpuspec.bench.command",
+    "xpuspec.edge.commands",
 ]
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: `xpuspec bench` (xpuspec beside its peers, with a report and plots) and overlap.py."""

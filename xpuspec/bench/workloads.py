@@ -7,8 +7,14 @@ import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xpuspec.demo.heldout import HELDOUT_FILES
+
+if TYPE_CHECKING:
+    from xpuspec.pipeline import Pipeline
+
+WORKLOADS = ("code", "chat")  # or the path of a JSONL file
 
 CHAT_QUESTIONS = (
     "Write a Python function that reverses a string.",
@@ -73,3 +79,36 @@ def jsonl_prompts(path: Path, count: int | None = None) -> list[Prompt]:
         else:
             raise ValueError(f'{path}:{number}: needs a "prompt" or a "messages" field')
     return prompts[:count] if count else prompts
+
+
+def load_workload(workload: str, count: int, prompt_chars: int = 600) -> list[Prompt]:
+    """``code``, ``chat`` or the path of a JSONL prompt file (cycled up to ``count`` prompts)."""
+    if workload == "code":
+        return heldout_code_prompts(count, prompt_chars=prompt_chars)
+    if workload == "chat":
+        return chat_prompts(count)
+    path = Path(workload)
+    if not path.is_file():
+        raise ValueError(f"--workload is {WORKLOADS} or a JSONL file; {workload!r} is neither")
+    prompts = jsonl_prompts(path)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def encode_prompts(pipeline: Pipeline, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
+    """Token ids of each prompt (chat through the chat template), keeping the last ``max_prompt_tokens``.
+
+    Every engine of a benchmark gets these same ids, so none tokenizes differently.
+    """
+    encoded = []
+    for prompt in prompts:
+        if isinstance(prompt.text, list):
+            # A rendered chat template carries its own special tokens.
+            ids = pipeline.tokenizer.encode(
+                pipeline.apply_chat_template(prompt.text), add_special_tokens=False
+            )
+        else:
+            ids = pipeline.tokenizer.encode(prompt.text)
+        encoded.append(ids[-max_prompt_tokens:])
+    return encoded

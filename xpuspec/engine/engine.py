@@ -283,7 +283,7 @@ class LLMEngine:
     def _propose(self, chunks: list[ScheduledChunk]) -> dict[str, Proposal]:
         if self.proposer is None:
             return {}
-        wanted = [c for c in chunks if c.num_draft_tokens > 0 or self.proposer.needs_prefill]
+        wanted = [c for c in chunks if c.num_draft_tokens > 0]
         if not wanted:
             return {}
         started = self.clock()

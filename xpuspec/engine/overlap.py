@@ -78,9 +78,7 @@ class OverlappedEngine(LLMEngine):
         if runner_chunks:
             started = self.clock()
             self.target.start(runner_chunks)
-        # The draft model catches up with this step's prefill chunks too; its KV is separate from the
-        # target's, so it may read them while the target computes them.
-        drafter_work = draft + [chunk for chunk in prefill if self.proposer.needs_prefill]
+        drafter_work = draft
         if drafter_work:
             for request_id, proposal in self._propose(drafter_work).items():
                 sequence = self._sequences[request_id]

@@ -58,7 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inspect = subparsers.add_parser(
         "inspect", help="summarize a bundle and verify every file's hash", description="Summarize and verify."
     )
-    inspect.add_argument("bundle", metavar="BUNDLE", type=Path)
+    inspect.add_argument(
+        "bundle",
+        metavar="BUNDLE",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="bundle folder (default: the embedded demo pair)",
+    )
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
     inspect.set_defaults(func=run_inspect)
 

@@ -33,9 +33,6 @@ class Proposal:
 
 
 class DraftProposer(Protocol):
-    # True when the drafter must see prefill chunks too (a draft model keeps its own KV cache).
-    needs_prefill: bool
-
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]: ...
 
     def measure_step_seconds(self) -> float:
@@ -49,8 +46,6 @@ class DraftProposer(Protocol):
 
 class NgramDraftProposer:
     """Prompt lookup: propose the tokens that followed the latest earlier match of the sequence's tail."""
-
-    needs_prefill = False
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
@@ -78,14 +73,13 @@ class NgramDraftProposer:
 class DraftModelProposer:
     """A small model on its own KV cache proposes γ tokens by γ batched single-token steps.
 
-    Step 0 catches the draft cache up with every token the draft has not seen (prefill chunks
-    follow the target's chunks; a decoding sequence feeds the tokens accepted last step) and
-    drafts the first token; steps 1..γ-1 feed one token each. After verification the engine
-    sets ``num_draft_computed_tokens`` back to at most ``num_computed_tokens``: the draft's KV
-    of rejected tokens is simply overwritten later.
+    Step 0 catches the draft cache up with every token the draft has not seen (the whole prompt
+    the first time, then the tokens accepted last step) and drafts the first token; steps 1..γ-1
+    feed one token each. The draft runs only for sequences that speculate this step: while γ is 0
+    it costs nothing, and the catch-up is one prefill-like pass when speculation resumes. After
+    verification the engine sets ``num_draft_computed_tokens`` back to at most
+    ``num_computed_tokens``: the draft's KV of rejected tokens is simply overwritten later.
     """
-
-    needs_prefill = True
 
     def __init__(self, runner, target_vocab_size: int):
         if runner.vocab_size > target_vocab_size:
@@ -114,24 +108,21 @@ class DraftModelProposer:
         runner_chunks: list[SequenceChunk] = []
         drafting: list[ScheduledChunk] = []
         for chunk in chunks:
-            sequence = chunk.sequence
-            decoding = chunk.num_draft_tokens > 0
-            end = sequence.num_tokens if decoding else sequence.num_computed_tokens + chunk.num_tokens
-            start = sequence.num_draft_computed_tokens
-            if start >= end:
+            if chunk.num_draft_tokens == 0:
                 continue
+            sequence = chunk.sequence
+            start, end = sequence.num_draft_computed_tokens, sequence.num_tokens
             runner_chunks.append(
                 SequenceChunk(
                     token_ids=sequence.token_ids[start:end],
                     past_length=start,
                     block_table=sequence.block_table,
-                    num_logits=1 if decoding else 0,
+                    num_logits=1,
                     sequence_id=sequence.request_id,
                 )
             )
             sequence.num_draft_computed_tokens = end
-            if decoding:
-                drafting.append(chunk)
+            drafting.append(chunk)
         if not runner_chunks:
             return {}
         logits = self.runner.forward(runner_chunks)  # [len(drafting), vocab]

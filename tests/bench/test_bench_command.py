@@ -1,0 +1,140 @@
+"""`xpuspec bench --quick` on the tiny pair: the report's structure, never its timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from xpuspec.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+LATENCY_NAMES = [
+    "xpuspec target-only",
+    "xpuspec speculative (γ=2)",
+    "xpuspec speculative (γ=4)",
+    "xpuspec speculative (adaptive γ)",
+    "OpenVINO GenAI target-only",
+    "OpenVINO GenAI speculative (γ=2)",
+    "OpenVINO GenAI speculative (γ=4)",
+    "OpenVINO GenAI speculative (adaptive γ)",
+    "transformers target-only",
+    "transformers speculative (γ=2)",
+    "transformers speculative (γ=4)",
+    "transformers speculative (adaptive γ)",
+    "llama.cpp target-only",
+]
+LOAD_NAMES = [
+    "xpuspec server target-only",
+    "xpuspec server speculative (adaptive γ)",
+    "xpuspec server speculative (γ=4)",
+    "OpenVINO GenAI CB target-only",
+    "OpenVINO GenAI CB speculative (γ=4)",
+]
+
+
+@pytest.fixture(scope="module")
+def bench_out(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--bundle", str(pair_bundle), "--quick", "--out", str(out)]
+    # The pair's Hugging Face checkpoints sit beside the bundle: transformers runs as a peer too.
+    hf_target, hf_draft = pair_bundle.parent / "target", pair_bundle.parent / "draft"
+    if (hf_target / "config.json").is_file() and (hf_draft / "config.json").is_file():
+        argv += ["--hf-target", str(hf_target), "--hf-draft", str(hf_draft)]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(bench_out: Path) -> dict[str, Any]:
+    return json.loads((bench_out / "report.json").read_text(encoding="utf-8"))
+
+
+def _by_name(section: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["name"]: row for row in section["configurations"]}
+
+
+def test_report_records_settings_and_environment(report: dict[str, Any]) -> None:
+    assert {"settings", "environment", "models", "prompts", "latency", "load", "plots"} <= report.keys()
+    assert report["settings"]["draft_lengths"] == [2, 4]
+    assert report["settings"]["concurrency"] == [1, 4]
+    environment = report["environment"]
+    assert environment["cpu"] and environment["cores"] >= 1
+    assert environment["packages"]["openvino"] and environment["packages"]["xpuspec"]
+    assert len(report["prompts"]) == 3 and all(p["prompt_tokens"] > 0 for p in report["prompts"])
+
+
+def test_every_latency_configuration_is_measured_or_skipped_with_a_reason(report: dict[str, Any]) -> None:
+    rows = _by_name(report["latency"])
+    assert list(rows) == LATENCY_NAMES
+    for name, row in rows.items():
+        assert row["status"] in ("ok", "skipped"), name
+        if row["status"] == "skipped":
+            assert row["reason"], name
+        else:
+            assert row["requests"] == 3 and row["output_tokens"] == 3 * 16, name
+            assert {"tokens_per_s", "ttft_ms", "tpot_ms", "speedup", "round_seconds"} <= row.keys(), name
+    for name in LATENCY_NAMES[:4]:  # xpuspec itself is never skipped
+        assert rows[name]["status"] == "ok", rows[name].get("reason")
+    assert rows["llama.cpp target-only"]["status"] == "skipped"
+    assert rows["OpenVINO GenAI speculative (adaptive γ)"]["status"] == "skipped"
+
+
+def test_speculative_rows_carry_acceptance_and_the_predicted_speedup(report: dict[str, Any]) -> None:
+    latency = report["latency"]
+    assert latency["step_costs"]["cost_ratio"] > 0
+    rows = _by_name(latency)
+    for gamma in (2, 4):
+        row = rows[f"xpuspec speculative (γ={gamma})"]
+        assert row["drafted"] > 0 and 0 <= row["accepted"] <= row["drafted"]
+        assert 0 <= row["alpha"] <= 1 and row["predicted_speedup"] > 0
+        assert len(row["acceptance_per_position"]) >= gamma
+        # Every verification drafts position 0; fewer draft deeper positions near max_tokens.
+        drafted = row["drafted_per_position"]
+        assert drafted[0] == row["verification_steps"] and drafted == sorted(drafted, reverse=True)
+        assert set(row["ratio_to_peers"]) == {"OpenVINO GenAI", "transformers"}
+    assert rows["xpuspec target-only"]["drafted"] is None
+
+
+def test_every_load_configuration_sweeps_each_level_or_is_skipped(report: dict[str, Any]) -> None:
+    rows = _by_name(report["load"])
+    assert sorted(rows) == sorted(LOAD_NAMES)
+    for name, row in rows.items():
+        if row["status"] == "skipped":
+            assert row["reason"], name
+            continue
+        assert [level["concurrency"] for level in row["levels"]] == [1, 4], name
+        for level in row["levels"]:
+            assert level["requests"] == level["concurrency"] and level["errors"] == 0, name
+            assert level["output_tokens"] == level["requests"] * 16, name
+    for name in LOAD_NAMES[:3]:
+        assert rows[name]["status"] == "ok", rows[name].get("reason")
+    # A fixed γ always drafts: the server's /metrics figures reach the report.
+    speculation = rows["xpuspec server speculative (γ=4)"]["levels"][0]["speculation"]
+    assert speculation["drafted"] > 0 and len(speculation["acceptance_per_position"]) == 4
+
+
+def test_markdown_has_a_row_for_every_configuration(bench_out: Path, report: dict[str, Any]) -> None:
+    markdown = (bench_out / "report.md").read_text(encoding="utf-8")
+    assert "## Batch-1 latency" in markdown and "## Throughput under load" in markdown
+    lines = markdown.splitlines()
+    for name in LATENCY_NAMES + LOAD_NAMES:
+        assert any(line.startswith(f"| {name} |") for line in lines), name
+    for row in report["latency"]["configurations"]:
+        if row["status"] == "skipped":
+            assert f"| {row['name']} | skipped: {row['reason']} |" in markdown
+
+
+def test_plots_are_png_files(bench_out: Path, report: dict[str, Any]) -> None:
+    pytest.importorskip("matplotlib")
+    assert set(report["plots"]) == {
+        "speedup_vs_draft_length",
+        "throughput_vs_concurrency",
+        "acceptance_per_position",
+    }
+    for entry in report["plots"].values():
+        data = (bench_out / entry["file"]).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and data[12:16] == b"IHDR"
+        assert f"]({entry['file']})" in (bench_out / "report.md").read_text(encoding="utf-8")

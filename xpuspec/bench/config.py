@@ -1,0 +1,87 @@
+"""Settings of one `xpuspec bench` run, with the quick preset the tests use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpuspec.engine.engine import EngineConfig
+
+MODES = ("latency", "load", "all")
+F32_PROPERTIES = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+
+
+@dataclass
+class BenchConfig:
+    """What to run and how much of it. ``quick()`` gives the about-a-minute preset."""
+
+    out: Path
+    bundle: Path | None = None  # None: the embedded demo pair
+    workload: str = "code"
+    mode: str = "all"
+    draft_lengths: tuple[int, ...] = (1, 2, 4, 6)
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    num_prompts: int = 8
+    prompt_chars: int = 600
+    max_tokens: int = 64
+    rounds: int = 2  # batch-1 rounds; each configuration keeps its best
+    requests_per_client: int = 2  # load mode: each client sends this many requests in turn
+    hf_target: Path | None = None
+    hf_draft: Path | None = None
+    f32: bool = False
+    server_timeout_s: float = 300.0
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        max_draft = EngineConfig().max_draft_tokens
+        if not self.draft_lengths or any(not 1 <= g <= max_draft for g in self.draft_lengths):
+            raise ValueError(f"draft lengths must be in [1, {max_draft}], got {list(self.draft_lengths)}")
+        if not self.concurrency or any(n < 1 for n in self.concurrency):
+            raise ValueError(f"concurrency levels must be >= 1, got {list(self.concurrency)}")
+        for name in ("num_prompts", "prompt_chars", "max_tokens", "rounds", "requests_per_client"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if (self.hf_target is None) != (self.hf_draft is None):
+            raise ValueError("give both --hf-target and --hf-draft, or neither")
+        if self.f32:
+            self.properties = {**F32_PROPERTIES, **self.properties}
+
+    @property
+    def runs_latency(self) -> bool:
+        return self.mode in ("latency", "all")
+
+    @property
+    def runs_load(self) -> bool:
+        return self.mode in ("load", "all")
+
+    def settings(self) -> dict[str, Any]:
+        """The settings as the report records them."""
+        return {
+            "bundle": str(self.bundle) if self.bundle else "embedded demo pair",
+            "workload": self.workload,
+            "mode": self.mode,
+            "draft_lengths": list(self.draft_lengths),
+            "concurrency": list(self.concurrency),
+            "prompts": self.num_prompts,
+            "prompt_chars": self.prompt_chars,
+            "max_tokens": self.max_tokens,
+            "rounds": self.rounds,
+            "requests_per_client": self.requests_per_client,
+            "greedy": True,
+            "ignore_eos": True,
+            "properties": self.properties or "OpenVINO CPU defaults",
+        }
+
+
+QUICK = {
+    "draft_lengths": (2, 4),
+    "concurrency": (1, 4),
+    "num_prompts": 3,
+    "prompt_chars": 200,
+    "max_tokens": 16,
+    "rounds": 1,
+    "requests_per_client": 1,
+}

@@ -1,0 +1,171 @@
+"""What a benchmark measures: one request's timings, one configuration's summary, one load level."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from xpuspec.spec_decode.speculation_length import expected_speedup
+
+OK = "ok"
+SKIPPED = "skipped"
+
+
+@dataclass
+class RequestTiming:
+    """One batch-1 request: its tokens, latencies and (where the engine reports them) speculation counts."""
+
+    prompt_tokens: int
+    token_ids: list[int]
+    seconds: float  # wall time of the whole request
+    ttft_s: float | None
+    tpot_s: float | None  # mean gap between output tokens after the first
+    drafted: int | None = None
+    accepted: int | None = None
+    # Draft tokens tested under Leviathan et al.'s model: accepted plus one rejected per step that
+    # rejected; drafts after a rejection are never tested. accepted / tested estimates α.
+    tested: int | None = None
+    verification_steps: int | None = None
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _sum(values: list[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _add_lists(lists: list[list[int]]) -> list[int]:
+    width = max((len(x) for x in lists), default=0)
+    return [sum(x[i] for x in lists if i < len(x)) for i in range(width)]
+
+
+@dataclass
+class LatencyResult:
+    """One batch-1 configuration: its best round's figures (rounds interleave configurations)."""
+
+    name: str
+    engine: str  # "xpuspec" | "OpenVINO GenAI" | "transformers" | "llama.cpp"
+    draft_length: int | str | None  # None: target only; "adaptive"; or a fixed γ
+    status: str = OK
+    reason: str | None = None
+    round_seconds: list[float] = field(default_factory=list)
+    requests: list[RequestTiming] = field(default_factory=list)  # of the best round
+
+    def record_round(self, timings: list[RequestTiming]) -> None:
+        seconds = sum(t.seconds for t in timings)
+        if not self.round_seconds or seconds < min(self.round_seconds):
+            self.requests = timings
+        self.round_seconds.append(seconds)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures of the best round; speed-ups are filled in by :func:`add_speedups`."""
+        if self.status != OK:
+            return {"status": self.status, "reason": self.reason}
+        timings = self.requests
+        tokens = sum(len(t.token_ids) for t in timings)
+        seconds = sum(t.seconds for t in timings)
+        drafted, accepted = _sum([t.drafted for t in timings]), _sum([t.accepted for t in timings])
+        tested, steps = _sum([t.tested for t in timings]), _sum([t.verification_steps for t in timings])
+        drafted_at = _add_lists([t.drafted_per_position for t in timings])
+        accepted_at = _add_lists([t.accepted_per_position for t in timings])
+        return {
+            "status": OK,
+            "requests": len(timings),
+            "output_tokens": tokens,
+            "seconds": seconds,
+            "round_seconds": self.round_seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "ttft_ms": _ms(_median([t.ttft_s for t in timings])),
+            "tpot_ms": _ms(_median([t.tpot_s for t in timings])),
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "alpha": accepted / tested if tested else None,
+            "verification_steps": steps,
+            "mean_draft_length": drafted / steps if drafted is not None and steps else None,
+            "mean_accepted_per_step": accepted / steps if accepted is not None and steps else None,
+            "drafted_per_position": drafted_at,
+            "accepted_per_position": accepted_at,
+            "acceptance_per_position": [
+                a / d if d else None for a, d in zip(accepted_at, drafted_at, strict=True)
+            ],
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def add_speedups(
+    results: list[LatencyResult], summaries: dict[str, dict[str, Any]], cost_ratio: float | None
+) -> None:
+    """Speed-up of each configuration over its engine's target-only run, and the predicted one.
+
+    The prediction is Leviathan et al.'s formula at the measured α, the (mean) draft length and the
+    measured draft/target cost ratio: the gap to the measured speed-up is engine overhead (and the
+    target's verification of γ + 1 tokens costing more than one token).
+    """
+    baselines = {
+        r.engine: summaries[r.name].get("tokens_per_s")
+        for r in results
+        if r.draft_length is None and r.status == OK
+    }
+    for result in results:
+        summary = summaries[result.name]
+        if result.status != OK:
+            continue
+        baseline = baselines.get(result.engine)
+        rate = summary.get("tokens_per_s")
+        summary["speedup"] = rate / baseline if rate and baseline else None
+        alpha, gamma = summary.get("alpha"), summary.get("mean_draft_length")
+        if result.draft_length is None or alpha is None or gamma is None or cost_ratio is None:
+            summary["predicted_speedup"] = None
+            continue
+        summary["predicted_speedup"] = expected_speedup(alpha, max(1, round(gamma)), cost_ratio)
+
+
+@dataclass
+class LoadLevel:
+    """One concurrency level of a load sweep."""
+
+    concurrency: int
+    requests: int
+    output_tokens: int
+    seconds: float
+    ttft_ms: float | None = None  # median over requests
+    tpot_ms: float | None = None
+    errors: int = 0
+    speculation: dict[str, Any] | None = None  # from the server's /metrics, this level only
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class LoadResult:
+    """One configuration's concurrency sweep."""
+
+    name: str
+    engine: str
+    status: str = OK
+    reason: str | None = None
+    levels: list[LoadLevel] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "engine": self.engine, "status": self.status}
+        if self.status != OK:
+            data["reason"] = self.reason
+        else:
+            data["levels"] = [level.as_dict() for level in self.levels]
+        return data

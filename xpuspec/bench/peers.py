@@ -1,0 +1,195 @@
+"""Peer engines on the same models and prompts: OpenVINO GenAI, Hugging Face transformers, llama.cpp.
+
+Each peer is optional. ``*_unavailable()`` returns why a peer cannot run here (the report lists it
+as "skipped: <reason>"), or None when it can. Every runner takes prompt token ids, so every engine
+sees exactly the same tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xpuspec.bench.figures import RequestTiming
+
+logger = logging.getLogger(__name__)
+
+
+def genai_unavailable() -> str | None:
+    if importlib.util.find_spec("openvino_genai") is None:
+        return "openvino-genai is not installed (pip install 'xpuspec[genai]')"
+    return None
+
+
+def transformers_unavailable(target: Path | None, draft: Path | None) -> str | None:
+    if target is None or draft is None:
+        return "no Hugging Face checkpoints given (--hf-target DIR --hf-draft DIR)"
+    for name in ("torch", "transformers"):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed (pip install 'xpuspec[convert]')"
+    return None
+
+
+def llama_cpp_unavailable() -> str:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed"
+    # xpuspec bundles hold OpenVINO IR; llama.cpp needs GGUF files of the same pair.
+    return "llama_cpp imports, but the bench has no GGUF models of this pair to give it"
+
+
+def _genai_config(max_tokens: int, num_assistant_tokens: int | None) -> Any:
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = max_tokens
+    config.min_new_tokens = max_tokens
+    config.ignore_eos = True
+    config.do_sample = False
+    if num_assistant_tokens is not None:
+        config.num_assistant_tokens = num_assistant_tokens
+    return config
+
+
+def _tensor(token_ids: list[int]) -> Any:
+    import openvino as ov
+
+    return ov.Tensor(np.array([token_ids], dtype=np.int64))  # [1, prompt_tokens]
+
+
+class GenaiLatencyRunner:
+    """``openvino_genai.LLMPipeline``, target only or with the draft (its speculative decoding)."""
+
+    def __init__(self, target_dir: Path, draft_dir: Path | None, properties: dict[str, Any]) -> None:
+        import openvino_genai
+
+        self.genai = openvino_genai
+        kwargs: dict[str, Any] = dict(properties)
+        if draft_dir is not None:
+            kwargs["draft_model"] = openvino_genai.draft_model(str(draft_dir), "CPU", **properties)
+        self.pipe = openvino_genai.LLMPipeline(str(target_dir), "CPU", **kwargs)
+        self.speculative = draft_dir is not None
+
+    def generate(self, token_ids: list[int], max_tokens: int, draft_length: int | None) -> RequestTiming:
+        import openvino as ov
+
+        ids = np.array([token_ids], dtype=np.int64)  # [1, prompt_tokens]
+        inputs = self.genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        config = _genai_config(max_tokens, draft_length if self.speculative else None)
+        started = time.perf_counter()
+        result = self.pipe.generate(inputs, config)
+        seconds = time.perf_counter() - started
+        metrics = result.perf_metrics
+        timing = RequestTiming(
+            prompt_tokens=len(token_ids),
+            token_ids=list(result.tokens[0]),
+            seconds=seconds,
+            ttft_s=metrics.get_ttft().mean / 1000.0,
+            tpot_s=metrics.get_tpot().mean / 1000.0,
+        )
+        extended = getattr(result, "extended_perf_metrics", None)
+        if self.speculative and extended is not None and hasattr(extended, "get_num_accepted_tokens"):
+            timing.accepted = int(extended.get_num_accepted_tokens())
+            timing.drafted = int(extended.get_num_draft_tokens())
+        return timing
+
+
+class GenaiBatchRunner:
+    """``openvino_genai.ContinuousBatchingPipeline``: a list of prompts generated together."""
+
+    def __init__(
+        self,
+        target_dir: Path,
+        draft_dir: Path | None,
+        properties: dict[str, Any],
+        max_num_seqs: int,
+        cache_gb: int = 1,
+    ) -> None:
+        import openvino_genai
+
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.cache_size = cache_gb  # bounded: the default grows with the machine's memory
+        scheduler.max_num_seqs = max(scheduler.max_num_seqs, max_num_seqs)
+        kwargs: dict[str, Any] = dict(properties)
+        if draft_dir is not None:
+            kwargs["draft_model"] = openvino_genai.draft_model(str(draft_dir), "CPU", **properties)
+        self.pipe = openvino_genai.ContinuousBatchingPipeline(str(target_dir), scheduler, "CPU", kwargs)
+        self.speculative = draft_dir is not None
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, draft_length: int | None) -> int:
+        """Generate for all prompts at once; return the number of output tokens."""
+        config = _genai_config(max_tokens, draft_length if self.speculative else None)
+        results = self.pipe.generate([_tensor(p) for p in prompts], [config] * len(prompts))
+        return sum(len(r.m_generation_ids[0]) for r in results)
+
+
+class _TokenTimes:
+    """A transformers streamer that notes when tokens arrive (the first ``put`` is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[float, int]] = []  # (time, tokens in this put)
+        self._seen_prompt = False
+
+    def put(self, value: Any) -> None:
+        if not self._seen_prompt:
+            self._seen_prompt = True
+            return
+        self.times.append((time.perf_counter(), int(value.numel())))
+
+    def end(self) -> None:
+        pass
+
+
+class TransformersLatencyRunner:
+    """Hugging Face assisted generation on PyTorch: ``model.generate(assistant_model=draft)``."""
+
+    def __init__(self, target_dir: Path, draft_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+
+    def generate(
+        self, token_ids: list[int], max_tokens: int, draft_length: int | str | None
+    ) -> RequestTiming:
+        kwargs: dict[str, Any] = {}
+        if draft_length is not None:
+            config = self.draft.generation_config
+            if draft_length == "adaptive":  # transformers' own heuristic schedule
+                config.num_assistant_tokens, config.num_assistant_tokens_schedule = 20, "heuristic"
+            else:
+                config.num_assistant_tokens, config.num_assistant_tokens_schedule = draft_length, "constant"
+            config.assistant_confidence_threshold = 0.0  # draft exactly γ tokens per step
+            kwargs["assistant_model"] = self.draft
+        streamer = _TokenTimes()
+        inputs = self.torch.tensor([token_ids], dtype=self.torch.long)  # [1, prompt_tokens]
+        started = time.perf_counter()
+        with self.torch.inference_mode():
+            output = self.target.generate(
+                inputs,
+                attention_mask=self.torch.ones_like(inputs),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                streamer=streamer,
+                **kwargs,
+            )
+        seconds = time.perf_counter() - started
+        new_tokens = output[0, len(token_ids) :].tolist()
+        first = streamer.times[0][0] if streamer.times else None
+        last = streamer.times[-1][0] if streamer.times else None
+        return RequestTiming(
+            prompt_tokens=len(token_ids),
+            token_ids=new_tokens,
+            seconds=seconds,
+            ttft_s=first - started if first is not None else None,
+            tpot_s=(last - first) / (len(new_tokens) - 1)
+            if first is not None and last is not None and len(new_tokens) > 1
+            else None,
+        )

@@ -1,0 +1,160 @@
+"""The benchmark report: report.json with every raw figure, report.md with the tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LATENCY_COLUMNS = (
+    "configuration",
+    "TTFT ms",
+    "TPOT ms",
+    "tokens/s",
+    "acceptance",
+    "α",
+    "accepted/step",
+    "speed-up",
+    "predicted",
+    "÷ GenAI",
+    "÷ transformers",
+    "same tokens",
+)
+LOAD_COLUMNS = (
+    "configuration",
+    "clients",
+    "requests",
+    "tokens/s",
+    "TTFT ms",
+    "TPOT ms",
+    "acceptance",
+    "errors",
+)
+
+
+def _number(value: Any, digits: int = 1, suffix: str = "") -> str:
+    return "" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _percent(value: Any) -> str:
+    return "" if value is None else f"{value:.0%}"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _header(columns: tuple[str, ...]) -> list[str]:
+    return [_row(list(columns)), _row(["---"] + ["---:"] * (len(columns) - 1))]
+
+
+def _skipped_row(name: str, reason: str | None, width: int) -> str:
+    return _row([name, f"skipped: {reason}"] + [""] * (width - 2))
+
+
+def latency_table(section: dict[str, Any]) -> list[str]:
+    lines = _header(LATENCY_COLUMNS)
+    for row in section["configurations"]:
+        if row["status"] != "ok":
+            lines.append(_skipped_row(row["name"], row.get("reason"), len(LATENCY_COLUMNS)))
+            continue
+        ratios = row.get("ratio_to_peers") or {}
+        lines.append(
+            _row(
+                [
+                    row["name"],
+                    _number(row.get("ttft_ms")),
+                    _number(row.get("tpot_ms"), 2),
+                    _number(row.get("tokens_per_s")),
+                    _percent(row.get("acceptance_rate")),
+                    _number(row.get("alpha"), 2),
+                    _number(row.get("mean_accepted_per_step"), 2),
+                    _number(row.get("speedup"), 2, "×"),
+                    _number(row.get("predicted_speedup"), 2, "×"),
+                    _number(ratios.get("OpenVINO GenAI"), 2),
+                    _number(ratios.get("transformers"), 2),
+                    row.get("same_tokens_as_target_only", ""),
+                ]
+            )
+        )
+    return lines
+
+
+def load_table(section: dict[str, Any]) -> list[str]:
+    lines = _header(LOAD_COLUMNS)
+    for row in section["configurations"]:
+        if row["status"] != "ok":
+            lines.append(_skipped_row(row["name"], row.get("reason"), len(LOAD_COLUMNS)))
+            continue
+        for level in row["levels"]:
+            speculation = level.get("speculation") or {}
+            lines.append(
+                _row(
+                    [
+                        row["name"],
+                        str(level["concurrency"]),
+                        str(level["requests"]),
+                        _number(level["tokens_per_s"]),
+                        _number(level.get("ttft_ms")),
+                        _number(level.get("tpot_ms"), 2),
+                        _percent(speculation.get("acceptance_rate")),
+                        str(level.get("errors", 0)),
+                    ]
+                )
+            )
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    environment, settings = report["environment"], report["settings"]
+    packages = ", ".join(f"{name} {version}" for name, version in environment["packages"].items() if version)
+    lines = [
+        "# xpuspec bench",
+        "",
+        f"- bundle: {settings['bundle']} "
+        f"(target {report['models']['target']}, draft {report['models']['draft']})",
+        f"- CPU: {environment['cpu']}, {environment['cores']} cores; {packages}",
+        f"- workload: {settings['workload']}, {settings['prompts']} prompts, {settings['max_tokens']} new "
+        f"tokens each, greedy, end-of-sequence ignored; properties: {settings['properties']}",
+    ]
+    if "latency" in report:
+        latency = report["latency"]
+        costs = latency.get("step_costs") or {}
+        lines += ["", "## Batch-1 latency", ""]
+        lines += latency_table(latency)
+        lines += [
+            "",
+            f"Best of {settings['rounds']} interleaved rounds. TTFT/TPOT are medians over prompts. "
+            "α is Leviathan et al.'s per-token acceptance (accepted / tested drafts); acceptance is "
+            "accepted / drafted. Speed-up is over the same engine's target-only run; *predicted* is "
+            "(1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the measured α and draft/target cost ratio "
+            f"c = {_number(costs.get('cost_ratio'), 3)} (single-token forwards: target "
+            f"{_number(costs.get('target_step_ms'), 2)} ms, "
+            f"draft {_number(costs.get('draft_step_ms'), 2)} ms); "
+            "the gap between predicted and measured is engine overhead plus the cost of verifying γ + 1 "
+            "tokens. ÷ peer is xpuspec tokens/s over the peer's at the same draft length.",
+        ]
+    if "load" in report:
+        lines += ["", "## Throughput under load", ""]
+        lines += load_table(report["load"])
+        lines += [
+            "",
+            f"N clients each send {settings['requests_per_client']} streaming requests in turn to "
+            "`xpuspec serve` (acceptance from its /metrics); GenAI CB generates lists of N prompts.",
+        ]
+    if report.get("plots"):
+        lines += ["", "## Plots", ""]
+        for name, entry in report["plots"].items():
+            if entry.get("file"):
+                lines.append(f"![{name}]({entry['file']})")
+            else:
+                lines.append(f"- {name}: skipped: {entry.get('reason')}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, markdown_path = out / "report.json", out / "report.md"
+    json_path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    markdown_path.write_text(markdown(report), encoding="utf-8")
+    return json_path, markdown_path
