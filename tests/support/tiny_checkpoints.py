@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|bos|>", "<|pad|>"]
+from xpuspec.demo.data import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: F401  (re-exported for tests)
 
 # A little text with code in it, so the byte-level BPE learns some merges.
 _CORPUS = [
@@ -23,31 +19,14 @@ ARCHITECTURES = ("llama", "qwen2", "mistral", "phi3")
 
 
 def make_tokenizer(out_dir: Path, vocab_size: int = 384, corpus_suffix: str = ""):
-    """Train a byte-level BPE tokenizer and save it as a PreTrainedTokenizerFast in ``out_dir``.
+    """Train a byte-level BPE tokenizer (the demo recipe's) and save it in ``out_dir``.
 
     ``corpus_suffix`` changes the training text, and so the merges: two different suffixes give
     two tokenizers whose vocabularies differ (the mismatched-pair case).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from xpuspec.demo.data import train_tokenizer
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator([text + corpus_suffix for text in _CORPUS * 4], trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|bos|>",
-        eos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-    )
-    fast.chat_template = CHAT_TEMPLATE
+    fast = train_tokenizer([text + corpus_suffix for text in _CORPUS * 4], vocab_size)
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_dir)
     return fast

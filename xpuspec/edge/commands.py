@@ -1,0 +1,96 @@
+"""`xpuspec bundle` (write an edge archive) and `xpuspec verify` (check one)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bundle = subparsers.add_parser(
+        "bundle",
+        help="pack a model bundle, xpuspec and its pinned runtime into one edge archive (tar.gz)",
+        description="Write one tar.gz with the model bundle, the xpuspec wheel, pinned runtime requirements, "
+        "optionally a wheelhouse for an offline install, launchers (run.sh, run.ps1), an example systemd "
+        "unit and edge.json with the SHA-256 of every file.",
+    )
+    bundle.add_argument(
+        "bundle", nargs="?", default=None, help="a prepared bundle folder (default: the demo pair)"
+    )
+    bundle.add_argument("-o", "--output", type=Path, default=Path("edge.tar.gz"), help="default edge.tar.gz")
+    bundle.add_argument(
+        "--wheels",
+        action="store_true",
+        help="include a wheelhouse of every runtime requirement (offline install)",
+    )
+    bundle.add_argument(
+        "--platform",
+        action="append",
+        default=[],
+        metavar="PLAT",
+        help="a target's wheel platform tag, e.g. manylinux_2_28_x86_64 or win_amd64 (repeatable; "
+        "default: this machine); needs --wheels",
+    )
+    bundle.add_argument(
+        "--python-version", default=None, help="the target's Python, e.g. 3.11 (default: this one)"
+    )
+    bundle.add_argument(
+        "--name", default="xpuspec-edge", help="the archive's top-level folder (default xpuspec-edge)"
+    )
+    bundle.add_argument("--xpuspec-wheel", type=Path, default=None, help="a prebuilt xpuspec wheel to ship")
+    bundle.set_defaults(func=run_bundle)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="check an edge archive (or its unpacked folder) against its edge.json",
+        description="Exit 0 when every file has its recorded SHA-256 and nothing is missing or extra; "
+        "exit 1 naming each file that differs.",
+    )
+    verify.add_argument("archive", help="edge.tar.gz or an unpacked archive folder")
+    verify.set_defaults(func=run_verify)
+
+
+def run_bundle(args: argparse.Namespace) -> int:
+    from xpuspec.edge.archive import EdgeConfig, build_edge_archive
+    from xpuspec.edge.wheels import PackagingError
+    from xpuspec.model_bundle import BundleError
+
+    try:
+        config = EdgeConfig(
+            output=args.output,
+            bundle=Path(args.bundle) if args.bundle else None,
+            include_wheels=args.wheels,
+            platforms=list(args.platform),
+            python_version=args.python_version,
+            root_name=args.name,
+            xpuspec_wheel=args.xpuspec_wheel,
+        )
+    except ValueError as error:
+        print(f"xpuspec bundle: {error}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        manifest = build_edge_archive(config)
+    except (BundleError, PackagingError, ValueError) as error:
+        print(f"xpuspec bundle: {error}", file=sys.stderr)
+        return 1
+    size = config.output.stat().st_size
+    wheelhouse = manifest.get("wheelhouse")
+    print(
+        f"wrote {config.output}: {size / 1e6:.1f} MB, {len(manifest['files'])} files, "
+        + (
+            f"wheelhouse of {wheelhouse['wheels']} wheels for {', '.join(wheelhouse['platforms'])}"
+            if wheelhouse
+            else "no wheelhouse"
+        )
+        + f" ({time.monotonic() - started:.0f} s)"
+    )
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from xpuspec.edge.verify_edge import main
+
+    return main([args.archive])
