@@ -116,3 +116,13 @@ def test_matches_openvino_genai(pair_bundle, target_only):
         if tokens != target_only[index]:
             mismatches.append(index)
     assert mismatches == []
+
+
+def test_adaptive_length_probes_the_draft_while_gamma_is_zero(pair_bundle, target_only):
+    """This pair's draft costs as much as its target, so adaptive γ settles at 0; now and then it
+    must still draft one token, or a draft cost measured on a busy moment would never be revisited."""
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    pipe.engine.cost_model.record_draft_step(1, 10.0)  # a pessimistic measurement: γ = 0 from now on
+    result = pipe.generate(PROMPTS[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))[0]
+    assert result.token_ids[:MAX_TOKENS] == target_only[0]
+    assert 1 <= result.stats["drafted"] < 20

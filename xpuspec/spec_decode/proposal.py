@@ -33,6 +33,9 @@ class Proposal:
 
 
 class DraftProposer(Protocol):
+    # (tokens computed, seconds) of each drafting pass of the last `propose`, for the cost model.
+    step_timings: list[tuple[int, float]]
+
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]: ...
 
     def measure_step_seconds(self) -> float:
@@ -49,6 +52,7 @@ class NgramDraftProposer:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
+        self.step_timings: list[tuple[int, float]] = []
 
     def release(self, sequence_id: str) -> None:
         pass  # stateless: the lookup reads the sequence's tokens each time
@@ -60,6 +64,7 @@ class NgramDraftProposer:
         return (time.perf_counter() - started) / 4
 
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
+        started = time.perf_counter()
         proposals = {}
         for chunk in chunks:
             if chunk.num_draft_tokens == 0:
@@ -67,6 +72,8 @@ class NgramDraftProposer:
             token_ids = self.lookup.propose(chunk.sequence.token_ids, chunk.num_draft_tokens)
             if token_ids:
                 proposals[chunk.sequence.request_id] = Proposal(list(token_ids), None)
+        # One lookup yields all γ tokens; charge it as one pass over the sequences.
+        self.step_timings = [(len(chunks), time.perf_counter() - started)]
         return proposals
 
 
@@ -91,6 +98,7 @@ class DraftModelProposer:
         # Draft distributions are padded with zeros up to the target's vocabulary (ids the draft
         # cannot produce), so the rejection sampler compares rows of one size.
         self.target_vocab_size = target_vocab_size
+        self.step_timings: list[tuple[int, float]] = []
 
     def release(self, sequence_id: str) -> None:
         # A paged draft cache is freed with the shared block table; a stateful one holds a request.
@@ -103,6 +111,12 @@ class DraftModelProposer:
         started = time.perf_counter()
         self.runner.forward([chunk])
         return time.perf_counter() - started
+
+    def _timed_forward(self, chunks: list[SequenceChunk]) -> np.ndarray:
+        started = time.perf_counter()
+        logits = self.runner.forward(chunks)
+        self.step_timings.append((sum(len(c.token_ids) for c in chunks), time.perf_counter() - started))
+        return logits
 
     def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
         runner_chunks: list[SequenceChunk] = []
@@ -125,7 +139,8 @@ class DraftModelProposer:
             drafting.append(chunk)
         if not runner_chunks:
             return {}
-        logits = self.runner.forward(runner_chunks)  # [len(drafting), vocab]
+        self.step_timings = []
+        logits = self._timed_forward(runner_chunks)  # [len(drafting), vocab]
 
         token_ids: dict[str, list[int]] = {c.sequence.request_id: [] for c in drafting}
         probs: dict[str, list[np.ndarray]] = {c.sequence.request_id: [] for c in drafting}
@@ -133,7 +148,7 @@ class DraftModelProposer:
         for step in range(max((c.num_draft_tokens for c in drafting), default=0)):
             if step > 0:
                 active = [c for c in active if c.num_draft_tokens > step]
-                logits = self.runner.forward(
+                logits = self._timed_forward(
                     [
                         SequenceChunk(
                             token_ids=[token_ids[c.sequence.request_id][-1]],

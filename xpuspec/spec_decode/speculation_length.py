@@ -128,13 +128,16 @@ class CostModel:
     def record_target_step(self, num_tokens: int, seconds: float) -> None:
         self.target.record(num_tokens, seconds)
 
-    def record_draft_step(self, num_sequences: int, seconds: float) -> None:
-        self.draft.record(num_sequences, seconds)
+    def record_draft_step(self, num_tokens: int, seconds: float) -> None:
+        """One drafting pass that computed ``num_tokens`` tokens (one per sequence in a plain
+        drafting step; more in a pass that catches the draft's KV cache up)."""
+        self.draft.record(num_tokens, seconds)
 
     def target_cost(self, num_tokens: int) -> float:
         return self.target(num_tokens)
 
     def draft_cost(self, num_sequences: int) -> float:
+        """Seconds of one drafting step: one token for each of ``num_sequences`` sequences."""
         return self.draft(num_sequences)
 
 
