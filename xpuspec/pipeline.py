@@ -160,7 +160,17 @@ class Pipeline:
             raise ValueError(f"{self.bundle.root} has no chat template; pass plain text prompts")
         return self.chat_template.render(messages, add_generation_prompt=True)
 
-    def _encode(self, prompt: str | Messages) -> list[int]:
+    @property
+    def max_model_len(self) -> int:
+        """Tokens one sequence may hold: prompt plus output."""
+        return self.engine.config.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target_runner.vocab_size
+
+    def encode(self, prompt: str | Messages) -> list[int]:
+        """Token ids of a text prompt, or of chat messages rendered with the chat template."""
         if isinstance(prompt, list):
             # A rendered chat template carries its own special tokens.
             return self.tokenizer.encode(self.apply_chat_template(prompt), add_special_tokens=False)
@@ -231,7 +241,7 @@ class Pipeline:
         request_id = f"pipe-{next(self._request_counter)}"
         if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
             params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
-        self.engine.add_request(request_id, self._encode(prompt), params)
+        self.engine.add_request(request_id, self.encode(prompt), params)
         return request_id
 
     def _run(self, texts: dict[str, RequestText]) -> Iterator[tuple[StepOutput, str]]:

@@ -103,12 +103,5 @@ def encode_prompts(pipeline: Pipeline, prompts: list[Prompt], max_prompt_tokens:
     """
     encoded = []
     for prompt in prompts:
-        if isinstance(prompt.text, list):
-            # A rendered chat template carries its own special tokens.
-            ids = pipeline.tokenizer.encode(
-                pipeline.apply_chat_template(prompt.text), add_special_tokens=False
-            )
-        else:
-            ids = pipeline.tokenizer.encode(prompt.text)
-        encoded.append(ids[-max_prompt_tokens:])
+        encoded.append(pipeline.encode(prompt.text)[-max_prompt_tokens:])
     return encoded

@@ -118,7 +118,7 @@ def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_draft
         raise APIError(400, "logprobs is not supported", param="logprobs", code="unsupported_parameter")
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     prompt = body.prompt
-    vocab_size = pipeline.engine.target.vocab_size
+    vocab_size = pipeline.vocab_size
     if isinstance(prompt, str):
         prompts = [pipeline.tokenizer.encode(prompt)]
     elif all(isinstance(item, str) for item in prompt):
@@ -138,7 +138,7 @@ def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_draft
                 code="invalid_value",
             )
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    context = pipeline.engine.config.max_model_len
+    context = pipeline.max_model_len
     for token_ids in prompts:
         _check_context(len(token_ids), max_tokens, context, "max_tokens")
     return _expand(body, prompts, [max_tokens] * len(prompts), num_draft_tokens)
@@ -159,7 +159,7 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     token_ids = pipeline.tokenizer.encode(rendered, add_special_tokens=False)
     if not token_ids:
         raise APIError(400, "the messages encode to no tokens", param="messages", code="invalid_value")
-    context = pipeline.engine.config.max_model_len
+    context = pipeline.max_model_len
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     if requested is None:
