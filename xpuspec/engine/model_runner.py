@@ -150,7 +150,7 @@ class PagedModelRunner:
             tensor = _zeroed_tensor(port.get_element_type(), shape)
             self.request.set_tensor(name, tensor)
             self.cache_tensors[name] = tensor
-        logger.info(
+        logger.debug(
             "%s on %s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
             model_dir,
             device,

@@ -114,7 +114,7 @@ class StatefulModelRunner:
         self._slots: dict[object, _Slot] = {}
         self._free_requests: list[ov.InferRequest] = []
         self._pending: list[_Slot] | None = None
-        logger.info(
+        logger.debug(
             "%s on %s: stateful, one request per sequence (up to %d), rollback by %s",
             model_dir,
             device,
