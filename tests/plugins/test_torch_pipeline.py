@@ -19,6 +19,9 @@ def test_torch_target_with_an_openvino_draft_is_exact(pair_bundle):
         pair_bundle, target_device="TORCH", draft_device="CPU", drafter="draft", properties=F32
     )
     assert speculative.draft_device.device == "CPU"
-    results = speculative.generate(PROMPTS, GREEDY)
+    # A fixed γ: adaptive γ may rightly decline to draft for a target this small.
+    results = speculative.generate(
+        PROMPTS, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, num_draft_tokens=3)
+    )
     assert [result.token_ids for result in results] == expected
     assert sum(result.stats["drafted"] for result in results) > 0
