@@ -7,6 +7,10 @@ import importlib
 import logging
 import sys
 
+# Exit codes every subcommand uses: 0 done, 1 the work failed, 2 the command line or input was wrong.
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
 # Modules with `register(subparsers)`; each adds its subcommands and sets `func`.
 COMMAND_MODULES = [
     "xpuspec.prepare.commands",

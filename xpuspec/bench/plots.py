@@ -53,10 +53,7 @@ def _speedup_vs_draft_length(pyplot: Any, latency: dict[str, Any], path: Path) -
     axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set_xlabel("draft length γ")
     axes.set_ylabel("speed-up over target-only (batch 1)")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    _save(pyplot, figure, axes, path)
 
 
 def _throughput_vs_concurrency(pyplot: Any, load: dict[str, Any], path: Path) -> None:
@@ -73,10 +70,7 @@ def _throughput_vs_concurrency(pyplot: Any, load: dict[str, Any], path: Path) ->
     axes.set_xscale("log", base=2)
     axes.set_xlabel("concurrent requests")
     axes.set_ylabel("output tokens/s")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    _save(pyplot, figure, axes, path)
 
 
 def _acceptance_per_position(pyplot: Any, latency: dict[str, Any], path: Path) -> None:
@@ -90,10 +84,7 @@ def _acceptance_per_position(pyplot: Any, latency: dict[str, Any], path: Path) -
     axes.set_xlabel("draft position")
     axes.set_ylabel("fraction of drafts accepted")
     axes.set_ylim(0, 1.05)
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    _save(pyplot, figure, axes, path)
 
 
 def write_plots(report: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
@@ -116,3 +107,10 @@ def write_plots(report: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
         draw(pyplot, report[section], out / f"{name}.png")
         plots[name] = {"file": f"{name}.png"}
     return plots
+
+
+def _save(pyplot: Any, figure: Any, axes: Any, path: Path) -> None:
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)

@@ -7,12 +7,10 @@ import json
 import sys
 from typing import Any
 
+from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
 from xpuspec.devices.capabilities import CoreLike, DeviceCapabilities
 from xpuspec.devices.plugin import PassthroughPlugin
 from xpuspec.devices.registry import PluginRegistry
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

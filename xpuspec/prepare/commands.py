@@ -11,12 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
 from xpuspec.model_bundle import BundleError, ModelBundle
 from xpuspec.prepare.config import BUILTIN_CALIBRATION_PROMPTS, PrepareConfig, PrepareError
 from xpuspec.prepare.presets import DEVICE_PRESETS, TARGET_DEVICES, WEIGHT_FORMATS
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
