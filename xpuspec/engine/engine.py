@@ -302,17 +302,11 @@ class LLMEngine:
             self._steps_without_drafting += 1
             return {}
         self._steps_without_drafting = 0
-        started = self.clock()
         proposals = self.proposer.propose(wanted, self._states_rng)
-        elapsed = self.clock() - started
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
-        # tokens and must not read as an expensive single-token draft step. The Python around the
-        # passes (sampling, bookkeeping) is charged to them in proportion, as it is part of a draft
-        # step's real cost.
-        timings = self.proposer.step_timings
-        overhead = elapsed / max(sum(seconds for _, seconds in timings), 1e-9)
-        for num_tokens, seconds in timings:
-            self.cost_model.record_draft_step(num_tokens, seconds * max(overhead, 1.0))
+        # tokens and must not read as an expensive single-token draft step.
+        for num_tokens, seconds in self.proposer.step_timings:
+            self.cost_model.record_draft_step(num_tokens, seconds)
         return proposals
 
     def _states_rng(self, request_id: str) -> np.random.Generator:
