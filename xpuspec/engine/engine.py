@@ -218,11 +218,12 @@ class LLMEngine:
         ]
         logits = self.target.forward(runner_chunks)  # [sum num_logits, vocab]
         outputs.extend(self._accept_all(chunks, runner_chunks, logits, proposals))
-        # The whole step but the drafting: the engine's own work per step is paid once however
-        # many tokens the step emits, and speculation amortises it as it does the target's pass.
-        self.cost_model.record_target_step(
-            sum(len(c.token_ids) for c in runner_chunks), self.clock() - started - drafting_seconds
-        )
+        if self.proposer is not None:  # only the choice of γ reads the cost model
+            # The whole step but the drafting: the engine's own work per step is paid once however
+            # many tokens the step emits, and speculation amortises it as it does the target's pass.
+            self.cost_model.record_target_step(
+                sum(len(c.token_ids) for c in runner_chunks), self.clock() - started - drafting_seconds
+            )
         return outputs
 
     # ------------------------------------------------------- parts of a step
