@@ -1,0 +1,81 @@
+"""The Python API contract: Pipeline, SamplingParams, generate, stream, chat, stop strings, errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import F32
+from xpuspec import Pipeline, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def pipe(pair_bundle) -> Pipeline:
+    return Pipeline(pair_bundle, drafter="draft", properties=F32)
+
+
+def test_stream_pieces_join_to_the_generated_text(pipe):
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, num_draft_tokens=3)
+    result = pipe.generate("def add(a, b):", params)[0]
+    assert "".join(pipe.stream("def add(a, b):", params)) == result.text
+    assert result.finish_reason == "length" and len(result.token_ids) == 24
+    stats = result.stats
+    assert {
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "per_position_acceptance",
+        "ttft_s",
+        "tokens_per_s",
+    } <= set(stats)
+    assert stats["ttft_s"] > 0 and stats["drafted"] > 0
+
+
+def test_a_stop_string_ends_the_text_before_it(pipe):
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    text = pipe.generate("import os\n", greedy)[0].text
+    stop = text[5:9]  # some text from the middle of the output, wherever its tokens split
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop])
+    result = pipe.generate("import os\n", params)[0]
+    assert result.finish_reason == "stop"
+    assert result.text == text[: text.index(stop)]
+    assert "".join(pipe.stream("import os\n", params)) == result.text
+
+
+def test_chat_messages_go_through_the_chat_template(pipe):
+    messages = [{"role": "user", "content": "hello"}]
+    rendered = pipe.apply_chat_template(messages)
+    assert rendered.endswith("<|assistant|>\n") and "hello" in rendered
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert len(pipe.generate([messages], params)[0].token_ids) == 8
+    assert pipe.encode(messages) == pipe.tokenizer.encode(rendered, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", 0),
+        ("temperature", -0.5),
+        ("top_p", 0.0),
+        ("top_k", -1),
+        ("num_draft_tokens", 99),
+        ("stop", [""]),
+    ],
+)
+def test_bad_sampling_parameters_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_a_prompt_beyond_the_context_is_rejected_before_it_runs(pipe):
+    too_long = "lazy dog " * 2000
+    with pytest.raises(ValueError, match="context"):
+        pipe.generate(["def", too_long], SamplingParams(max_tokens=8))
+    assert pipe.engine.num_requests == 0 and pipe.engine.block_manager.num_used_blocks == 0
+    assert pipe.generate("def", SamplingParams(max_tokens=4, temperature=0.0))[0].token_ids
+
+
+def test_unknown_drafter_and_absent_device_are_clear_errors(pair_bundle):
+    with pytest.raises(ValueError, match="drafter"):
+        Pipeline(pair_bundle, drafter="magic")
+    with pytest.raises(ValueError, match="CPU"):  # the message names the devices that exist
+        Pipeline(pair_bundle, target_device="GPU.7")
