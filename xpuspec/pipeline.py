@@ -22,9 +22,10 @@ from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
 from xpuspec.model_bundle import ModelBundle
+from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
-from xpuspec.text import ChatTemplate, IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from xpuspec.text import ChatTemplate, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -33,34 +34,18 @@ Messages = list[dict[str, str]]
 
 @dataclass
 class GenerationResult:
+    """One request's output. finish_reason "error" means the request failed alone (its sampling,
+    its text) or with the whole engine step; ``error`` says why, and the text is what came before."""
+
     text: str
     token_ids: list[int]
     finish_reason: str | None
     stats: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
 
 
-class RequestText:
-    """Turns one request's tokens into text: incremental detokenizing and stop strings."""
-
-    def __init__(self, tokenizer: Tokenizer, params: SamplingParams):
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.stops = StopStringMatcher(params.stop) if params.stop else None
-        self.token_ids: list[int] = []
-        self.text = ""
-        self.stopped = False
-
-    def push(self, token_ids: list[int], finished: bool) -> str:
-        """Return the new text that may be shown; sets ``stopped`` when a stop string is hit."""
-        self.token_ids.extend(token_ids)
-        delta = self.detokenizer.push(token_ids) if token_ids else ""
-        if finished:
-            delta += self.detokenizer.flush()  # a character cut short by the end still shows
-        if self.stops is not None:
-            delta, self.stopped = self.stops.push(delta)
-            if finished and not self.stopped:
-                delta += self.stops.flush()
-        self.text += delta
-        return delta
+class GenerationError(RuntimeError):
+    """A streamed request ended with finish_reason "error"."""
 
 
 class Pipeline:
@@ -186,7 +171,8 @@ class Pipeline:
     ) -> list[GenerationResult]:
         """Generate for every prompt at once (continuous batching); results in prompt order.
 
-        ``params`` is one ``SamplingParams`` for all prompts or a list with one per prompt.
+        ``params`` is one ``SamplingParams`` for all prompts or a list with one per prompt. A
+        request that fails comes back with finish_reason "error" (and ``error``); the others complete.
         """
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
@@ -221,7 +207,10 @@ class Pipeline:
         return [self._result(texts[rid], finished[rid]) for rid in order]
 
     def stream(self, prompt: str | Messages, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield the text of one request piece by piece as it is generated."""
+        """Yield the text of one request piece by piece as it is generated.
+
+        Raises :class:`GenerationError` after the text so far when the request ends with "error".
+        """
         params = params or SamplingParams()
         request_id = self._add(prompt, params)
         texts = {request_id: RequestText(self.tokenizer, params)}
@@ -233,6 +222,8 @@ class Pipeline:
                 done = output.finished
                 if done:
                     self.last_stats = output.stats.as_dict()
+                    if output.finish_reason == "error":
+                        raise GenerationError(output.error or "the request failed")
         finally:
             if not done:
                 self.engine.abort(request_id)
@@ -255,10 +246,7 @@ class Pipeline:
                 text = texts.get(output.request_id)
                 if text is None:
                     continue
-                delta = text.push(output.new_token_ids, output.finished)
-                if text.stopped and not output.finished:
-                    self.engine.abort(output.request_id, finish_reason="stop")
-                    output.finished, output.finish_reason = True, "stop"
+                delta = apply_output(self.engine, text, output)
                 if output.finished:
                     pending.discard(output.request_id)
                 yield output, delta
@@ -270,4 +258,5 @@ class Pipeline:
             token_ids=list(text.token_ids),
             finish_reason=output.finish_reason,
             stats=output.stats.as_dict(),
+            error=output.error,
         )

@@ -11,8 +11,16 @@ A step is
 4. **accept**: the rejection sampler keeps the accepted drafts and adds one recovered or bonus
    token; rollback of rejected drafts is only a change of ``num_computed_tokens``.
 
-Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.pipeline``) finds them
-and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``.
+Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.request_text``) finds
+them and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``, dropping the tokens after the
+one that completed the stop string.
+
+Failures are contained. A request is validated whole before any structure holds it. An error that
+belongs to one request (its sampling, NaN or infinity in its logits rows, its drafting) ends that
+request alone with finish_reason "error" and frees its KV; the batch goes on. Any other exception in
+a step (a target or drafter inference raising) ends every request in flight with "error", rebuilds
+the scheduler and the block table, and the engine goes on serving new requests; it is logged and
+counted in ``num_engine_failures`` / ``num_requests_failed``.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.request_stats import RequestStats
 from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.engine.sequence import Sequence, SequenceStatus
-from xpuspec.sample.sampler import make_generator, probabilities
+from xpuspec.sample.sampler import make_generator, position_exponentials, probabilities, race, sample
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
@@ -62,7 +70,9 @@ FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
     SequenceStatus.FINISHED_LENGTH: "length",
     SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_ERROR: "error",
 }
+_STATUS_OF_REASON = {reason: status for status, reason in FINISH_REASONS.items()}
 
 
 @dataclass
@@ -88,13 +98,17 @@ class EngineConfig:
 
 @dataclass
 class StepOutput:
-    """What one step did to one request: the tokens it appended and whether it finished."""
+    """What one step did to one request: the tokens it appended and whether it finished.
+
+    ``finish_reason`` "error" comes with ``error``, the message of what ended the request.
+    """
 
     request_id: str
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None
     stats: RequestStats
+    error: str | None = None
 
 
 @dataclass
@@ -104,6 +118,7 @@ class _RequestState:
     rng: np.random.Generator
     stats: RequestStats
     eos_token_ids: frozenset[int]
+    seed: int | None
 
 
 class LLMEngine:
@@ -128,15 +143,7 @@ class LLMEngine:
                 f"max_num_seqs ({config.max_num_seqs}) exceeds the {max_sequences} sequences the target "
                 "executor holds state for; lower max_num_seqs or raise the executor's max_sequences"
             )
-        self.block_manager = BlockManager(target.num_blocks, target.block_size)
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_num_seqs=config.max_num_seqs,
-                max_model_len=config.max_model_len,
-            ),
-            self.block_manager,
-        )
+        self._build_scheduler()
         self.rejection_sampler = RejectionSampler()
         self.cost_model = CostModel()
         self.acceptance = AcceptanceRates()
@@ -144,17 +151,35 @@ class LLMEngine:
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._sequences: dict[str, Sequence] = {}
         self._states: dict[str, _RequestState] = {}
+        # Outputs of the step in progress: kept here so a step that fails still reports them.
+        self._step_outputs: list[StepOutput] = []
+        self.num_engine_failures = 0  # steps that failed as a whole (model execution)
+        self.num_requests_failed = 0  # requests ended by those failures
+
+    def _build_scheduler(self) -> None:
+        self.block_manager = BlockManager(self.target.num_blocks, self.target.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=self.config.max_num_batched_tokens,
+                max_num_seqs=self.config.max_num_seqs,
+                max_model_len=self.config.max_model_len,
+            ),
+            self.block_manager,
+        )
 
     def calibrate(self, repeats: int = 3) -> None:
         """Time the target and the drafter on dummy steps so the cost model starts from measurements.
 
-        Runs before any request holds blocks: the dummy tokens are written into block 0 and
-        overwritten by the first real sequence.
+        Runs before any request holds blocks: the dummy tokens are written into the first blocks
+        and overwritten by the first real sequences.
         """
         if self.num_requests:
             raise RuntimeError("calibrate() runs only while no request is in flight")
         for num_tokens in (1, 1 + self.config.max_draft_tokens):
-            chunk = SequenceChunk(token_ids=[0] * num_tokens, past_length=0, block_table=[0], num_logits=1)
+            block_table = list(range(self.block_manager.blocks_needed(num_tokens)))
+            chunk = SequenceChunk(
+                token_ids=[0] * num_tokens, past_length=0, block_table=block_table, num_logits=1
+            )
             self.target.forward([chunk])  # the first inference of a shape compiles kernels: not timed
             for _ in range(repeats):
                 started = self.clock()
@@ -167,32 +192,64 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request, or raise ValueError and change nothing.
+
+        Everything is checked and built (parameters, token ids, context, random stream) before the
+        request enters any engine structure, so a rejected request leaves no trace.
+        """
+        if not isinstance(request_id, str):
+            raise ValueError(f"a request id is a string, got {request_id!r}")
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()  # again: a dataclass can be changed after construction
+        self._check_prompt(prompt_token_ids)
         if len(prompt_token_ids) + params.max_tokens > self.config.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {params.max_tokens}: "
                 f"together more than the context of {self.config.max_model_len} tokens"
             )
         sequence = Sequence(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
-        self.scheduler.add(sequence)
-        self._sequences[request_id] = sequence
-        self._states[request_id] = _RequestState(
+        state = _RequestState(
             rng=make_generator(params.seed),
             stats=RequestStats(arrival_time=self.clock(), max_draft_tokens=self.config.max_draft_tokens),
             eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
+            seed=params.seed if not params.greedy else None,
         )
+        self.scheduler.add(sequence)  # the last check (the KV cache), and the first insertion
+        self._sequences[request_id] = sequence
+        self._states[request_id] = state
 
-    def abort(self, request_id: str, finish_reason: str = "abort") -> bool:
-        """Stop a request at any time; its KV blocks are freed at once. The caller reports the end."""
+    def _check_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not isinstance(prompt_token_ids, (list, tuple, np.ndarray)) or len(prompt_token_ids) == 0:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        ids = np.asarray(prompt_token_ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError("prompt token ids must be a flat list of integers")
+        vocab = self.target.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(
+                f"prompt token ids must lie in [0, {vocab}), got ids from {ids.min()} to {ids.max()}"
+            )
+
+    def abort(self, request_id: str, finish_reason: str = "abort", num_dropped_tokens: int = 0) -> bool:
+        """Stop a request at any time; its KV blocks are freed at once. The caller reports the end.
+
+        ``finish_reason`` is "abort", "stop" (a stop string; ``num_dropped_tokens`` output tokens
+        after it are taken back) or "error".
+        """
         sequence = self._sequences.get(request_id)
         if sequence is None:
             return False
-        status = (
-            SequenceStatus.FINISHED_STOPPED if finish_reason == "stop" else SequenceStatus.FINISHED_ABORTED
-        )
+        status = _STATUS_OF_REASON.get(finish_reason)
+        if status not in (
+            SequenceStatus.FINISHED_STOPPED,
+            SequenceStatus.FINISHED_ABORTED,
+            SequenceStatus.FINISHED_ERROR,
+        ):
+            raise ValueError(f"abort() takes finish_reason 'abort', 'stop' or 'error', got {finish_reason!r}")
+        sequence.drop_last_tokens(num_dropped_tokens)
         self.scheduler.finish(sequence, status)
         self._retire(sequence)
         return True
@@ -206,31 +263,119 @@ class LLMEngine:
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[StepOutput]:
-        """Run one batched step; return what changed for each touched request."""
+        """Run one batched step; return what changed for each touched request.
+
+        Never raises for a failure inside the step: a request's own failure ends it alone, any
+        other ends every request in flight (see :meth:`recover`); both come back as outputs with
+        finish_reason "error".
+        """
+        self._step_outputs = []
+        try:
+            self._step()
+        except Exception as error:
+            self.recover(error)
+        outputs, self._step_outputs = self._step_outputs, []
+        return outputs
+
+    def _step(self) -> None:
         started = self.clock()
-        chunks, outputs = self._schedule()
+        chunks = self._schedule()
         if not chunks:
-            return outputs
+            return
         proposals = self._propose(chunks)
         drafting_seconds = sum(seconds for _, seconds in self.proposer.step_timings) if proposals else 0.0
+        chunks = self._drop_failed_proposals(chunks, proposals)
+        if not chunks:
+            return
         runner_chunks = [
             self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
         logits = self.target.forward(runner_chunks)  # [sum num_logits, vocab]
-        outputs.extend(self._accept_all(chunks, runner_chunks, logits, proposals))
+        self._accept_all(chunks, runner_chunks, logits, proposals)
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.
             self.cost_model.record_target_step(
                 sum(len(c.token_ids) for c in runner_chunks), self.clock() - started - drafting_seconds
             )
-        return outputs
+
+    def recover(self, error: BaseException) -> list[StepOutput]:
+        """After a failure of the step as a whole: end every request in flight with "error".
+
+        Frees every KV block by rebuilding the scheduler and its block manager (their state may be
+        half-updated), releases executor state, and leaves the engine ready for new requests. The
+        cost model keeps its measurements: they come from steps that completed. Returns the outputs
+        of the step so far plus one "error" output per request that was in flight.
+        """
+        message = f"engine failure: {type(error).__name__}: {error}"
+        logger.error(
+            "engine step failed; ending the %d requests in flight", len(self._sequences), exc_info=error
+        )
+        self.num_engine_failures += 1
+        self._settle_executors()
+        sequences = list(self._sequences.values())
+        self._build_scheduler()
+        self._steps_without_drafting = 0
+        for sequence in sequences:
+            sequence.status = SequenceStatus.FINISHED_ERROR
+            sequence.block_table.clear()
+            state = self._states[sequence.request_id]
+            self._step_outputs.append(
+                StepOutput(sequence.request_id, [], True, "error", state.stats, error=message)
+            )
+            self.num_requests_failed += 1
+            try:
+                self._retire(sequence)
+            except Exception:
+                logger.exception("releasing %s after the failure failed", sequence.request_id)
+        return self._step_outputs
+
+    def _settle_executors(self) -> None:
+        """Leave no inference pending in the target or the drafter after a failed step."""
+        wait = getattr(self.target, "wait", None)
+        if wait is not None:
+            try:
+                wait()
+            except Exception:
+                logger.debug("no target inference was pending", exc_info=True)
+        recover = getattr(self.proposer, "recover", None)
+        if recover is not None:
+            try:
+                recover()
+            except Exception:
+                logger.exception("the drafter did not recover")
+
+    def _fail_request(self, sequence: Sequence, message: str) -> None:
+        """End one request with "error" (its own failure); the rest of the batch goes on."""
+        logger.warning("request %s failed: %s", sequence.request_id, message)
+        state = self._states[sequence.request_id]
+        self.scheduler.finish(sequence, SequenceStatus.FINISHED_ERROR)
+        self._retire(sequence)
+        self._step_outputs.append(
+            StepOutput(sequence.request_id, [], True, "error", state.stats, error=message)
+        )
+
+    def _drop_failed_proposals(
+        self, chunks: list[ScheduledChunk], proposals: dict[str, Proposal]
+    ) -> list[ScheduledChunk]:
+        """End the requests whose drafting failed; return the chunks that remain for the target."""
+        failed = {rid: p.error for rid, p in proposals.items() if p.error is not None}
+        if not failed:
+            return chunks
+        kept = []
+        for chunk in chunks:
+            message = failed.get(chunk.sequence.request_id)
+            if message is None:
+                kept.append(chunk)
+            else:
+                del proposals[chunk.sequence.request_id]
+                self._fail_request(chunk.sequence, message)
+        return kept
 
     # ------------------------------------------------------- parts of a step
     # (shared with xpuspec.engine.overlap, which runs them in another order)
-    def _schedule(self) -> tuple[list[ScheduledChunk], list[StepOutput]]:
-        """Plan the step; return its chunks and the outputs of requests the scheduler ended."""
-        outputs: list[StepOutput] = []
+    def _schedule(self) -> list[ScheduledChunk]:
+        """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
             self._states[sequence.request_id].stats.num_preemptions += 1
@@ -238,9 +383,9 @@ class LLMEngine:
         for sequence in scheduled.finished:
             # Ended by the scheduler: it can grow no further in this KV cache or context.
             state = self._states[sequence.request_id]
-            outputs.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
+            self._step_outputs.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
             self._retire(sequence)
-        return scheduled.chunks, outputs
+        return scheduled.chunks
 
     def _accept_all(
         self,
@@ -248,9 +393,11 @@ class LLMEngine:
         runner_chunks: list[SequenceChunk],
         logits: np.ndarray,  # [sum num_logits, vocab]
         proposals: dict[str, Proposal],
-    ) -> list[StepOutput]:
-        """Advance each chunk's sequence past the computed tokens and verify the ones that sample."""
-        outputs: list[StepOutput] = []
+    ) -> None:
+        """Advance each chunk's sequence past the computed tokens and verify the ones that sample.
+
+        A failure while verifying one sequence (NaN rows, its sampling) ends that request alone.
+        """
         row = 0
         for chunk, runner_chunk in zip(chunks, runner_chunks, strict=True):
             sequence = chunk.sequence
@@ -259,8 +406,12 @@ class LLMEngine:
                 continue
             rows = logits[row : row + runner_chunk.num_logits]  # [1 + γ, vocab]
             row += runner_chunk.num_logits
-            outputs.append(self._accept(sequence, rows, proposals.get(sequence.request_id)))
-        return outputs
+            try:
+                output = self._accept(sequence, rows, proposals.get(sequence.request_id))
+            except Exception as error:
+                self._fail_request(sequence, f"sampling failed: {error}")
+                continue
+            self._step_outputs.append(output)
 
     def _on_preempted(self, sequence: Sequence) -> None:
         """A preempted sequence restarts from position 0: executors may drop its KV now."""
@@ -292,7 +443,7 @@ class LLMEngine:
         if gamma == 0 and self._steps_without_drafting >= PROBE_INTERVAL_STEPS:
             # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
-            return 1
+            return min(1, self.config.max_draft_tokens)
         return gamma
 
     def _propose(self, chunks: list[ScheduledChunk]) -> dict[str, Proposal]:
@@ -303,15 +454,19 @@ class LLMEngine:
             self._steps_without_drafting += 1
             return {}
         self._steps_without_drafting = 0
-        proposals = self.proposer.propose(wanted, self._states_rng)
+        proposals = self.proposer.propose(wanted, self._draw)
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
         # tokens and must not read as an expensive single-token draft step.
         for num_tokens, seconds in self.proposer.step_timings:
             self.cost_model.record_draft_step(num_tokens, seconds)
         return proposals
 
-    def _states_rng(self, request_id: str) -> np.random.Generator:
-        return self._states[request_id].rng
+    def _draw(self, request_id: str, position: int, probs_row: np.ndarray) -> int:
+        """Sample a draft token at a sequence position: seeded requests race their position's noise."""
+        state = self._states[request_id]
+        if state.seed is None:
+            return sample(probs_row, state.rng)
+        return race(probs_row, position_exponentials(state.seed, position, probs_row.shape[0]))
 
     def _target_chunk(self, chunk: ScheduledChunk, proposal: Proposal | None) -> SequenceChunk:
         sequence = chunk.sequence
@@ -332,9 +487,20 @@ class LLMEngine:
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
         state = self._states[sequence.request_id]
         params = sequence.params
+        if not np.all(np.isfinite(rows.max(axis=-1))):  # max propagates NaN
+            raise ValueError("the target's logits for this request hold NaN or infinity")
         draft_ids = proposal.token_ids if proposal is not None else []
         if params.greedy:
             result = self.rejection_sampler.verify_greedy(draft_ids, rows)
+        elif state.seed is not None:
+            # Coupled verification: output independent of γ and of the batch (rejection_sampler).
+            seed, first_position = state.seed, sequence.num_tokens
+            vocab = rows.shape[1]
+            result = self.rejection_sampler.verify_coupled(
+                draft_ids,
+                probabilities(rows, params),  # [1 + γ, vocab]
+                lambda row: position_exponentials(seed, first_position + row, vocab),
+            )
         else:
             target_probs = probabilities(rows, params)  # [1 + γ, vocab]
             draft_probs = proposal.probs if proposal is not None else None
@@ -346,6 +512,10 @@ class LLMEngine:
         if draft_ids:
             self.acceptance.update(sequence.request_id, len(draft_ids), result.num_accepted)
             state.stats.record_verification(len(draft_ids), result.num_accepted)
+        elif self.proposer is not None:
+            # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
+            # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
+            self.acceptance.update(sequence.request_id, 0, 0)
 
         new_tokens, status = self._truncate(sequence, result.token_ids, state)
         sequence.append_tokens(new_tokens)

@@ -12,7 +12,8 @@ One step therefore starts the target on the pending group (plus any prefill chun
 drafter synchronously on the other group, then waits for the target and accepts. Next step the
 roles swap. Exactness does not suffer: the groups are disjoint sequences, so no draft ever depends
 on an unverified result, and every sequence still sees propose -> verify -> accept in order with
-its own random stream.
+its own random stream (a seeded one draws its noise by token position, so its output does not
+depend on the grouping either).
 
 Balancing: when everything is in one phase (e.g. a batch admitted together), only about half the
 sequences are drafted for; the rest decode one token on the target without drafts, which splits
@@ -30,7 +31,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from xpuspec.engine.engine import LLMEngine, StepOutput
+from xpuspec.engine.engine import LLMEngine
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.engine.sequence import Sequence
 from xpuspec.spec_decode.proposal import Proposal
@@ -60,10 +61,10 @@ class OverlappedEngine(LLMEngine):
         self._pending: dict[str, _PendingProposal] = {}
 
     # --------------------------------------------------------------------- step
-    def step(self) -> list[StepOutput]:
-        chunks, outputs = self._schedule()
+    def _step(self) -> None:
+        chunks = self._schedule()
         if not chunks:
-            return outputs
+            return
         verify, draft, prefill = self._split(chunks)
 
         proposals: dict[str, Proposal] = {}
@@ -80,14 +81,12 @@ class OverlappedEngine(LLMEngine):
             self.target.start(runner_chunks)
         drafter_work = draft
         if drafter_work:
-            for request_id, proposal in self._propose(drafter_work).items():
-                sequence = self._sequences[request_id]
-                self._pending[request_id] = _PendingProposal(proposal, sequence.num_tokens)
-            for chunk in draft:
+            drafted = self._propose(drafter_work)
+            for chunk in self._drop_failed_proposals(draft, drafted):
+                sequence = chunk.sequence
                 # A drafter may propose nothing; the sequence is then verified as a plain decode.
-                self._pending.setdefault(
-                    chunk.sequence.request_id, _PendingProposal(Proposal([], None), chunk.sequence.num_tokens)
-                )
+                proposal = drafted.get(sequence.request_id, Proposal([], None))
+                self._pending[sequence.request_id] = _PendingProposal(proposal, sequence.num_tokens)
         if runner_chunks:
             logits = self.target.wait()  # [sum num_logits, vocab]
             if not drafter_work:
@@ -95,8 +94,7 @@ class OverlappedEngine(LLMEngine):
                 self.cost_model.record_target_step(
                     sum(len(c.token_ids) for c in runner_chunks), self.clock() - started
                 )
-            outputs.extend(self._accept_all(target_work, runner_chunks, logits, proposals))
-        return outputs
+            self._accept_all(target_work, runner_chunks, logits, proposals)
 
     # ----------------------------------------------------------------- internals
     def _split(

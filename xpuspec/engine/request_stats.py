@@ -41,6 +41,12 @@ class RequestStats:
             self.last_token_time = now
         self.num_output_tokens += count
 
+    def drop_output_tokens(self, count: int) -> None:
+        """Uncount the last ``count`` output tokens: they came after the end of a stop string."""
+        if not 0 <= count <= self.num_output_tokens:
+            raise ValueError(f"cannot drop {count} of {self.num_output_tokens} output tokens")
+        self.num_output_tokens -= count
+
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None

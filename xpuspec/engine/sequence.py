@@ -15,6 +15,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # EOS or a stop string
     FINISHED_LENGTH = "finished_length"  # max_tokens, max_model_len, or a KV cache too small for it
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # a failure of this request (its sampling, text) or of the engine
 
     @property
     def is_finished(self) -> bool:
@@ -22,7 +23,12 @@ class SequenceStatus(enum.Enum):
 
 
 _FINISHED_STATUSES = frozenset(
-    {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+    {
+        SequenceStatus.FINISHED_STOPPED,
+        SequenceStatus.FINISHED_LENGTH,
+        SequenceStatus.FINISHED_ABORTED,
+        SequenceStatus.FINISHED_ERROR,
+    }
 )
 
 
@@ -93,6 +99,16 @@ class Sequence:
     def append_tokens(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self._token_ids.extend(token_ids)
+
+    def drop_last_tokens(self, count: int) -> None:
+        """Take back the last ``count`` output tokens (text ended before them: a stop string)."""
+        if not 0 <= count <= len(self.output_token_ids):
+            raise ValueError(f"cannot drop {count} of {len(self.output_token_ids)} output tokens")
+        if count:
+            del self.output_token_ids[-count:]
+            del self._token_ids[-count:]
+            self.num_computed_tokens = min(self.num_computed_tokens, len(self._token_ids))
+            self.num_draft_computed_tokens = min(self.num_draft_computed_tokens, len(self._token_ids))
 
     def reset_for_recompute(self) -> None:
         """Forget all cached KV after a preemption; the generated tokens are kept and re-prefilled.

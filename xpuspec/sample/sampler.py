@@ -42,6 +42,32 @@ def make_generator(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def position_exponentials(seed: int, position: int, vocab: int) -> np.ndarray:
+    """The noise of one token position of a seeded request: ``vocab`` i.i.d. Exp(1) numbers.
+
+    Drawn from a stream keyed by ``(seed, position)`` alone, so the noise of a position does not
+    depend on how many numbers earlier steps drew (γ, batch, overlap grouping). -> [vocab] float64.
+    """
+    return np.random.default_rng([seed, position]).standard_exponential(vocab)
+
+
+def race(probs_row: np.ndarray, exponentials: np.ndarray) -> int:
+    """The token of an exponential race: ``argmax p_i / E_i`` with ``E_i`` i.i.d. Exp(1).
+
+    ``E_i / p_i`` is Exp(p_i), and the smallest of independent exponentials is the one of rate
+    ``p_i`` with probability ``p_i / sum(p)``: the winner is an exact sample of ``probs_row``
+    (the Gumbel-max trick, with ``-log E_i`` the Gumbel noise). Two distributions raced with the
+    same ``E`` pick the same token as often as their shapes allow, which is what the coupled
+    verification of seeded requests relies on. ``probs_row``: [vocab], ``exponentials``: [>= vocab].
+    Tokens with probability 0 never win.
+    """
+    scores = probs_row / exponentials[: probs_row.shape[0]]  # [vocab]
+    token = int(np.argmax(scores))
+    if not scores[token] > 0.0:
+        raise ValueError("cannot sample from a row without positive mass")
+    return token
+
+
 def argmax(logits: np.ndarray) -> np.ndarray:
     """Greedy tokens: the index of the largest logit of each row (the first one on ties).
 

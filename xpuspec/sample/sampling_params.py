@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MAX_DRAFT_TOKENS = 16
+# The smallest non-zero temperature. Below it 1 / temperature overflows float64 for ordinary logit
+# gaps (a subnormal temperature makes every probability NaN), and the distribution is greedy anyway.
+MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 100.0
+# Seeds feed numpy's SeedSequence with the token position beside them: unsigned 64-bit integers.
+SEED_LIMIT = 2**64
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
 class SamplingParams:
     """How one request is decoded.
 
-    ``temperature == 0`` is greedy decoding. ``num_draft_tokens`` fixes the speculation
-    length γ for this request; ``None`` lets the engine's cost model choose it per step.
+    ``temperature == 0`` is greedy decoding; otherwise it lies in [1e-4, 100]. ``seed`` (an
+    integer in [0, 2**64)) makes a sampled request repeatable whatever else runs beside it.
+    ``num_draft_tokens`` fixes the speculation length γ for this request; ``None`` lets the
+    engine's cost model choose it per step.
     """
 
     max_tokens: int = 128
@@ -27,6 +44,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
         self.validate()
 
     @property
@@ -35,22 +54,27 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field and what it accepts."""
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
-            raise ValueError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not _is_finite_number(self.temperature) or not (
+            self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE
+        ):
+            raise ValueError(
+                f"temperature must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE}, "
+                f"{MAX_TEMPERATURE}], got {self.temperature!r}"
+            )
+        if not _is_finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
+            raise ValueError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.num_draft_tokens is not None and (
-            not isinstance(self.num_draft_tokens, int)
-            or isinstance(self.num_draft_tokens, bool)
-            or not 0 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS
+            not _is_int(self.num_draft_tokens) or not 0 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS
         ):
             raise ValueError(
                 f"num_draft_tokens must be None (adaptive) or an integer in [0, {MAX_DRAFT_TOKENS}], "

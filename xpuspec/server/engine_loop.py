@@ -3,8 +3,13 @@
 ``LLMEngine`` is not thread-safe, so only the loop thread calls ``add_request``, ``abort`` and
 ``step``. A request thread encodes its prompts (the tokenizer is thread-safe), calls
 :meth:`EngineLoop.submit` and reads :class:`ChoiceEvent`\\ s from the returned :class:`Generation`.
-Text (detokenizing, stop strings) is made in the loop thread, which must abort a request whose stop
-string appeared.
+Text (detokenizing, stop strings) is made in the loop thread by :func:`xpuspec.request_text.apply_output`,
+the same function the Python API uses (exact stops, per-request failures).
+
+Failures: a request that fails alone (its sampling, its text) and every request ended by a failed
+engine step get a final :class:`ChoiceEvent` with ``finish_reason == "error"`` and ``error`` set;
+the engine recovers and the loop goes on. :attr:`EngineLoop.stepping` says whether the loop is
+alive and iterating, for ``/health``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,12 +27,17 @@ from xpuspec.engine.request_stats import RequestStats
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from xpuspec.pipeline import Pipeline, RequestText
+    from xpuspec.engine.engine import StepOutput
+    from xpuspec.pipeline import Pipeline
+    from xpuspec.request_text import RequestText
 
 logger = logging.getLogger(__name__)
 
 # How long an idle loop sleeps on its command queue before looking at its stop flag again.
 IDLE_WAIT_S = 0.1
+# The loop counts as stepping while its last iteration is younger than this. An iteration is one
+# engine step (tens of ms, a few seconds at most for a long prefill on a slow device) or one idle wait.
+STEPPING_TIMEOUT_S = 5.0
 
 
 class QueueFullError(Exception):
@@ -39,7 +50,10 @@ class NotAcceptingError(Exception):
 
 @dataclass
 class ChoiceEvent:
-    """New text of one choice; ``finish_reason`` set on its last event, ``error`` on a failure."""
+    """New text of one choice; ``finish_reason`` set on its last event.
+
+    A choice ended by an error has ``finish_reason == "error"`` and the message in ``error``.
+    """
 
     index: int
     text: str
@@ -70,6 +84,8 @@ class EngineSnapshot:
     kv_blocks_total: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    engine_failures: int = 0  # engine steps that failed as a whole (the engine recovered)
+    requests_failed: int = 0  # requests ended by those failures
 
 
 class Generation:
@@ -143,6 +159,8 @@ class EngineLoop:
         self._outbox: list[tuple[Generation, ChoiceEvent]] = []
         self._num_ended = 0
         self._ids = itertools.count()
+        # time.monotonic() of the loop's latest iteration (a step, or an idle wait of IDLE_WAIT_S).
+        self.last_iteration = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="xpuspec-engine-loop", daemon=True)
 
     # ------------------------------------------------------------ any thread
@@ -152,6 +170,17 @@ class EngineLoop:
     @property
     def num_in_flight(self) -> int:
         return self._num_in_flight
+
+    @property
+    def stepping(self) -> bool:
+        """The loop thread is alive, the model loaded, and it iterated within STEPPING_TIMEOUT_S."""
+        return (
+            self._thread.is_alive()
+            and self.ready.is_set()
+            and self.load_error is None
+            and self.pipeline is not None
+            and time.monotonic() - self.last_iteration < STEPPING_TIMEOUT_S
+        )
 
     @property
     def draining(self) -> bool:
@@ -208,22 +237,19 @@ class EngineLoop:
         self.ready.set()
         logger.info("engine ready")
         while not self._stop.is_set():
+            self.last_iteration = time.monotonic()
             self._take_commands(block=not engine.has_unfinished())
             if engine.has_unfinished():
                 try:
                     outputs = engine.step()
-                except Exception as error:
-                    logger.exception("engine step failed")
-                    self._fail_all(f"engine failure: {error}")
-                    outputs = []
+                except Exception as error:  # step() recovers by itself; this is a last resort
+                    outputs = engine.recover(error)
                 for output in outputs:
-                    self._deliver(
-                        output.request_id,
-                        output.new_token_ids,
-                        output.finished,
-                        output.finish_reason,
-                        output.stats,
-                    )
+                    try:
+                        self._deliver(output)
+                    except Exception as error:  # a bug in delivering one request must not stop the loop
+                        logger.exception("delivering %s failed", output.request_id)
+                        self._fail(output.request_id, f"delivering the output failed: {error}")
             self._publish()
         self._fail_all("the server stopped")
         self._publish()
@@ -245,13 +271,15 @@ class EngineLoop:
                 return
 
     def _add(self, request_id: str, generation: Generation, choice: ChoiceRequest) -> None:
-        from xpuspec.pipeline import RequestText
+        from xpuspec.request_text import RequestText
 
         assert self.pipeline is not None
         try:
+            # Atomic: a request the engine rejects leaves no trace in it.
             self.pipeline.engine.add_request(request_id, choice.prompt_token_ids, choice.params)
         except ValueError as error:
-            self._outbox.append((generation, ChoiceEvent(choice.index, "", 0, error=str(error))))
+            event = ChoiceEvent(choice.index, "", 0, finish_reason="error", error=str(error))
+            self._outbox.append((generation, event))
             self._num_ended += 1
             return
         self._active[request_id] = _Active(
@@ -270,41 +298,49 @@ class EngineLoop:
         if self._on_cancel is not None:
             self._on_cancel()
 
-    def _deliver(
-        self, request_id: str, token_ids: list[int], finished: bool, reason: str | None, stats: RequestStats
-    ) -> None:
-        active = self._active.get(request_id)
+    def _deliver(self, output: StepOutput) -> None:
+        from xpuspec.request_text import apply_output
+
+        active = self._active.get(output.request_id)
         if active is None:
             return
-        delta = active.text.push(token_ids, finished)
-        if active.text.stopped and not finished:
-            assert self.pipeline is not None
-            self.pipeline.engine.abort(request_id, finish_reason="stop")
-            finished, reason = True, "stop"
-        if not finished:
-            if delta or token_ids:
-                self._outbox.append((active.generation, ChoiceEvent(active.index, delta, len(token_ids))))
+        assert self.pipeline is not None
+        delta = apply_output(self.pipeline.engine, active.text, output)
+        num_tokens = len(output.new_token_ids)
+        if not output.finished:
+            if delta or num_tokens:
+                self._outbox.append((active.generation, ChoiceEvent(active.index, delta, num_tokens)))
             return
-        del self._active[request_id]
-        final = ChoiceEvent(active.index, delta, len(token_ids), finish_reason=reason or "stop", stats=stats)
+        del self._active[output.request_id]
+        reason = output.finish_reason or "stop"
+        final = ChoiceEvent(
+            active.index, delta, num_tokens, finish_reason=reason, stats=output.stats, error=output.error
+        )
         self._outbox.append((active.generation, final))
         if self._on_finish is not None:
             try:
-                self._on_finish(active.num_prompt_tokens, stats, reason or "stop")
+                self._on_finish(active.num_prompt_tokens, output.stats, reason)
             except Exception:
                 logger.exception("recording metrics failed")
         self._num_ended += 1
 
     def _fail_all(self, message: str) -> None:
-        for request_id, active in list(self._active.items()):
-            try:
-                if self.pipeline is not None:
-                    self.pipeline.engine.abort(request_id)
-            except Exception:
-                logger.exception("aborting %s failed", request_id)
-            self._outbox.append((active.generation, ChoiceEvent(active.index, "", 0, error=message)))
-            del self._active[request_id]
-            self._num_ended += 1
+        for request_id in list(self._active):
+            self._fail(request_id, message)
+
+    def _fail(self, request_id: str, message: str) -> None:
+        """End one active request with an error event, aborting it in the engine if still there."""
+        active = self._active.pop(request_id, None)
+        if active is None:
+            return
+        try:
+            if self.pipeline is not None:
+                self.pipeline.engine.abort(request_id, finish_reason="error")
+        except Exception:
+            logger.exception("aborting %s failed", request_id)
+        event = ChoiceEvent(active.index, "", 0, finish_reason="error", error=message)
+        self._outbox.append((active.generation, event))
+        self._num_ended += 1
 
     def _publish(self) -> None:
         if self.pipeline is not None:
@@ -327,4 +363,6 @@ class EngineLoop:
             kv_blocks_total=engine.block_manager.num_blocks,
             num_running=engine.scheduler.num_running,
             num_waiting=engine.scheduler.num_waiting,
+            engine_failures=engine.num_engine_failures,
+            requests_failed=engine.num_requests_failed,
         )

@@ -16,27 +16,34 @@ import numpy as np
 
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
-from xpuspec.sample.sampler import probabilities, sample
+from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger(__name__)
 
-RngLookup = Callable[[str], np.random.Generator]
+# draw(request_id, position, probs_row [vocab]) -> token: the engine's sampling of one draft token
+# at a sequence position (the request's random stream, or its position's noise when seeded).
+TokenDraw = Callable[[str, int, np.ndarray], int]
 
 
 @dataclass
 class Proposal:
-    """γ draft tokens for one sequence, and the draft distribution each was drawn from."""
+    """γ draft tokens for one sequence, and the draft distribution each was drawn from.
+
+    ``error`` says that drafting failed for this sequence alone (e.g. NaN in its draft logits):
+    the engine ends that request with finish_reason "error" and the batch goes on.
+    """
 
     token_ids: list[int]  # [γ]
     probs: np.ndarray | None  # [γ, vocab]; None for a deterministic drafter (q is one-hot)
+    error: str | None = None
 
 
 class DraftProposer(Protocol):
     # (tokens computed, seconds) of each drafting pass of the last `propose`, for the cost model.
     step_timings: list[tuple[int, float]]
 
-    def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]: ...
+    def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]: ...
 
     def measure_step_seconds(self) -> float:
         """Seconds to draft one token for one sequence (the cost model's calibration)."""
@@ -44,6 +51,10 @@ class DraftProposer(Protocol):
 
     def release(self, sequence_id: str) -> None:
         """The sequence finished or was preempted: drop whatever state the drafter keeps for it."""
+        ...
+
+    def recover(self) -> None:
+        """A step failed: leave the drafter ready for the next one (no inference left pending)."""
         ...
 
 
@@ -57,21 +68,30 @@ class NgramDraftProposer:
     def release(self, sequence_id: str) -> None:
         pass  # stateless: the lookup reads the sequence's tokens each time
 
+    def recover(self) -> None:
+        pass  # stateless
+
     def measure_step_seconds(self) -> float:
         tokens = list(range(256)) * 2
         started = time.perf_counter()
         self.lookup.propose(tokens, 4)
         return (time.perf_counter() - started) / 4
 
-    def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
+    def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]:
         started = time.perf_counter()
         proposals = {}
         for chunk in chunks:
             if chunk.num_draft_tokens == 0:
                 continue
-            token_ids = self.lookup.propose(chunk.sequence.token_ids, chunk.num_draft_tokens)
+            request_id = chunk.sequence.request_id
+            try:
+                token_ids = self.lookup.propose(chunk.sequence.token_ids, chunk.num_draft_tokens)
+            except Exception as error:  # this sequence's lookup alone
+                logger.exception("n-gram drafting failed for %s", request_id)
+                proposals[request_id] = Proposal([], None, error=f"drafting failed: {error}")
+                continue
             if token_ids:
-                proposals[chunk.sequence.request_id] = Proposal(list(token_ids), None)
+                proposals[request_id] = Proposal(list(token_ids), None)
         # One lookup yields all γ tokens; charge it as one pass over the sequences.
         self.step_timings = [(len(chunks), time.perf_counter() - started)]
         return proposals
@@ -106,6 +126,15 @@ class DraftModelProposer:
         if release is not None:
             release(sequence_id)
 
+    def recover(self) -> None:
+        # A pass that failed between start and wait leaves the runner "busy"; wait() clears it.
+        wait = getattr(self.runner, "wait", None)
+        if wait is not None:
+            try:
+                wait()
+            except Exception:
+                logger.debug("no draft inference was pending", exc_info=True)
+
     def measure_step_seconds(self) -> float:
         chunk = SequenceChunk(token_ids=[0], past_length=0, block_table=[0], num_logits=1)
         started = time.perf_counter()
@@ -118,7 +147,7 @@ class DraftModelProposer:
         self.step_timings.append((sum(len(c.token_ids) for c in chunks), time.perf_counter() - started))
         return logits
 
-    def propose(self, chunks: list[ScheduledChunk], rng_for: RngLookup) -> dict[str, Proposal]:
+    def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]:
         runner_chunks: list[SequenceChunk] = []
         drafting: list[ScheduledChunk] = []
         for chunk in chunks:
@@ -144,10 +173,15 @@ class DraftModelProposer:
 
         token_ids: dict[str, list[int]] = {c.sequence.request_id: [] for c in drafting}
         probs: dict[str, list[np.ndarray]] = {c.sequence.request_id: [] for c in drafting}
+        errors: dict[str, str] = {}
         active = drafting
         for step in range(max((c.num_draft_tokens for c in drafting), default=0)):
             if step > 0:
-                active = [c for c in active if c.num_draft_tokens > step]
+                active = [
+                    c for c in active if c.num_draft_tokens > step and c.sequence.request_id not in errors
+                ]
+                if not active:
+                    break
                 logits = self._timed_forward(
                     [
                         SequenceChunk(
@@ -164,16 +198,33 @@ class DraftModelProposer:
                     c.sequence.num_draft_computed_tokens += 1
             for row, chunk in enumerate(active):
                 request_id = chunk.sequence.request_id
-                params = chunk.sequence.params
-                if params.greedy:
-                    token_ids[request_id].append(int(np.argmax(logits[row])))
-                else:
-                    row_probs = probabilities(logits[row : row + 1], params)[0]  # [draft vocab]
-                    if row_probs.shape[0] < self.target_vocab_size:
-                        row_probs = np.pad(row_probs, (0, self.target_vocab_size - row_probs.shape[0]))
-                    token_ids[request_id].append(sample(row_probs, rng_for(request_id)))
+                try:
+                    token, row_probs = self._draft_token(chunk, step, logits[row : row + 1], draw)
+                except Exception as error:  # this sequence's row alone (e.g. NaN in its logits)
+                    logger.warning("drafting failed for %s: %s", request_id, error)
+                    errors[request_id] = f"drafting failed: {error}"
+                    continue
+                token_ids[request_id].append(token)
+                if row_probs is not None:
                     probs[request_id].append(row_probs)
         return {
             request_id: Proposal(ids, np.stack(probs[request_id]) if probs[request_id] else None)
+            if request_id not in errors
+            else Proposal([], None, error=errors[request_id])
             for request_id, ids in token_ids.items()
         }
+
+    def _draft_token(
+        self, chunk: ScheduledChunk, step: int, logits: np.ndarray, draw: TokenDraw
+    ) -> tuple[int, np.ndarray | None]:
+        """The draft token at ``step`` from its logits ([1, draft vocab]), with its q row if sampled."""
+        params = chunk.sequence.params
+        if not np.isfinite(logits.max()):
+            raise ValueError("the draft's logits hold NaN or infinity")
+        if params.greedy:
+            return int(np.argmax(logits[0])), None
+        row_probs = probabilities(logits, params)[0]  # [draft vocab]
+        if row_probs.shape[0] < self.target_vocab_size:
+            row_probs = np.pad(row_probs, (0, self.target_vocab_size - row_probs.shape[0]))
+        position = chunk.sequence.num_tokens + step
+        return draw(chunk.sequence.request_id, position, row_probs), row_probs

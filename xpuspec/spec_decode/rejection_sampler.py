@@ -23,6 +23,16 @@ Decoding with Speculative Sampling", arXiv:2302.01318, Theorem 1). A determinist
 (n-gram lookup) is the special case where ``q_i`` is one-hot at ``d_i``: accept with probability
 ``p_i(d_i)``, otherwise sample from ``p_i`` with ``d_i`` removed.
 
+Seeded requests use **coupled** verification instead (``verify_coupled``): the token of
+position t is the winner of an exponential race (Gumbel-max) ``argmax p_t / E_t`` with noise
+``E_t`` drawn from a stream keyed by (seed, t) alone; the drafter raced ``q_t`` with the same
+``E_t``; a draft is accepted iff it equals the target's winner. Every emitted token is then the
+target's own race winner, an exact sample of ``p_t``, and the output is the seeded target-only
+output whatever γ, batch or step grouping was: rejection sampling draws a varying count of
+uniforms per step, so its output would depend on them. The price: the race coupling accepts
+``P(argmax q/E = argmax p/E)``, somewhat less than the optimal ``1 - TV(p, q)`` of rejection
+sampling, and a deterministic drafter is accepted with probability ``p_t(d)``, as before.
+
 The loop mirrors gpt-fast's ``speculative_decode``; γ+1 is at most 17, so a plain Python loop over
 positions costs microseconds next to the model passes. The acceptance test and the recovery
 distribution are separate methods so that tests can substitute deliberately wrong rules and
@@ -32,12 +42,12 @@ check that the statistical tests catch them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from xpuspec.sample.sampler import argmax, sample
+from xpuspec.sample.sampler import argmax, race, sample
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +118,36 @@ class RejectionSampler:
 
         token_ids.append(sample(target_probs[num_drafts], rng))  # the bonus token
         return VerificationResult(token_ids=token_ids, num_accepted=num_drafts)
+
+    def verify_coupled(
+        self,
+        draft_token_ids: Sequence[int],
+        target_probs: np.ndarray,  # [γ+1, vocab]
+        noise_at: Callable[[int], np.ndarray],
+    ) -> VerificationResult:
+        """Coupled verification of a seeded request: emit the target's race winners while the drafts match.
+
+        ``noise_at(i)`` is the exponential noise ([vocab]) of row i's token position, the same the
+        drafter raced its ``q_i`` with. Noise is drawn only up to the first mismatch.
+        """
+        num_drafts = len(draft_token_ids)
+        _check_rows("target_probs", target_probs, num_drafts + 1)
+        token_ids: list[int] = []
+        for position in range(num_drafts + 1):
+            target_token = race(target_probs[position], noise_at(position))
+            if position < num_drafts:
+                draft_token = int(draft_token_ids[position])
+                if self.coupled_acceptance(draft_token, target_token):
+                    token_ids.append(draft_token)
+                    continue
+            token_ids.append(target_token)  # the recovered token at a mismatch, or the bonus token
+            return VerificationResult(token_ids=token_ids, num_accepted=position)
+        raise AssertionError("unreachable: the last position always returns")
+
+    @staticmethod
+    def coupled_acceptance(draft_token: int, target_token: int) -> bool:
+        """Coupled rule: a draft stands iff it is the token the target's own race picked."""
+        return draft_token == target_token
 
     @staticmethod
     def acceptance_probability(target_prob: float, draft_prob: float) -> float:
