@@ -5,8 +5,11 @@ distributions; this one runs the real models: the first three tokens after a pro
 first comes from the prefill and the next two through one speculative step with γ = 2 drafts
 from the draft model. Their joint frequencies over many seeded requests are compared with the
 exact target probabilities p(t1) p(t2|t1) p(t3|t1,t2), computed from the target's logits, by a
-chi-square goodness-of-fit test. The test passes when p > 1e-3; a deliberately broken acceptance
-rule must fail it (p < 1e-3) with the same samples budget.
+chi-square goodness-of-fit test. The test passes when p > 1e-3; a deliberately broken rule must
+fail it (p < 1e-3) with the same samples budget.
+
+Both verification rules are covered: unseeded requests go through the rejection sampler, seeded
+ones through the coupled exponential race (noise keyed by seed and token position).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from scipy.stats import chisquare
 
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
+from xpuspec.engine import engine as engine_module
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
@@ -54,9 +58,9 @@ def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
     return joint
 
 
-def sample_triples(pair_bundle) -> list[tuple[int, ...]]:
+def sample_triples(pair_bundle, seeded: bool) -> list[tuple[int, ...]]:
     pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
-    params = [SamplingParams(seed=seed, **PARAMS) for seed in range(NUM_SAMPLES)]
+    params = [SamplingParams(seed=seed if seeded else None, **PARAMS) for seed in range(NUM_SAMPLES)]
     results = pipe.generate([PROMPT] * NUM_SAMPLES, params)
     # Every request's first speculative step drafted both t2 and t3.
     assert all(r.stats["per_position_acceptance"][1] is not None for r in results)
@@ -84,20 +88,37 @@ def goodness_of_fit(triples, joint) -> float:
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
-def test_speculative_sampling_follows_target(pair_bundle, exact_joint):
-    p_value = goodness_of_fit(sample_triples(pair_bundle), exact_joint)
+@pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])
+def test_speculative_sampling_follows_target(pair_bundle, exact_joint, seeded):
+    p_value = goodness_of_fit(sample_triples(pair_bundle, seeded), exact_joint)
     assert p_value > SIGNIFICANCE, f"chi-square p = {p_value:.2e}"
 
 
 @pytest.mark.parametrize("broken", ["always_accept", "recover_from_target"])
-def test_broken_acceptance_rule_is_caught(pair_bundle, exact_joint, monkeypatch, broken):
+def test_broken_rejection_rule_is_caught(pair_bundle, exact_joint, monkeypatch, broken):
     if broken == "always_accept":
         monkeypatch.setattr(RejectionSampler, "acceptance_probability", staticmethod(lambda p, q: 1.0))
     else:
         monkeypatch.setattr(
             RejectionSampler, "recovery_distribution", staticmethod(lambda target, draft, token: target)
         )
-    p_value = goodness_of_fit(sample_triples(pair_bundle), exact_joint)
+    p_value = goodness_of_fit(sample_triples(pair_bundle, seeded=False), exact_joint)
+    assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
+
+
+@pytest.mark.parametrize("broken", ["always_accept", "noise_not_by_position"])
+def test_broken_coupled_rule_is_caught(pair_bundle, exact_joint, monkeypatch, broken):
+    if broken == "always_accept":
+        monkeypatch.setattr(RejectionSampler, "coupled_acceptance", staticmethod(lambda draft, target: True))
+    else:
+        # Every position of a request races the same noise: marginals stay right, the joint does not.
+        exponentials = engine_module.position_exponentials
+        monkeypatch.setattr(
+            engine_module,
+            "position_exponentials",
+            lambda seed, position, vocab: exponentials(seed, 0, vocab),
+        )
+    p_value = goodness_of_fit(sample_triples(pair_bundle, seeded=True), exact_joint)
     assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
 
 
