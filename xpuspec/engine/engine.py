@@ -319,9 +319,12 @@ class LLMEngine:
         for sequence in sequences:
             sequence.status = SequenceStatus.FINISHED_ERROR
             sequence.block_table.clear()
-            state = self._states[sequence.request_id]
+            state = self._states.get(sequence.request_id)
+            stats = (
+                state.stats if state is not None else RequestStats(self.clock(), self.config.max_draft_tokens)
+            )
             self._step_outputs.append(
-                StepOutput(sequence.request_id, [], True, "error", state.stats, error=message)
+                StepOutput(sequence.request_id, [], True, "error", stats, error=message)
             )
             self.num_requests_failed += 1
             try:
@@ -433,7 +436,9 @@ class LLMEngine:
             return min(fixed, self.config.max_draft_tokens)
         rate = self.acceptance.rate(sequence.request_id)
         if sequence.params.seed is not None:
-            # A seeded request must repeat exactly; γ from measured timings would not.
+            # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
+            # verification); γ from the acceptance rate alone makes its drafting repeat as well.
+            # γ = 0 steps decay the rate's counts (_accept), so it drafts again after a bad stretch.
             return self.length_policy.choose_without_timing(rate)
         gamma = self.length_policy.choose(
             rate,

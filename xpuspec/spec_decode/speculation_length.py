@@ -250,8 +250,8 @@ class SpeculationLengthPolicy:
     def choose_without_timing(self, acceptance_rate: float) -> int:
         """γ for a single sequence from the prior costs only: a pure function of the acceptance rate.
 
-        For seeded requests: the random numbers a step consumes depend on γ, so a γ that depends
-        on measured wall-clock times would make a seeded request unrepeatable.
+        For seeded requests: their tokens do not depend on γ (coupled verification), but a γ from
+        measured wall-clock times would make their drafting statistics unrepeatable.
         """
         timed_costs, self.cost_model = self.cost_model, _PRIOR_COSTS
         try:
