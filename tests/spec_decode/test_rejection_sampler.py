@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, chisquare
 
-from xpuspec.sample.sampler import make_generator, sample
+from xpuspec.sample.sampler import make_generator, position_exponentials, race, sample
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler, VerificationResult
 
 VOCAB = 8
@@ -240,3 +240,47 @@ def test_shape_mismatches_raise() -> None:
         sampler.verify_sampled([1, 2], DRAFT[:1], TARGET[:3], make_generator(0))
     with pytest.raises(ValueError, match="vocabulary"):
         sampler.verify_sampled([1], DRAFT[:1, :4], TARGET[:2], make_generator(0))
+
+
+# --- coupled verification (seeded requests) ----------------------------------------------------
+def _race_tokens(probs: np.ndarray, seed: int, first_position: int) -> list[int]:
+    """The target-only tokens of rows ``probs`` ([n, vocab]) at consecutive positions."""
+    vocab = probs.shape[1]
+    return [race(row, position_exponentials(seed, first_position + i, vocab)) for i, row in enumerate(probs)]
+
+
+def test_the_race_samples_its_distribution() -> None:
+    probs = np.array([0.05, 0.0, 0.3, 0.15, 0.0, 0.5])
+    tokens = [race(probs, position_exponentials(11, position, 6)) for position in range(NUM_RUNS)]
+    counts = np.bincount(tokens, minlength=6)
+    assert counts[1] == counts[4] == 0
+    kept = probs > 0
+    assert chisquare(counts[kept], probs[kept] * NUM_RUNS).pvalue > FIT_THRESHOLD
+
+
+def test_the_race_noise_is_keyed_by_seed_and_position_only() -> None:
+    first = position_exponentials(2**64 - 1, 5, 16)
+    assert np.array_equal(first, position_exponentials(2**64 - 1, 5, 16))
+    assert not np.array_equal(first, position_exponentials(2**64 - 1, 6, 16))
+    assert not np.array_equal(first, position_exponentials(2**64 - 2, 5, 16))
+
+
+@pytest.mark.parametrize("case", ["right", "first_wrong", "last_wrong", "random"])
+def test_coupled_verification_emits_the_target_only_tokens(case: str) -> None:
+    """Whatever the drafts, the emitted tokens are a prefix of the target-only race tokens, one
+    longer than the accepted drafts."""
+    rng = np.random.default_rng(5)
+    probs = rng.dirichlet(np.full(VOCAB, 0.7), size=5)  # [γ+1 = 5, vocab]
+    expected = _race_tokens(probs, seed=3, first_position=40)
+    drafts = {
+        "right": expected[:4],
+        "first_wrong": [(expected[0] + 1) % VOCAB] + expected[1:4],
+        "last_wrong": expected[:3] + [(expected[3] + 1) % VOCAB],
+        "random": rng.integers(0, VOCAB, size=4).tolist(),
+    }[case]
+    result = RejectionSampler().verify_coupled(
+        drafts, probs, lambda row: position_exponentials(3, 40 + row, VOCAB)
+    )
+    num_matching = next((i for i, (d, t) in enumerate(zip(drafts, expected[:4], strict=True)) if d != t), 4)
+    assert result.num_accepted == num_matching
+    assert result.token_ids == expected[: num_matching + 1]
