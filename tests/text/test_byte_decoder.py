@@ -23,7 +23,7 @@ SETTINGS = settings(
 )
 
 
-@pytest.fixture(scope="module", params=["plain", "bos", "demo"])
+@pytest.fixture(scope="module", params=["plain", "bos", "demo", "smollm2"])
 def tokenizer_pair(request: pytest.FixtureRequest) -> tuple[Tokenizer, Tokenizer]:
     """(byte-table tokenizer, model tokenizer) of one model folder."""
     if request.param == "demo":
