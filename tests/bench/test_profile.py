@@ -62,4 +62,4 @@ def test_profile_command_prints_each_configuration(capsys: pytest.CaptureFixture
 def test_profile_command_streams_through_a_real_server(capsys: pytest.CaptureFixture[str]) -> None:
     assert profile.main(["--prompts", "1", "--max-tokens", "8", "--draft-lengths", "0", "--http"]) == 0
     out = capsys.readouterr().out
-    assert "HTTP (one streaming client" in out and "of in-process" in out
+    assert "HTTP, one streaming client" in out and "tokens/s in-process" in out
