@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,5 +108,51 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         clean_up_tokenization_spaces=False,
     )
     model_dir = tmp_path_factory.mktemp("smollm2_tokenizer")
+    _convert(model_dir, hf_tokenizer)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama-2-style tokenizer: ``▁`` for spaces, ``<0xNN>`` byte fallback, a BOS post-processor and a
+    decoder that strips the text's leading space (Replace, ByteFallback, Fuse, Strip)."""
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, normalizers, processors, trainers
+    from transformers import LlamaTokenizerFast
+
+    corpus = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog. " * 3]
+    normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained = HfTokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizer
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    trained.train_from_iterator(corpus * 4, trainer=trainer)
+    state = json.loads(trained.to_str())["model"]
+    # Byte tokens are ordinary vocabulary entries right after the specials, as in Llama 2's.
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256)]
+    learned = sorted(
+        (token for token in state["vocab"] if token not in ("<unk>", "<s>", "</s>")), key=state["vocab"].get
+    )
+    vocab = {token: index for index, token in enumerate(["<unk>", "<s>", "</s>", *byte_tokens, *learned])}
+    merges = [
+        tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in state["merges"]
+    ]
+    backend = HfTokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    )
+    backend.normalizer = normalizer
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    hf_tokenizer = LlamaTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", legacy=False
+    )
+    model_dir = tmp_path_factory.mktemp("sentencepiece_tokenizer")
+    hf_tokenizer.save_pretrained(model_dir)
     _convert(model_dir, hf_tokenizer)
     return model_dir

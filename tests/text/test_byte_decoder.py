@@ -23,7 +23,7 @@ SETTINGS = settings(
 )
 
 
-@pytest.fixture(scope="module", params=["plain", "bos", "demo", "smollm2"])
+@pytest.fixture(scope="module", params=["plain", "bos", "sentencepiece", "demo", "smollm2"])
 def tokenizer_pair(request: pytest.FixtureRequest) -> tuple[Tokenizer, Tokenizer]:
     """(byte-table tokenizer, model tokenizer) of one model folder."""
     if request.param == "demo":
@@ -31,7 +31,7 @@ def tokenizer_pair(request: pytest.FixtureRequest) -> tuple[Tokenizer, Tokenizer
     else:
         model_dir = request.getfixturevalue(f"{request.param}_tokenizer_dir")
     tabled = Tokenizer(model_dir)
-    assert tabled.byte_table is not None, "byte-level BPE detokenizers must be tabled"
+    assert tabled.byte_table is not None, "byte-level BPE and SentencePiece detokenizers must be tabled"
     return tabled, Tokenizer(model_dir, byte_table=False)
 
 
@@ -163,4 +163,19 @@ def test_ir_with_text_clean_up_falls_back_to_the_model(tmp_path: Path) -> None:
 
 def test_table_rejects_special_ids_outside_the_vocabulary() -> None:
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        ByteTable((b"a", b"b"), frozenset({5}), True)
+        ByteTable((b"a", b"b"), frozenset({5}))
+
+
+@pytest.mark.parametrize("text", ["Hello world", "  two  leading", "naïve 日本 😀\tok\n", "x"])
+def test_sentencepiece_table_decodes_like_hugging_face(sentencepiece_tokenizer_dir: Path, text: str) -> None:
+    # ▁ becomes a space, <0xNN> tokens become bytes, and one leading space of the text is stripped.
+    from transformers import AutoTokenizer
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(sentencepiece_tokenizer_dir)
+    tokenizer = Tokenizer(sentencepiece_tokenizer_dir)
+    assert tokenizer.byte_table is not None and tokenizer.byte_table.text_steps
+    token_ids = hf_tokenizer.encode(text)
+    for skip_special_tokens in (True, False):
+        assert tokenizer.decode(token_ids, skip_special_tokens) == hf_tokenizer.decode(
+            token_ids, skip_special_tokens=skip_special_tokens
+        )

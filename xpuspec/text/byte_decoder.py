@@ -1,23 +1,27 @@
 """Decode token ids with a per-token byte table read out of the OpenVINO detokenizer IR.
 
 Calling the detokenizer model costs ~0.1-0.2 ms per call (input dispatch, a synchronous infer),
-and streaming calls it about twice per generated token. The common detokenizer IR is only a vocab
-lookup followed by byte-level fixes:
+and streaming calls it about twice per generated token. A detokenizer IR written by
+openvino_tokenizers is a vocab lookup followed by a chain of string ops:
 
     Parameter -> Convert -> VocabDecoder(ids, begins, ends, chars, skip_ids)
-              -> FuzeRagged -> [UTF8Validate] -> StringTensorPack -> Result
+              -> [per-token ops] -> FuzeRagged -> [whole-text ops] -> StringTensorPack -> Result
 
-(byte-level BPE tokenizers: GPT-2, Qwen, Llama 3, SmolLM2, the demo's). Its constants are the
-vocabulary as bytes, so a lookup and a join in Python give the same bytes without a model call,
-and the bytes are turned into text exactly as the model would: UTF8Validate's rules, then the
-lenient ``decode("utf-8", errors="replace")`` that :class:`~xpuspec.text.tokenizer.Tokenizer`
-applies to the model's output. An IR with any other op (regex clean-up, SentencePiece's
-``▁``/byte-fallback steps, a strip at sequence start) is not tabled: the caller keeps the model.
+Byte-level BPE tokenizers (GPT-2, Qwen, Llama 3, SmolLM2, the demo's) have no per-token op and only
+UTF8Validate after the join. SentencePiece-style ones (Llama 2, Mistral, TinyLlama) replace ``▁``
+with a space and turn ``<0xNN>`` tokens into bytes per token (RegexNormalization, ByteFallback),
+then strip one leading space of the text (RegexNormalization ``^ ``). The per-token ops are applied
+to the vocabulary once, when the table is built; the whole-text ops are re-done in Python on the
+joined bytes, exactly as the IR does them; the result is decoded with the lenient
+``decode("utf-8", errors="replace")`` that :class:`~xpuspec.text.tokenizer.Tokenizer` applies to the
+model's output. An IR with any other op, or a regex that is not a plain literal, is not tabled and the
+caller keeps the model.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,20 +34,63 @@ _REPLACEMENT = b"\xef\xbf\xbd"  # U+FFFD in UTF-8
 # The smallest code point a UTF-8 sequence of 1..4 bytes may encode (a smaller one is overlong).
 _SMALLEST_CODE_POINT = (0, 0x80, 0x800, 0x10000)
 _VOCAB_DECODER_INPUTS = 5  # token ids, begins, ends, chars, skip_ids
+_REGEX_INPUTS = 5  # begins, ends, chars, search pattern, replacement
+# Regexes tabled: an optional start anchor, then literal characters or escaped punctuation. Python's
+# re and the IR's PCRE2 agree on these; anything richer stays with the model.
+_LITERAL_REGEX = re.compile(r"\^?(?:[^\\.^$*+?()\[\]{}|]|\\[^A-Za-z0-9])+")
+_STRUCTURAL_OPS = {
+    "Parameter",
+    "Convert",
+    "Constant",
+    "VocabDecoder",
+    "FuzeRagged",
+    "StringTensorPack",
+    "Result",
+}
+_STRING_OPS = {"RegexNormalization", "ByteFallback", "UTF8Validate"}
+
+
+@dataclass(frozen=True)
+class RegexReplace:
+    """RegexNormalization with a literal pattern: replace the first or every match."""
+
+    pattern: re.Pattern[bytes]
+    replacement: bytes
+    replace_all: bool
+
+    def apply(self, data: bytes) -> bytes:
+        return self.pattern.sub(self.replacement, data, count=0 if self.replace_all else 1)
+
+
+@dataclass(frozen=True)
+class Utf8Validate:
+    """UTF8Validate: invalid sequences become U+FFFD (``replace``) or are dropped."""
+
+    replace: bool
+
+    def apply(self, data: bytes) -> bytes:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return utf8_validate(data, replace=self.replace)
+        return data  # valid UTF-8 passes unchanged: the common case needs no byte loop
+
+
+TextStep = RegexReplace | Utf8Validate
 
 
 @dataclass(frozen=True)
 class ByteTable:
-    """The bytes of every token id, and how the detokenizer IR turns joined bytes into text.
+    """The bytes of every token id, and how the detokenizer IR turns their join into text.
 
-    ``token_bytes[i]`` is token ``i``'s bytes; ``special_ids`` are the ids dropped when
-    ``skip_special_tokens`` is on; ``utf8_validate`` is None when the IR has no UTF8Validate op,
-    else its ``replace_mode`` (True: invalid bytes become U+FFFD, False: they are dropped).
+    ``token_bytes[i]`` is token ``i``'s bytes after the IR's per-token ops; ``special_ids`` are the
+    ids dropped when ``skip_special_tokens`` is on; ``text_steps`` are the IR's ops on the joined
+    bytes, in order.
     """
 
     token_bytes: tuple[bytes, ...]
     special_ids: frozenset[int]
-    utf8_validate: bool | None
+    text_steps: tuple[TextStep, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_bytes:
@@ -63,39 +110,88 @@ class ByteTable:
         data = b"".join(
             table[token_id] for token_id in token_ids if 0 <= token_id < size and token_id not in skipped
         )
-        if self.utf8_validate is not None:
-            try:
-                # Valid UTF-8 passes UTF8Validate unchanged: the common case needs no byte loop.
-                return data.decode("utf-8")
-            except UnicodeDecodeError:
-                data = utf8_validate(data, replace=self.utf8_validate)
+        for step in self.text_steps:
+            data = step.apply(data)
         return data.decode("utf-8", errors="replace")
 
     @classmethod
     def from_detokenizer(cls, model: ov.Model) -> ByteTable | None:
-        """Read the table out of an unedited detokenizer IR; None if its ops are not the simple chain."""
-        reason = _unsupported_reason(model)
-        if reason is not None:
+        """Read the table out of an unedited detokenizer IR; None if it holds ops we cannot redo."""
+        try:
+            return cls._read(model)
+        except _NotTabled as reason:
             logger.debug(
                 "detokenizer %s is decoded by the model, not a byte table: %s", model.get_name(), reason
             )
             return None
-        vocab_decoder = _vocab_decoder(model)
+
+    @classmethod
+    def _read(cls, model: ov.Model) -> ByteTable:
+        vocab_decoder = _check_structure(model)
         begins, ends, chars, skip_ids = (
             vocab_decoder.input_value(port).get_node().get_data() for port in range(1, _VOCAB_DECODER_INPUTS)
         )
         chars = chars.tobytes()
-        token_bytes = tuple(
-            chars[begin:end] for begin, end in zip(begins.tolist(), ends.tolist(), strict=True)
-        )
-        validate = next(
-            (node for node in model.get_ordered_ops() if node.get_type_name() == "UTF8Validate"), None
-        )
-        utf8_mode = None if validate is None else bool(validate.get_attributes().get("replace_mode", False))
+        token_bytes = [chars[begin:end] for begin, end in zip(begins.tolist(), ends.tolist(), strict=True)]
+        text_steps: list[TextStep] = []
+        joined = False
+        for node in model.get_ordered_ops():
+            kind = node.get_type_name()
+            if kind == "FuzeRagged":
+                joined = True
+            elif kind == "ByteFallback":
+                if joined:
+                    raise _NotTabled("ByteFallback after the tokens are joined")
+                token_bytes = [_byte_fallback(data) for data in token_bytes]
+            elif kind == "RegexNormalization":
+                step = _regex_step(node)
+                if joined:
+                    text_steps.append(step)
+                else:
+                    token_bytes = [step.apply(data) for data in token_bytes]
+            elif kind == "UTF8Validate":
+                if not joined:
+                    raise _NotTabled("UTF8Validate before the tokens are joined")
+                text_steps.append(Utf8Validate(bool(node.get_attributes().get("replace_mode", False))))
         special_ids = frozenset(
             int(token_id) for token_id in skip_ids.tolist() if 0 <= token_id < len(token_bytes)
         )
-        return cls(token_bytes, special_ids, utf8_mode)
+        return cls(tuple(token_bytes), special_ids, tuple(text_steps))
+
+
+class _NotTabled(Exception):
+    """The detokenizer IR does something the byte table does not redo."""
+
+
+def _byte_fallback(token: bytes) -> bytes:
+    """ByteFallback on one token: ``<0xNN>`` becomes byte NN.
+
+    Like the op (sentencepiece's PieceToByte): any 6-byte ``<....>`` counts as a byte token, and one
+    that is not ``<0x`` + two upper-case hex digits + ``>`` becomes 0xFF (PieceToByte's -1 as a byte).
+    """
+    if len(token) != 6 or token[0] != ord("<") or token[5] != ord(">") or b"<" in token[1:]:
+        return token
+    digits = token[3:5]
+    if token[1:3] == b"0x" and all(char in b"0123456789ABCDEF" for char in digits):
+        return bytes([int(digits, 16)])
+    return b"\xff"
+
+
+def _regex_step(node: ov.Node) -> RegexReplace:
+    if node.get_input_size() != _REGEX_INPUTS:
+        raise _NotTabled(f"RegexNormalization with {node.get_input_size()} inputs")
+    sources = [node.input_value(port).get_node() for port in (3, 4)]
+    if any(source.get_type_name() != "Constant" for source in sources):
+        raise _NotTabled("a regex that is not a constant")
+    search, replacement = (source.get_data().tobytes() for source in sources)
+    try:
+        pattern_text = search.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _NotTabled(f"a regex that is not UTF-8: {search!r}") from error
+    if not _LITERAL_REGEX.fullmatch(pattern_text) or b"\\" in replacement or b"$" in replacement:
+        raise _NotTabled(f"regex {search!r} -> {replacement!r} is not a literal replacement")
+    replace_all = bool(node.get_attributes().get("global_replace", True))
+    return RegexReplace(re.compile(search), replacement, replace_all)
 
 
 def utf8_validate(data: bytes, replace: bool = True) -> bytes:
@@ -142,39 +238,31 @@ def utf8_validate(data: bytes, replace: bool = True) -> bytes:
     return bytes(out)
 
 
-def _vocab_decoder(model: ov.Model) -> ov.Node:
-    return next(node for node in model.get_ordered_ops() if node.get_type_name() == "VocabDecoder")
-
-
-def _unsupported_reason(model: ov.Model) -> str | None:
-    """Why ``model`` is not a vocab lookup plus byte fixes, or None when it is."""
+def _check_structure(model: ov.Model) -> ov.Node:
+    """Check ``model`` is one vocab lookup, string ops and a join; return its VocabDecoder."""
     types = [node.get_type_name() for node in model.get_ordered_ops()]
-    allowed = {"Parameter", "Convert", "Constant", "VocabDecoder", "FuzeRagged", "UTF8Validate"}
-    allowed |= {"StringTensorPack", "Result"}
-    extra = sorted(set(types) - allowed)
+    extra = sorted(set(types) - _STRUCTURAL_OPS - _STRING_OPS)
     if extra:
-        return f"ops {extra} besides the vocab lookup"
+        raise _NotTabled(f"ops {extra} besides the vocab lookup and the string ops we redo")
     if types.count("VocabDecoder") != 1 or types.count("Result") != 1 or types.count("Parameter") != 1:
-        return "not one input, one VocabDecoder and one output"
-    if types.count("UTF8Validate") > 1 or types.count("FuzeRagged") != 1:
-        return "not one FuzeRagged and at most one UTF8Validate"
-    vocab_decoder = _vocab_decoder(model)
+        raise _NotTabled("not one input, one VocabDecoder and one output")
+    if types.count("FuzeRagged") != 1:
+        raise _NotTabled("not one FuzeRagged")
+    vocab_decoder = next(node for node in model.get_ordered_ops() if node.get_type_name() == "VocabDecoder")
     if vocab_decoder.get_input_size() != _VOCAB_DECODER_INPUTS:
-        return f"VocabDecoder has {vocab_decoder.get_input_size()} inputs"
+        raise _NotTabled(f"VocabDecoder has {vocab_decoder.get_input_size()} inputs")
     sources = [vocab_decoder.input_value(port).get_node() for port in range(1, _VOCAB_DECODER_INPUTS)]
     if any(source.get_type_name() != "Constant" for source in sources):
-        return "the vocabulary or skip list is not a constant"
+        raise _NotTabled("the vocabulary or skip list is not a constant")
     begins, ends, chars, skip_ids = (source.get_data() for source in sources)
-    if begins.shape != ends.shape or begins.ndim != 1 or chars.dtype != np.uint8:
-        return "unexpected vocabulary constants"
+    if begins.shape != ends.shape or begins.ndim != 1 or chars.dtype != np.uint8 or skip_ids.ndim != 1:
+        raise _NotTabled("unexpected vocabulary constants")
     if begins.size and (begins.min() < 0 or ends.max() > chars.size or (ends < begins).any()):
-        return "vocabulary offsets outside its bytes"
-    if skip_ids.ndim != 1:
-        return "unexpected skip list"
+        raise _NotTabled("vocabulary offsets outside its bytes")
     # The input must reach VocabDecoder through at most a Convert (ids cast to i32).
     source = vocab_decoder.input_value(0).get_node()
     if source.get_type_name() == "Convert":
         source = source.input_value(0).get_node()
     if source.get_type_name() != "Parameter":
-        return "the token ids reach VocabDecoder through other ops"
-    return None
+        raise _NotTabled("the token ids reach VocabDecoder through other ops")
+    return vocab_decoder
