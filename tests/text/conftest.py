@@ -142,7 +142,8 @@ def sentencepiece_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Pat
         models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
     )
     backend.normalizer = normalizer
-    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    # "<mask>" has the shape of a byte token: ByteFallback turns it into 0xFF (sentencepiece's -1).
+    backend.add_special_tokens(["<unk>", "<s>", "</s>", "<mask>"])
     backend.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
