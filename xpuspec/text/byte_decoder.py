@@ -48,6 +48,14 @@ _STRUCTURAL_OPS = {
     "Result",
 }
 _STRING_OPS = {"RegexNormalization", "ByteFallback", "UTF8Validate"}
+# The attributes each op may carry: one we do not know might change what the op does.
+_KNOWN_ATTRIBUTES = {
+    "VocabDecoder": {"skip_tokens"},
+    "RegexNormalization": {"global_replace"},
+    "UTF8Validate": {"replace_mode"},
+    "ByteFallback": set(),
+    "FuzeRagged": set(),
+}
 
 
 @dataclass(frozen=True)
@@ -248,7 +256,15 @@ def _check_structure(model: ov.Model) -> ov.Node:
         raise _NotTabled("not one input, one VocabDecoder and one output")
     if types.count("FuzeRagged") != 1:
         raise _NotTabled("not one FuzeRagged")
+    for node in model.get_ordered_ops():
+        unknown = set(node.get_attributes()) - _KNOWN_ATTRIBUTES.get(
+            node.get_type_name(), set(node.get_attributes())
+        )
+        if unknown:
+            raise _NotTabled(f"{node.get_type_name()} has attributes {sorted(unknown)}")
     vocab_decoder = next(node for node in model.get_ordered_ops() if node.get_type_name() == "VocabDecoder")
+    if list(vocab_decoder.get_attributes().get("skip_tokens", [])):
+        raise _NotTabled("VocabDecoder lists skip tokens in an attribute")
     if vocab_decoder.get_input_size() != _VOCAB_DECODER_INPUTS:
         raise _NotTabled(f"VocabDecoder has {vocab_decoder.get_input_size()} inputs")
     sources = [vocab_decoder.input_value(port).get_node() for port in range(1, _VOCAB_DECODER_INPUTS)]
