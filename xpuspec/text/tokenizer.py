@@ -20,6 +20,8 @@ import openvino as ov
 import openvino.opset13 as opset
 import openvino_tokenizers  # noqa: F401  (registers the tokenizer ops with every ov.Core made after this)
 
+from xpuspec.text.byte_decoder import ByteTable
+
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "openvino_tokenizer.xml"
@@ -149,9 +151,13 @@ class Tokenizer:
     """Encode and decode with a model folder's OpenVINO tokenizer and detokenizer IRs on CPU.
 
     Thread-safe: every call borrows its own infer request.
+
+    Decoding uses a per-token byte table read out of the detokenizer IR when the IR is a plain
+    vocab lookup (:mod:`xpuspec.text.byte_decoder`), with the same text as the model and no model
+    call; ``byte_table=False`` (or an IR that cannot be tabled) decodes with the model.
     """
 
-    def __init__(self, model_dir: Path, core: ov.Core | None = None) -> None:
+    def __init__(self, model_dir: Path, core: ov.Core | None = None, *, byte_table: bool = True) -> None:
         model_dir = Path(model_dir)
         missing = [name for name in (TOKENIZER_FILE, DETOKENIZER_FILE) if not (model_dir / name).is_file()]
         if missing:
@@ -165,6 +171,10 @@ class Tokenizer:
         tokenizer_model = _read_model(core, model_dir / TOKENIZER_FILE)
         self._has_add_switch = _make_add_special_tokens_switchable(tokenizer_model)
         detokenizer_model = _read_model(core, model_dir / DETOKENIZER_FILE)
+        # Read before the edits below, which add ops the table reader does not know.
+        self.byte_table: ByteTable | None = (
+            ByteTable.from_detokenizer(detokenizer_model) if byte_table else None
+        )
         self._has_skip_switch = _make_skip_special_tokens_switchable(detokenizer_model)
         if not self._has_skip_switch:
             logger.warning("%s has no VocabDecoder: skip_special_tokens is ignored", DETOKENIZER_FILE)
@@ -207,12 +217,16 @@ class Tokenizer:
             return [row[mask == 1].tolist() for row, mask in zip(input_ids, attention_mask, strict=True)]
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if self.byte_table is not None:
+            return self.byte_table.decode(token_ids, skip_special_tokens)
         return self.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]
 
     def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         """Decode several sequences; ids outside the vocabulary decode to nothing."""
         if not batch:
             return []
+        if self.byte_table is not None:
+            return [self.byte_table.decode(token_ids, skip_special_tokens) for token_ids in batch]
         if len(batch) == 1:
             token_ids = np.asarray(batch[0], dtype=np.int64).reshape(1, -1)  # [1, num_tokens]
             return [self._decode_row(token_ids, skip_special_tokens)]
