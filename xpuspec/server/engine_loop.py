@@ -13,6 +13,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 # How long an idle loop sleeps on its command queue before looking at its stop flag again.
 IDLE_WAIT_S = 0.1
+# A loop whose latest iteration is older than this is not stepping (a hung device call, a dead thread).
+STALL_AFTER_S = 30.0
 
 
 class QueueFullError(Exception):
@@ -39,7 +42,11 @@ class NotAcceptingError(Exception):
 
 @dataclass
 class ChoiceEvent:
-    """New text of one choice; ``finish_reason`` set on its last event, ``error`` on a failure."""
+    """New text of one choice; ``finish_reason`` set on its last event, ``error`` on a failure.
+
+    A request ended by its own error has ``finish_reason == "error"`` and ``error`` set; an engine
+    failure or a stop of the loop sets ``error`` only.
+    """
 
     index: int
     text: str
@@ -70,6 +77,8 @@ class EngineSnapshot:
     kv_blocks_total: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    engine_failures: int = 0  # steps that failed as a whole (the engine then recovered)
+    requests_failed: int = 0  # requests ended with an error (their own or an engine failure)
 
 
 class Generation:
@@ -143,6 +152,10 @@ class EngineLoop:
         self._outbox: list[tuple[Generation, ChoiceEvent]] = []
         self._num_ended = 0
         self._ids = itertools.count()
+        self._engine_failures = 0
+        self._requests_failed = 0
+        self.stall_after_s = STALL_AFTER_S
+        self.last_iteration = time.monotonic()  # of the loop thread's latest iteration
         self._thread = threading.Thread(target=self._run, name="xpuspec-engine-loop", daemon=True)
 
     # ------------------------------------------------------------ any thread
@@ -152,6 +165,17 @@ class EngineLoop:
     @property
     def num_in_flight(self) -> int:
         return self._num_in_flight
+
+    @property
+    def stepping(self) -> bool:
+        """The model is loaded and the loop thread iterated within ``stall_after_s``."""
+        return (
+            self.ready.is_set()
+            and self.load_error is None
+            and self._thread.is_alive()
+            and not self._stop.is_set()
+            and time.monotonic() - self.last_iteration < self.stall_after_s
+        )
 
     @property
     def draining(self) -> bool:
@@ -199,7 +223,8 @@ class EngineLoop:
         try:
             self.pipeline = self._pipeline_factory()
         except BaseException as error:  # a bad bundle or device must surface, not hang /health
-            logger.exception("loading the model failed")
+            # One line: the caller reports it; the traceback only with debug logging.
+            logger.error("loading the model failed: %s", error, exc_info=logger.isEnabledFor(logging.DEBUG))
             self.load_error = error
             self.ready.set()
             return
@@ -208,12 +233,14 @@ class EngineLoop:
         self.ready.set()
         logger.info("engine ready")
         while not self._stop.is_set():
+            self.last_iteration = time.monotonic()
             self._take_commands(block=not engine.has_unfinished())
             if engine.has_unfinished():
                 try:
                     outputs = engine.step()
                 except Exception as error:
                     logger.exception("engine step failed")
+                    self._engine_failures += 1
                     self._fail_all(f"engine failure: {error}")
                     outputs = []
                 for output in outputs:
@@ -251,7 +278,9 @@ class EngineLoop:
         try:
             self.pipeline.engine.add_request(request_id, choice.prompt_token_ids, choice.params)
         except ValueError as error:
-            self._outbox.append((generation, ChoiceEvent(choice.index, "", 0, error=str(error))))
+            event = ChoiceEvent(choice.index, "", 0, finish_reason="error", error=str(error))
+            self._outbox.append((generation, event))
+            self._requests_failed += 1
             self._num_ended += 1
             return
         self._active[request_id] = _Active(
@@ -304,6 +333,7 @@ class EngineLoop:
                 logger.exception("aborting %s failed", request_id)
             self._outbox.append((active.generation, ChoiceEvent(active.index, "", 0, error=message)))
             del self._active[request_id]
+            self._requests_failed += 1
             self._num_ended += 1
 
     def _publish(self) -> None:
@@ -327,4 +357,6 @@ class EngineLoop:
             kv_blocks_total=engine.block_manager.num_blocks,
             num_running=engine.scheduler.num_running,
             num_waiting=engine.scheduler.num_waiting,
+            engine_failures=self._engine_failures,
+            requests_failed=self._requests_failed,
         )
