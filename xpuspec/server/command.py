@@ -9,6 +9,7 @@ or 1 (anything else, e.g. the device).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -198,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
         if announced or not state.loop.ready.is_set() or state.loop.load_error is not None:
             return
         announced = True
+        # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
+        # reach: otherwise a full collection walks it all, stalling every thread (and /health) for
+        # a few hundred ms here, while requests only make short-lived objects.
+        gc.collect()
+        gc.freeze()
         aliases = f"; aliases: {', '.join(config.model_aliases)}" if config.model_aliases else ""
         print(f"xpuspec serve: ready on {url} (model: {config.served_model_name}{aliases})", flush=True)
 

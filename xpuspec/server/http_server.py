@@ -9,14 +9,15 @@
   answered is never timed out (a long stream keeps its connection).
 - ``threads`` (default 64) worker threads; each streaming response holds one for its duration, so
   this bounds concurrent streams (more wait in waitress's queue, they are not refused).
-- ``/health`` and ``/metrics`` run on their own threads (``lane_threads``, default 2), so streams that
-  hold every worker cannot delay them.
+- ``/health`` is answered by the event-loop thread itself and ``/metrics`` on threads of its own
+  (``lane_threads``, default 2), so streams that hold every worker cannot delay them.
 - Bodies beyond ``max_request_body_bytes`` are cut by waitress before they are buffered.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Paths answered on the lane threads: cheap, and needed most when the server is busiest.
 LANE_PATHS = frozenset({"/health", "/metrics"})
+# Answered by the event-loop thread itself (see _LaneDispatcher): the cheapest, most urgent one.
+INLINE_PATHS = frozenset({"/health"})
 # The event loop's poll interval: how soon it notices the stop flag and sweeps stalled connections.
 POLL_S = 0.2
 
@@ -75,20 +78,43 @@ class _TimedChannel(HTTPChannel):
 
 
 class _LaneDispatcher(ThreadedTaskDispatcher):
-    """Waitress's worker pool plus a small pool of its own for the lane paths."""
+    """Waitress's worker pool, a small pool of its own for the lane paths, and /health in the event loop.
 
-    def __init__(self, lane_paths: frozenset[str]) -> None:
+    /health is answered by the event-loop thread itself, right after it read the request: no hand-over
+    to a worker thread and back, each of which waits for the GIL behind busy stream and engine threads.
+    Its handler only reads a few attributes of the engine loop, so it never holds the event loop up.
+    """
+
+    def __init__(self, lane_paths: frozenset[str], inline_paths: frozenset[str]) -> None:
         super().__init__()
         self.lane = ThreadedTaskDispatcher()
         self.lane_paths = lane_paths
+        self.inline_paths = inline_paths
+        self._inline: list[Any] = []
+        self._inline_lock = threading.Lock()
+        self.loop_thread: threading.Thread | None = None  # the thread running the event loop
 
     def add_task(self, task: Any) -> None:
         # Called with the channel's requests lock held, so requests[0] is the one to serve.
         requests = getattr(task, "requests", None)
-        if requests and getattr(requests[0], "path", None) in self.lane_paths:
+        path = getattr(requests[0], "path", None) if requests else None
+        if path in self.inline_paths and threading.current_thread() is self.loop_thread:
+            with self._inline_lock:
+                self._inline.append(task)  # served by run_inline, once the requests lock is released
+        elif path in self.lane_paths or path in self.inline_paths:
             self.lane.add_task(task)
         else:
             super().add_task(task)
+
+    def run_inline(self) -> None:
+        """Serve the requests queued for the event-loop thread (call it from that thread)."""
+        with self._inline_lock:
+            tasks, self._inline = self._inline, []
+        for task in tasks:
+            try:
+                task.service()
+            except BaseException:
+                logger.exception("serving %r failed", task)
 
     def shutdown(self, cancel_pending: bool = True, timeout: float = 5) -> bool:
         self.lane.shutdown(cancel_pending, timeout)
@@ -102,7 +128,7 @@ class HttpListener:
         """Bind ``host:port``; raises OSError (e.g. EADDRINUSE) before any thread is started."""
         self.limits = limits or ListenerLimits()
         self.map: dict[int, Any] = {}
-        self.dispatcher = _LaneDispatcher(LANE_PATHS)
+        self.dispatcher = _LaneDispatcher(LANE_PATHS, INLINE_PATHS)
         self.server = create_server(
             app,
             map=self.map,
@@ -135,8 +161,10 @@ class HttpListener:
     def serve(self, stop: Callable[[], bool], tick: Callable[[], None] | None = None) -> None:
         """Answer requests until ``stop()``; ``tick`` runs in this thread about every ``POLL_S``."""
         next_sweep = 0.0
+        self.dispatcher.loop_thread = threading.current_thread()
         while not stop():
             wasyncore.loop(timeout=POLL_S, map=self.map, use_poll=True, count=1)
+            self.dispatcher.run_inline()
             now = time.monotonic()
             if now >= next_sweep:
                 self._close_overdue(now)
