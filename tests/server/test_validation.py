@@ -311,4 +311,33 @@ def test_nesting_depth_counts_brackets_outside_strings_only() -> None:
 
     assert nesting_depth(b'{"a": "[[[{{{", "b": [[1], {"c": "]]]"}]}') == 3
     assert nesting_depth(b'{"a": "\\"[[[[["}') == 1
+    assert nesting_depth(b'{"a": "x\\\\", "b": [[[1]]]}') == 4  # an escaped backslash, then a real quote
     assert nesting_depth(b"") == 0
+    assert nesting_depth(b"[" * 1000) == 1000
+
+
+def test_nesting_depth_matches_the_parsed_structure_on_random_bodies() -> None:
+    import random
+
+    from xpuspec.server.json_body import nesting_depth
+
+    rng = random.Random(0)
+
+    def make(level: int) -> Any:
+        roll = rng.random()
+        if level > 5 or roll < 0.3:
+            return "".join(rng.choice('ab\\"[]{}') for _ in range(rng.randint(0, 8)))
+        if roll < 0.6:
+            return [make(level + 1) for _ in range(rng.randint(0, 3))]
+        return {str(i) + rng.choice('[{\\"'): make(level + 1) for i in range(rng.randint(0, 3))}
+
+    def depth(value: Any) -> int:
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            return 1 + max((depth(item) for item in value), default=0)
+        return 0
+
+    for _ in range(300):
+        value = make(0)
+        assert nesting_depth(json.dumps(value).encode()) == depth(value), value

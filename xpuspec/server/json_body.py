@@ -4,14 +4,13 @@ Python's ``json`` recurses once per nesting level (a deep body raises ``Recursio
 every integer literal into an ``int`` (5000 digits raise ``ValueError`` from the int-size guard);
 ``NaN``, ``Infinity`` and ``1e999`` become non-finite floats. Here each of these is a 400 in the
 OpenAI error shape, decided before or while parsing: the depth by one vectorised pass over the
-body with its strings blanked out, integers and constants by ``json``'s own hooks.
+body (brackets inside strings do not count), integers and constants by ``json``'s own hooks.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -24,10 +23,8 @@ MAX_JSON_DEPTH = 32
 # Most digits of an integer literal: 2**64 has 20, and no field takes a larger number.
 MAX_INTEGER_DIGITS = 20
 
-# A JSON string literal (escapes included); brackets inside strings are not nesting.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
-_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_ARRAY, _CLOSE_OBJECT = b"[{]}"
 
 
 class _RejectedLiteral(ValueError):
@@ -35,11 +32,30 @@ class _RejectedLiteral(ValueError):
 
 
 def nesting_depth(raw: bytes) -> int:
-    """The deepest bracket nesting of ``raw`` outside string literals (malformed input: a best guess)."""
-    structure = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
-    if structure.size == 0:
+    """The deepest bracket nesting of ``raw`` outside string literals (malformed input: a best guess).
+
+    Vectorised, a few ms per MB: a quote ends or starts a string unless an odd run of backslashes
+    precedes it, and a bracket counts only where an even number of such quotes precede it.
+    """
+    data = np.frombuffer(raw, dtype=np.uint8)
+    brackets = np.flatnonzero(
+        (data == _OPEN_ARRAY) | (data == _OPEN_OBJECT) | (data == _CLOSE_ARRAY) | (data == _CLOSE_OBJECT)
+    )
+    if brackets.size == 0:
         return 0
-    steps = np.isin(structure, _OPEN).astype(np.int32) - np.isin(structure, _CLOSE).astype(np.int32)
+    quotes = np.flatnonzero(data == _QUOTE)
+    backslashes = np.flatnonzero(data == _BACKSLASH)
+    if backslashes.size and quotes.size:
+        # Length of the backslash run just before each quote: a quote after an odd run is escaped.
+        run_starts = backslashes[np.concatenate(([True], np.diff(backslashes) > 1))]
+        after_backslash = (quotes > 0) & (data[np.maximum(quotes - 1, 0)] == _BACKSLASH)
+        starts = run_starts[np.searchsorted(run_starts, quotes - 1, side="right") - 1]
+        run = np.where(after_backslash, quotes - starts, 0)
+        quotes = quotes[run % 2 == 0]
+    # A bracket is outside strings when an even number of real quotes precede it.
+    outside = np.searchsorted(quotes, brackets) % 2 == 0
+    kinds = data[brackets[outside]]
+    steps = np.where((kinds == _OPEN_ARRAY) | (kinds == _OPEN_OBJECT), 1, -1)
     return int(np.cumsum(steps).max(initial=0))
 
 
@@ -67,7 +83,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object, or an APIError 400 with code ``invalid_json``."""
     if not raw.strip():
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
-    depth = nesting_depth(raw)
+    # Fewer opening brackets than the limit cannot nest beyond it: most bodies skip the scan.
+    opening = raw.count(b"[") + raw.count(b"{")
+    depth = nesting_depth(raw) if opening > MAX_JSON_DEPTH else 0
     if depth > MAX_JSON_DEPTH:
         raise APIError(
             400,
