@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     def load() -> Any:
         from xpuspec.pipeline import Pipeline
 
-        return Pipeline(
+        pipeline = Pipeline(
             args.bundle,
             target_device=args.target_device,
             draft_device=args.draft_device,
@@ -153,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
             properties=properties,
             num_kv_blocks=args.num_kv_blocks,
         )
+        # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
+        # reach, before the first request: otherwise a full collection walks it all, stalling every
+        # thread (and /health) for a few hundred ms, while requests only make short-lived objects.
+        gc.collect()
+        gc.freeze()
+        return pipeline
 
     app = create_app(load, config, start=False)
     state = server_state(app)
@@ -199,11 +205,6 @@ def run(args: argparse.Namespace) -> int:
         if announced or not state.loop.ready.is_set() or state.loop.load_error is not None:
             return
         announced = True
-        # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
-        # reach: otherwise a full collection walks it all, stalling every thread (and /health) for
-        # a few hundred ms here, while requests only make short-lived objects.
-        gc.collect()
-        gc.freeze()
         aliases = f"; aliases: {', '.join(config.model_aliases)}" if config.model_aliases else ""
         print(f"xpuspec serve: ready on {url} (model: {config.served_model_name}{aliases})", flush=True)
 
