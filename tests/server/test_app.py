@@ -100,6 +100,7 @@ def test_a_mid_stream_engine_failure_is_an_error_frame_then_done(
             raise RuntimeError("injected fault")
         return real_step()
 
+    failures_before = client.get("/v1/xpuspec/state").get_json()
     engine.step = failing_step
     try:
         body = {"model": MODEL, "prompt": "a", "max_tokens": 60, "ignore_eos": True, "stream": True}
@@ -115,6 +116,11 @@ def test_a_mid_stream_engine_failure_is_an_error_frame_then_done(
     )
     state = client.get("/v1/xpuspec/state").get_json()
     assert state["num_in_flight"] == 0 and state["kv_blocks_used"] == 0
+    assert state["engine_failures"] == failures_before["engine_failures"] + 1
+    assert state["requests_failed"] == failures_before["requests_failed"] + 1
+    samples = metric_samples(client)
+    assert samples["xpuspec_engine_failures_total"] == state["engine_failures"]
+    assert samples["xpuspec_requests_failed_total"] == state["requests_failed"]
     assert client.get("/health").status_code == 200
     assert (
         client.post("/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 2}).status_code
@@ -122,16 +128,98 @@ def test_a_mid_stream_engine_failure_is_an_error_frame_then_done(
     )
 
 
+def metric_samples(client: FlaskClient) -> dict[str, float]:
+    text = client.get("/metrics").get_data(as_text=True)
+    return {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+# A prompt the injected fault below refuses: the request that carries it fails alone.
+POISON = [7, 7, 7, 7, 7, 7]
+
+
+@pytest.fixture
+def poisoned_admission(served_app: Flask):  # type: ignore[no-untyped-def]
+    """Engine admission raises (as a bad parameter or a broken tokenizer would) for the POISON prompt."""
+    engine = server_state(served_app).loop.pipeline.engine  # type: ignore[union-attr]
+    real_add = engine.add_request
+
+    def add_request(request_id, prompt_token_ids, params):  # type: ignore[no-untyped-def]
+        if list(prompt_token_ids) == POISON:
+            raise ValueError("injected fault for this request")
+        return real_add(request_id, prompt_token_ids, params)
+
+    engine.add_request = add_request
+    yield
+    del engine.add_request  # back to the class's method
+
+
+def test_a_request_that_fails_alone_ends_with_error_and_the_others_are_untouched(
+    client: FlaskClient, served_app: Flask, poisoned_admission: None
+) -> None:
+    body = {"model": MODEL, "prompt": "a b c", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    clean = client.post("/v1/completions", json=body).get_json()["choices"][0]["text"]
+    before = metric_samples(client)
+    neighbour = client.post("/v1/completions", json={**body, "stream": True})  # running meanwhile
+    failed_stream = client.post("/v1/completions", json={**body, "prompt": POISON, "stream": True})
+    payloads = sse_payloads(failed_stream.get_data(as_text=True))
+    failed_whole = client.post("/v1/completions", json={**body, "prompt": POISON})
+    neighbour_payloads = sse_payloads(neighbour.get_data(as_text=True))
+
+    # The failing stream: its choice closes with finish_reason "error", then the error frame, then [DONE].
+    assert payloads[-1] == "[DONE]"
+    error = json.loads(payloads[-2])["error"]
+    assert error["code"] == "request_failed" and "injected fault" in error["message"]
+    assert json.loads(payloads[-3])["choices"][0]["finish_reason"] == "error"
+    # Non-streaming: a clear 500 in the OpenAI shape.
+    assert failed_whole.status_code == 500
+    assert failed_whole.get_json()["error"]["code"] == "request_failed"
+    # The neighbour streamed on to its normal end, token-identical to a clean run.
+    chunks = [json.loads(p)["choices"][0] for p in neighbour_payloads[:-1]]
+    assert "".join(chunk["text"] for chunk in chunks) == clean
+    assert [chunk["finish_reason"] for chunk in chunks if chunk["finish_reason"]] == ["length"]
+    after = metric_samples(client)
+    assert after["xpuspec_requests_failed_total"] == before["xpuspec_requests_failed_total"] + 2
+    assert after["xpuspec_engine_failures_total"] == before["xpuspec_engine_failures_total"]
+    state = client.get("/v1/xpuspec/state").get_json()
+    assert state["num_in_flight"] == 0 and state["kv_blocks_used"] == 0
+    assert client.get("/health").get_json() == {"status": "ok"}
+
+
+def test_health_says_stalled_while_the_engine_does_not_step(client: FlaskClient, served_app: Flask) -> None:
+    loop = server_state(served_app).loop
+    engine = loop.pipeline.engine  # type: ignore[union-attr]
+    real_step = engine.step
+    release = threading.Event()
+
+    def hung_step():  # type: ignore[no-untyped-def]
+        release.wait(30)  # a device call that does not return
+        return real_step()
+
+    saved, loop.stall_after_s = loop.stall_after_s, 0.5
+    engine.step = hung_step
+    try:
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 4, "stream": True}
+        pending = client.post("/v1/completions", json=body)
+        assert wait_until(lambda: client.get("/health").status_code == 503, 10)
+        assert client.get("/health").get_json() == {"status": "stalled"}
+        release.set()
+        assert wait_until(lambda: client.get("/health").status_code == 200, 10)
+        assert sse_payloads(pending.get_data(as_text=True))[-1] == "[DONE]"
+    finally:
+        release.set()
+        del engine.step
+        loop.stall_after_s = saved
+
+
 def test_metrics_count_tokens_requests_and_speculation(client: FlaskClient) -> None:
     body = {"model": MODEL, "prompt": "a b c", "max_tokens": 12, "ignore_eos": True, "temperature": 0}
     body["num_draft_tokens"] = 4  # the cost model might otherwise choose not to draft
     assert client.post("/v1/completions", json=body).status_code == 200
-    text = client.get("/metrics").get_data(as_text=True)
-    samples = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = metric_samples(client)
     assert samples["xpuspec_generation_tokens_total"] >= 12
     assert samples['xpuspec_requests_finished_total{finish_reason="length"}'] >= 1
     assert samples["xpuspec_time_to_first_token_seconds_count"] >= 1

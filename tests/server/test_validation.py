@@ -27,6 +27,14 @@ def without(body: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k != key}
 
 
+def raw_completion(key: str, literal: str) -> bytes:
+    """A completion body with ``literal`` spliced in as it is (json.dumps could not write it)."""
+    return f'{{"model": "{MODEL}", "prompt": "hello", "max_tokens": 4, "{key}": {literal}}}'.encode()
+
+
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+
+
 @dataclass
 class BadRequest:
     name: str
@@ -126,6 +134,59 @@ CASES = [
         "max_completion_tokens",
         "context_length_exceeded",
     ),
+    BadRequest("seed negative", COMPLETIONS, completion(seed=-1), 400, "seed"),
+    BadRequest("seed 2**64", COMPLETIONS, completion(seed=2**64), 400, "seed"),
+    BadRequest("temperature subnormal", COMPLETIONS, completion(temperature=1e-320), 400, "temperature"),
+    BadRequest("temperature below 1e-4", COMPLETIONS, completion(temperature=5e-5), 400, "temperature"),
+    BadRequest("NaN literal", COMPLETIONS, raw_completion("temperature", "NaN"), 400, code="invalid_json"),
+    BadRequest(
+        "Infinity literal", COMPLETIONS, raw_completion("top_p", "-Infinity"), 400, code="invalid_json"
+    ),
+    BadRequest(
+        "float overflow", COMPLETIONS, raw_completion("temperature", "1e999"), 400, code="invalid_json"
+    ),
+    BadRequest(
+        "5000-digit integer", COMPLETIONS, raw_completion("seed", "9" * 5000), 400, code="invalid_json"
+    ),
+    BadRequest(
+        "depth 1000", COMPLETIONS, raw_completion("prompt", "[" * 1000 + "]" * 1000), 400, code="invalid_json"
+    ),
+    BadRequest(
+        "depth 1000 of objects",
+        COMPLETIONS,
+        raw_completion("x", '{"a":' * 1000 + "1" + "}" * 1000),
+        400,
+        code="invalid_json",
+    ),
+    *[
+        BadRequest(f"unsupported {name}", path, body, 400, name, "unsupported_parameter")
+        for name, path, body in [
+            ("best_of", COMPLETIONS, completion(best_of=2)),
+            ("suffix", COMPLETIONS, completion(suffix="}")),
+            ("logit_bias", COMPLETIONS, completion(logit_bias={"5": 10})),
+            ("presence_penalty", COMPLETIONS, completion(presence_penalty=0.5)),
+            ("frequency_penalty", CHAT, chat(frequency_penalty=-1.0)),
+            ("response_format", CHAT, chat(response_format={"type": "json_object"})),
+            ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}])),
+            ("tool_choice", CHAT, chat(tool_choice="required")),
+            ("logprobs", CHAT, chat(logprobs=True)),
+            ("top_logprobs", CHAT, chat(top_logprobs=2)),
+        ]
+    ],
+    BadRequest(
+        "chat content null without tool_calls",
+        CHAT,
+        chat(messages=[{"role": "user", "content": None}]),
+        400,
+        "messages.0",
+    ),
+    BadRequest(
+        "chat tool_calls on a user message",
+        CHAT,
+        chat(messages=[{"role": "user", "content": "x", "tool_calls": [TOOL_CALL]}]),
+        400,
+        "messages.0",
+    ),
     BadRequest("unknown route", "/v1/embeddings", completion(), 404, code="not_found"),
     BadRequest("wrong method", COMPLETIONS, None, 405, code="method_not_allowed", method="GET"),
     BadRequest("wrong method on models", "/v1/models", None, 405, code="method_not_allowed", method="PUT"),
@@ -200,3 +261,83 @@ def test_server_drafter_or_none_per_request(client: FlaskClient, served_app: Fla
         assert response.status_code == 200, response.get_json()
         texts.append(response.get_json()["choices"][0]["text"])
     assert len(set(texts)) == 1  # speculation never changes a greedy output
+
+
+def test_neutral_values_of_unsupported_parameters_and_unknown_fields_are_accepted(
+    client: FlaskClient,
+) -> None:
+    # What SDKs send by default must keep working; a field this server does not know is ignored.
+    body = completion(
+        temperature=0, best_of=1, logit_bias={}, presence_penalty=0, frequency_penalty=0.0, suffix=None,
+        echo=False, user="someone", some_future_field={"x": 1},
+    )  # fmt: skip
+    response = client.post(COMPLETIONS, json=body)
+    assert response.status_code == 200, response.get_json()
+    body = chat(temperature=0, response_format={"type": "text"}, tool_choice="none", logprobs=False, tools=[])
+    response = client.post(CHAT, json=body)
+    assert response.status_code == 200, response.get_json()
+
+
+def test_tool_calls_and_tool_messages_are_accepted_in_history(client: FlaskClient) -> None:
+    messages = [
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "user", "content": "and so?"},
+    ]
+    response = client.post(CHAT, json=chat(messages=messages, temperature=0))
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_brackets_inside_strings_are_not_nesting(client: FlaskClient) -> None:
+    # 40 open brackets (beyond the depth limit of 32), and an escaped quote that must not end the string.
+    prompt = '\\"' + "[" * 40
+    response = client.post(COMPLETIONS, json=completion(prompt=prompt, temperature=0, max_tokens=2))
+    assert response.status_code == 200, response.get_json()
+
+
+def test_seed_wraps_per_choice_at_2_to_the_64(client: FlaskClient) -> None:
+    # Choice 1 of seed 2**64 - 1 uses seed 0: the same text as a lone request with seed 0.
+    body = completion(seed=2**64 - 1, n=2, temperature=1.0, max_tokens=8, ignore_eos=True)
+    pair = client.post(COMPLETIONS, json=body)
+    assert pair.status_code == 200, pair.get_json()
+    lone = client.post(COMPLETIONS, json={**body, "seed": 0, "n": 1})
+    assert pair.get_json()["choices"][1]["text"] == lone.get_json()["choices"][0]["text"]
+
+
+def test_nesting_depth_counts_brackets_outside_strings_only() -> None:
+    from xpuspec.server.json_body import nesting_depth
+
+    assert nesting_depth(b'{"a": "[[[{{{", "b": [[1], {"c": "]]]"}]}') == 3
+    assert nesting_depth(b'{"a": "\\"[[[[["}') == 1
+    assert nesting_depth(b'{"a": "x\\\\", "b": [[[1]]]}') == 4  # an escaped backslash, then a real quote
+    assert nesting_depth(b"") == 0
+    assert nesting_depth(b"[" * 1000) == 1000
+
+
+def test_nesting_depth_matches_the_parsed_structure_on_random_bodies() -> None:
+    import random
+
+    from xpuspec.server.json_body import nesting_depth
+
+    rng = random.Random(0)
+
+    def make(level: int) -> Any:
+        roll = rng.random()
+        if level > 5 or roll < 0.3:
+            return "".join(rng.choice('ab\\"[]{}') for _ in range(rng.randint(0, 8)))
+        if roll < 0.6:
+            return [make(level + 1) for _ in range(rng.randint(0, 3))]
+        return {str(i) + rng.choice('[{\\"'): make(level + 1) for i in range(rng.randint(0, 3))}
+
+    def depth(value: Any) -> int:
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            return 1 + max((depth(item) for item in value), default=0)
+        return 0
+
+    for _ in range(300):
+        value = make(0)
+        assert nesting_depth(json.dumps(value).encode()) == depth(value), value

@@ -46,7 +46,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 
-exec .venv/bin/xpuspec serve --bundle ./bundle \
+# Clients name the model as `xpuspec verify` and README.md show it (the bundle's own name, not "bundle").
+model=$("$python" -c 'import json; print(json.load(open("edge.json"))["bundle"]["name"])')
+exec .venv/bin/xpuspec serve --bundle ./bundle --served-model-name "$model" \
     --host "${XPUSPEC_HOST:-127.0.0.1}" --port "${XPUSPEC_PORT:-8000}" "$@"
 """
 
@@ -80,7 +82,10 @@ if ($installed -ne $wanted) {
 
 $listenHost = if ($env:XPUSPEC_HOST) { $env:XPUSPEC_HOST } else { "127.0.0.1" }
 $listenPort = if ($env:XPUSPEC_PORT) { $env:XPUSPEC_PORT } else { "8000" }
-& ".venv\Scripts\xpuspec.exe" serve --bundle .\bundle --host $listenHost --port $listenPort @args
+# Clients name the model as `xpuspec verify` and README.md show it (the bundle's own name).
+$model = (Get-Content -LiteralPath "edge.json" -Raw | ConvertFrom-Json).bundle.name
+& ".venv\Scripts\xpuspec.exe" serve --bundle .\bundle --served-model-name $model `
+    --host $listenHost --port $listenPort @args
 exit $LASTEXITCODE
 """
 
@@ -133,7 +138,8 @@ Needs Python @PYTHON@ (`python3 -m venv` must work: on Debian/Ubuntu `apt instal
     powershell -ExecutionPolicy Bypass -File run.ps1    # Windows
 
 The launcher verifies the files, installs into `.venv` beside it once, then serves the
-OpenAI-compatible API: `curl http://127.0.0.1:8000/health`. It listens on loopback only
+OpenAI-compatible API: `curl http://127.0.0.1:8000/health`; requests name the model `@BUNDLE@`
+(extra names: `./run.sh --served-model-name other`). It listens on loopback only
 unless `XPUSPEC_HOST=0.0.0.0`; set `XPUSPEC_API_KEY` before exposing it.
 
 Device placement: @PLACEMENT@

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, Response, request
 
+from xpuspec.server.access_log import AccessLog
 from xpuspec.server.config import ServerConfig
 from xpuspec.server.engine_loop import EngineLoop
 from xpuspec.server.errors import APIError, error_response, register_error_handlers
@@ -57,6 +58,7 @@ def create_app(
     app.after_request(_count_request)
     app.register_blueprint(openai_api)
     app.register_blueprint(operations)
+    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]
     if start:
         loop.start()
     return app

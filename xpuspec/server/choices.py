@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server.engine_loop import ChoiceRequest
 from xpuspec.server.errors import APIError
-from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, CompletionRequest, GenerationFields
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline
@@ -24,12 +24,13 @@ class PreparedRequest:
     num_choices_per_prompt: int
 
 
-def check_model(body: GenerationFields, served_model_name: str) -> None:
+def check_model(body: GenerationFields, model_names: tuple[str, ...]) -> None:
     # Compared only: the name never becomes a path.
-    if body.model != served_model_name:
+    if body.model not in model_names:
+        served = ", ".join(repr(name) for name in model_names)
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {served_model_name!r}",
+            f"the model {body.model!r} does not exist; this server serves {served}",
             param="model",
             code="model_not_found",
         )
@@ -61,7 +62,8 @@ def resolve_num_draft_tokens(body: GenerationFields, server_drafter: str) -> int
 def sampling_params(
     body: GenerationFields, max_tokens: int, num_draft_tokens: int | None, choice: int
 ) -> SamplingParams:
-    seed = None if body.seed is None else body.seed + choice
+    # Choice i of a seeded request uses seed + i, wrapped into the engine's 64-bit seed range.
+    seed = None if body.seed is None else (body.seed + choice) % SEED_LIMIT
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -80,6 +82,18 @@ def _check_context(num_prompt_tokens: int, max_tokens: int, context: int, param:
             400,
             f"this model's context is {context} tokens; the prompt has {num_prompt_tokens} tokens and "
             f"{param} is {max_tokens}: reduce the prompt or {param}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def _check_fits_cache(num_prompt_tokens: int, pipeline: Pipeline, param: str) -> None:
+    # A prompt larger than the whole KV cache can never be scheduled: 400 now, not an engine error later.
+    slots = pipeline.engine.block_manager.num_token_slots
+    if num_prompt_tokens >= slots:
+        raise APIError(
+            400,
+            f"the prompt has {num_prompt_tokens} tokens but this server's whole KV cache holds {slots}",
             param=param,
             code="context_length_exceeded",
         )
@@ -112,10 +126,6 @@ def _check_common(body: GenerationFields) -> None:
 
 def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
     _check_common(body)
-    if body.echo:
-        raise APIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
-    if body.logprobs is not None:
-        raise APIError(400, "logprobs is not supported", param="logprobs", code="unsupported_parameter")
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     prompt = body.prompt
     vocab_size = pipeline.vocab_size
@@ -141,17 +151,16 @@ def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_draft
     context = pipeline.max_model_len
     for token_ids in prompts:
         _check_context(len(token_ids), max_tokens, context, "max_tokens")
+        _check_fits_cache(len(token_ids), pipeline, "prompt")
     return _expand(body, prompts, [max_tokens] * len(prompts), num_draft_tokens)
 
 
 def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
     _check_common(body)
-    if body.logprobs:
-        raise APIError(400, "logprobs is not supported", param="logprobs", code="unsupported_parameter")
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     if pipeline.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    messages = [{"role": m.role, "content": m.text} for m in body.messages]
+    messages = [message.template_message() for message in body.messages]
     try:
         rendered = pipeline.apply_chat_template(messages)
     except ValueError as error:  # the template itself may reject a conversation (raise_exception)
@@ -160,6 +169,7 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     if not token_ids:
         raise APIError(400, "the messages encode to no tokens", param="messages", code="invalid_value")
     context = pipeline.max_model_len
+    _check_fits_cache(len(token_ids), pipeline, "messages")
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     if requested is None:

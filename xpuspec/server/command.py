@@ -1,26 +1,33 @@
-"""`xpuspec serve`: the OpenAI-compatible API on waitress, with a graceful drain on SIGTERM."""
+"""`xpuspec serve`: the OpenAI-compatible API on waitress, with a graceful drain on SIGTERM.
+
+Order of work: bind the port (a taken port is one line on stderr, exit 1), load the model while
+/health answers 503 "loading", then print one line ``xpuspec serve: ready on URL (model: NAME)`` on
+stdout. A model that cannot be loaded is one line on stderr and exit 2 (a bad bundle or argument)
+or 1 (anything else, e.g. the device).
+"""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
-import time
 from typing import Any
 
 from xpuspec.server.config import DEMO_MODEL_NAME, ServerConfig
+from xpuspec.server.http_server import ListenerLimits
 
 logger = logging.getLogger(__name__)
 
+# Exit codes (as xpuspec.cli): 1 the work failed, 2 the command line or input was wrong.
+EXIT_FAILED = 1
+EXIT_USAGE = 2
 # How long a drain waits for in-flight requests before stopping anyway.
 DRAIN_TIMEOUT_S = 120.0
-# The serving loop's poll interval: how soon it notices the stop flag.
-POLL_S = 0.2
-# Waitress worker threads: each streaming response holds one for its duration.
-DEFAULT_THREADS = 32
+DEFAULT_LIMITS = ListenerLimits()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,11 +35,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve an OpenAI-compatible HTTP API (completions, chat, metrics)",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and "
-        "/openapi.json over one speculative-decoding engine.",
+        "/openapi.json over one speculative-decoding engine. Binds the port, loads the model, then prints "
+        "one 'ready' line with the URL and the served model name(s). Exit codes: 0 after a drain "
+        "(SIGTERM/SIGINT), 1 the port is taken or the model failed to load, 2 a bad argument or bundle.",
     )
     parser.add_argument("--bundle", default=None, help="a prepared bundle folder (default: the demo pair)")
-    parser.add_argument("--host", default="127.0.0.1", help="listen address (default loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (loopback only by default)")
+    parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    parser.add_argument(
+        "--served-model-name",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="the model name requests use and responses show (repeatable: later names are aliases; "
+        "default: the bundle folder's name, or xpuspec-demo for the demo pair)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no access-log line per request on stderr (default: one line each)",
+    )
     parser.add_argument(
         "--api-key",
         default=os.environ.get("XPUSPEC_API_KEY"),
@@ -53,7 +75,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
     )
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="HTTP worker threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_LIMITS.threads,
+        help=f"HTTP worker threads: each open stream holds one; /health and /metrics have their own "
+        f"(default {DEFAULT_LIMITS.threads})",
+    )
+    parser.add_argument(
+        "--connection-limit",
+        type=int,
+        default=DEFAULT_LIMITS.connection_limit,
+        help=f"open connections accepted at once (default {DEFAULT_LIMITS.connection_limit})",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_LIMITS.header_timeout_s,
+        help="seconds a client may take to send a request's headers before its connection is closed "
+        f"(default {DEFAULT_LIMITS.header_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=int,
+        default=DEFAULT_LIMITS.channel_timeout_s,
+        help="seconds an idle keep-alive connection is kept open "
+        f"(default {DEFAULT_LIMITS.channel_timeout_s})",
+    )
     parser.set_defaults(func=run)
 
 
@@ -65,28 +113,39 @@ def served_name(bundle: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from waitress.server import create_server
-
     from xpuspec.generate_command import parse_properties
+    from xpuspec.model_bundle import BundleError, ModelBundle
     from xpuspec.server.app import create_app
+    from xpuspec.server.http_server import HttpListener
     from xpuspec.server.state import server_state
 
+    names = args.served_model_name or [served_name(args.bundle)]
     try:
         config = ServerConfig(
-            served_model_name=served_name(args.bundle),
+            served_model_name=names[0],
+            model_aliases=tuple(names[1:]),
             api_key=args.api_key or None,
             max_queue=args.max_queue,
             max_body_bytes=args.max_body_bytes,
         )
+        limits = ListenerLimits(
+            threads=args.threads,
+            connection_limit=args.connection_limit,
+            channel_timeout_s=args.idle_timeout,
+            header_timeout_s=args.header_timeout,
+            # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
+            max_request_body_bytes=4 * args.max_body_bytes,
+        )
+        properties = parse_properties(args.property) or None
     except ValueError as error:
         print(f"xpuspec serve: {error}", file=sys.stderr)
-        return 2
-    properties = parse_properties(args.property) or None
+        return EXIT_USAGE
+    _configure_access_log(quiet=args.quiet)
 
     def load() -> Any:
         from xpuspec.pipeline import Pipeline
 
-        return Pipeline(
+        pipeline = Pipeline(
             args.bundle,
             target_device=args.target_device,
             draft_device=args.draft_device,
@@ -94,20 +153,31 @@ def run(args: argparse.Namespace) -> int:
             properties=properties,
             num_kv_blocks=args.num_kv_blocks,
         )
+        # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
+        # reach, before the first request: otherwise a full collection walks it all, stalling every
+        # thread (and /health) for a few hundred ms, while requests only make short-lived objects.
+        gc.collect()
+        gc.freeze()
+        return pipeline
 
-    app = create_app(load, config)
+    app = create_app(load, config, start=False)
     state = server_state(app)
-    socket_map: dict[int, Any] = {}
-    # channel_request_lookahead lets a waiting response notice that its client hung up.
-    server = create_server(
-        app,
-        map=socket_map,
-        host=args.host,
-        port=args.port,
-        threads=args.threads,
-        channel_request_lookahead=1,
-        ident="xpuspec",
-    )
+    try:
+        listener = HttpListener(app, args.host, args.port, limits)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        print(
+            f"xpuspec serve: cannot listen on {args.host}:{args.port}: {reason} "
+            "(is another server running there? pick another --port)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    try:  # the cheap part of loading, here so that a wrong --bundle is one plain line
+        ModelBundle.open(args.bundle)
+    except BundleError as error:
+        listener.close(flush_timeout_s=0)
+        print(f"xpuspec serve: {error}", file=sys.stderr)
+        return EXIT_USAGE
     stop = threading.Event()
 
     def drain() -> None:
@@ -119,34 +189,51 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        if state.loop.draining:
-            logger.warning("second signal: stopping now")
+        if state.loop.draining or not state.loop.ready.is_set():
+            logger.warning("stopping now")
             stop.set()
             return
         threading.Thread(target=drain, name="xpuspec-drain", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    logger.info("serving %r on http://%s:%s", config.served_model_name, args.host, server.effective_port)
-    print(f"xpuspec serve: listening on http://{args.host}:{server.effective_port}", flush=True)
-    _serve_until(server, socket_map, stop, state)
+    url = f"http://{args.host}:{listener.port}"
+    announced = False
+
+    def announce_when_ready() -> None:
+        nonlocal announced
+        if announced or not state.loop.ready.is_set() or state.loop.load_error is not None:
+            return
+        announced = True
+        aliases = f"; aliases: {', '.join(config.model_aliases)}" if config.model_aliases else ""
+        print(f"xpuspec serve: ready on {url} (model: {config.served_model_name}{aliases})", flush=True)
+
+    state.loop.start()
+    listener.serve(stop=lambda: stop.is_set() or state.loop.load_error is not None, tick=announce_when_ready)
+    listener.close()
     state.loop.stop()
-    if state.loop.load_error is not None:
-        print(f"xpuspec serve: loading the model failed: {state.loop.load_error}", file=sys.stderr)
-        return 1
+    error = state.loop.load_error
+    if error is not None:
+        print(f"xpuspec serve: cannot load the model: {error}", file=sys.stderr)
+        return EXIT_USAGE if _is_input_error(error) else EXIT_FAILED
     return 0
 
 
-def _serve_until(server: Any, socket_map: dict[int, Any], stop: threading.Event, state: Any) -> None:
-    """Run waitress's event loop until ``stop``, then flush what clients are still owed and close."""
-    from waitress import wasyncore
+def _is_input_error(error: BaseException) -> bool:
+    """A bundle or argument the user gave is wrong (exit 2), rather than the machine (exit 1)."""
+    from xpuspec.model_bundle import BundleError
 
-    while not stop.is_set() and state.loop.load_error is None:
-        wasyncore.loop(timeout=POLL_S, map=socket_map, count=1)
-    server.close()  # stop listening
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and any(
-        getattr(channel, "total_outbufs_len", 0) for channel in list(socket_map.values())
-    ):
-        wasyncore.loop(timeout=POLL_S, map=socket_map, count=1)
-    server.task_dispatcher.shutdown(timeout=2)
+    return isinstance(error, (BundleError, ValueError, FileNotFoundError, NotADirectoryError))
+
+
+def _configure_access_log(quiet: bool) -> None:
+    """Access lines go to stderr as they are (no level prefix); ``--quiet`` turns them off."""
+    from xpuspec.server.access_log import ACCESS_LOGGER
+
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.propagate = False
+    access.handlers.clear()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.WARNING if quiet else logging.INFO)

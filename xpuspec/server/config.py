@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEMO_MODEL_NAME = "xpuspec-demo"
 
@@ -12,10 +12,14 @@ class ServerConfig:
     """HTTP-side limits and identity; the engine's own limits live in ``EngineConfig``.
 
     ``max_queue`` bounds the requests in flight (running or waiting for a batch slot; a request
-    with ``n`` choices counts ``n``): beyond it new requests get 503 with Retry-After.
+    with ``n`` choices counts ``n``): beyond it new requests get 503 with Retry-After, and a single
+    request with more choices than that gets 400 (it could never be admitted).
+    ``model_aliases`` are further names requests may use for the served model; responses name
+    ``served_model_name``.
     """
 
     served_model_name: str = DEMO_MODEL_NAME
+    model_aliases: tuple[str, ...] = field(default_factory=tuple)
     api_key: str | None = None
     max_queue: int = 256
     max_body_bytes: int = 1 << 20
@@ -25,9 +29,17 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.served_model_name:
             raise ValueError("served_model_name must be a non-empty string")
+        self.model_aliases = tuple(self.model_aliases)
+        if not all(isinstance(alias, str) and alias for alias in self.model_aliases):
+            raise ValueError(f"model_aliases must be non-empty strings, got {self.model_aliases!r}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be None (no authentication) or a non-empty string")
         for name in ("max_queue", "max_body_bytes", "max_choices", "retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The served name first, then each alias once."""
+        return tuple(dict.fromkeys((self.served_model_name, *self.model_aliases)))

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.1
 # The loop counts as stepping while its last iteration is younger than this. An iteration is one
 # engine step (tens of ms, a few seconds at most for a long prefill on a slow device) or one idle wait.
-STEPPING_TIMEOUT_S = 5.0
+STEPPING_TIMEOUT_S = 10.0
 
 
 class QueueFullError(Exception):
@@ -161,6 +161,7 @@ class EngineLoop:
         self._ids = itertools.count()
         # time.monotonic() of the loop's latest iteration (a step, or an idle wait of IDLE_WAIT_S).
         self.last_iteration = time.monotonic()
+        self.stall_after_s = STEPPING_TIMEOUT_S
         self._thread = threading.Thread(target=self._run, name="xpuspec-engine-loop", daemon=True)
 
     # ------------------------------------------------------------ any thread
@@ -173,13 +174,13 @@ class EngineLoop:
 
     @property
     def stepping(self) -> bool:
-        """The loop thread is alive, the model loaded, and it iterated within STEPPING_TIMEOUT_S."""
+        """The loop thread is alive, the model loaded, and it iterated within ``stall_after_s``."""
         return (
             self._thread.is_alive()
             and self.ready.is_set()
             and self.load_error is None
             and self.pipeline is not None
-            and time.monotonic() - self.last_iteration < STEPPING_TIMEOUT_S
+            and time.monotonic() - self.last_iteration < self.stall_after_s
         )
 
     @property
@@ -228,7 +229,8 @@ class EngineLoop:
         try:
             self.pipeline = self._pipeline_factory()
         except BaseException as error:  # a bad bundle or device must surface, not hang /health
-            logger.exception("loading the model failed")
+            # One line: the caller reports it; the traceback only with debug logging.
+            logger.error("loading the model failed: %s", error, exc_info=logger.isEnabledFor(logging.DEBUG))
             self.load_error = error
             self.ready.set()
             return

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from xpuspec.engine.request_stats import RequestStats
 from xpuspec.server.engine_loop import EngineSnapshot
@@ -84,6 +86,8 @@ class ServerMetrics:
             lambda: snapshot().kv_blocks_used / max(1, snapshot().kv_blocks_total),
         )
 
+        registry.register(_EngineFailures(snapshot))
+
     def _acceptance_rate(self) -> float:
         return self._accepted_total / self._drafted_total if self._drafted_total else 0.0
 
@@ -110,3 +114,30 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineFailures(Collector):
+    """Counters the engine loop keeps itself (in its snapshot), exposed at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        # Called at registration, before the loop exists: names only, no snapshot.
+        return self._families(EngineSnapshot())
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        return self._families(self._snapshot())
+
+    @staticmethod
+    def _families(snapshot: EngineSnapshot) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "xpuspec_engine_failures",
+            "Engine steps that failed as a whole (every request in them ended; the engine recovered)",
+            value=snapshot.engine_failures,
+        )
+        yield CounterMetricFamily(
+            "xpuspec_requests_failed",
+            "Engine requests (choices) ended by engine failures (requests ended by their own error count under finish_reason=\"error\")",
+            value=snapshot.requests_failed,
+        )

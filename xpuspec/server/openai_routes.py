@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
+from xpuspec.server import unsupported
+from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
 from xpuspec.server.engine_loop import NotAcceptingError, QueueFullError
 from xpuspec.server.errors import APIError
+from xpuspec.server.json_body import parse_json_object
 from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import ServerState, server_state
@@ -23,16 +25,11 @@ Body = TypeVar("Body", bound=BaseModel)
 CLIENT_CLOSED_REQUEST = 499
 
 
-def parse_body(schema: type[Body]) -> Body:
+def parse_body(schema: type[Body], checks: Mapping[str, unsupported.Check]) -> Body:
     raw = request.get_data(cache=False)  # raises 413 beyond MAX_CONTENT_LENGTH
-    if not raw.strip():
-        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    data = parse_json_object(raw)
+    unsupported.check_supported(data, checks)
+    unsupported.log_unknown(data, set(schema.model_fields))
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as error:
@@ -72,10 +69,12 @@ def _generate(
     kind: Kind, body: CompletionRequest | ChatCompletionRequest, prepared: PreparedRequest
 ) -> Response:
     state = server_state()
-    if len(prepared.choices) > state.config.max_choices:
+    # Bounds one request can never get past: a 400, since retrying (a 503) could never succeed.
+    limit = min(state.config.max_choices, state.loop.max_in_flight)
+    if len(prepared.choices) > limit:
         raise APIError(
             400,
-            f"{len(prepared.choices)} choices (prompts x n); at most {state.config.max_choices} per request",
+            f"{len(prepared.choices)} choices (prompts x n); this server runs at most {limit} per request",
             param="n",
             code="invalid_value",
         )
@@ -96,7 +95,9 @@ def _generate(
         num_prompt_tokens=prepared.num_prompt_tokens,
         num_choices=len(prepared.choices),
         client_disconnected=request.environ.get("waitress.client_disconnected"),
+        id=request_id(request.environ),
     )
+    request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
     state.response_opened()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -116,39 +117,37 @@ def _generate(
 
 @openai_api.post("/completions")
 def completions() -> Response:
-    body = parse_body(CompletionRequest)
+    body = parse_body(CompletionRequest, unsupported.COMPLETION)
     state = server_state()
-    check_model(body, state.config.served_model_name)
+    check_model(body, state.config.model_names)
     pipeline = ready_pipeline(state)
     return _generate("completion", body, prepare_completion(body, pipeline, pipeline.drafter))
 
 
 @openai_api.post("/chat/completions")
 def chat_completions() -> Response:
-    body = parse_body(ChatCompletionRequest)
+    body = parse_body(ChatCompletionRequest, unsupported.CHAT)
     state = server_state()
-    check_model(body, state.config.served_model_name)
+    check_model(body, state.config.model_names)
     pipeline = ready_pipeline(state)
     return _generate("chat", body, prepare_chat(body, pipeline, pipeline.drafter))
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {
-        "id": state.config.served_model_name,
-        "object": "model",
-        "created": state.started,
-        "owned_by": "xpuspec",
-    }
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": state.started, "owned_by": "xpuspec"}
 
 
 @openai_api.get("/models")
 def list_models() -> Response:
-    return jsonify({"object": "list", "data": [_model_card(server_state())]})
+    state = server_state()
+    return jsonify(
+        {"object": "list", "data": [_model_card(state, name) for name in state.config.model_names]}
+    )
 
 
 @openai_api.get("/models/<string:model>")
 def get_model(model: str) -> Response:
     state = server_state()
-    if model != state.config.served_model_name:
+    if model not in state.config.model_names:
         raise APIError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
-    return jsonify(_model_card(state))
+    return jsonify(_model_card(state, model))

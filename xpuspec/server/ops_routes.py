@@ -13,6 +13,7 @@ operations = Blueprint("operations", __name__)
 
 @operations.get("/health")
 def health() -> tuple[Response, int]:
+    """ok only while the engine loop is stepping; served on waitress's lane threads (http_server.py)."""
     loop = server_state().loop
     if loop.load_error is not None:
         return jsonify({"status": "failed"}), 503
@@ -20,6 +21,8 @@ def health() -> tuple[Response, int]:
         return jsonify({"status": "loading"}), 503
     if loop.draining:
         return jsonify({"status": "draining"}), 503
+    if not loop.stepping:
+        return jsonify({"status": "stalled"}), 503
     return jsonify({"status": "ok"}), 200
 
 
@@ -50,5 +53,7 @@ def engine_state() -> Response:
             "num_running": snapshot.num_running,
             "num_waiting": snapshot.num_waiting,
             "num_in_flight": loop.num_in_flight,
+            "engine_failures": snapshot.engine_failures,
+            "requests_failed": snapshot.requests_failed,
         }
     )

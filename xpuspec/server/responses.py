@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from xpuspec.server.engine_loop import ChoiceEvent, Generation
-from xpuspec.server.errors import APIError, error_body
+from xpuspec.server.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-# How often a waiting response looks whether its client is still there.
+# How often a waiting response looks whether its client is still there, whether or not tokens
+# arrive meanwhile: a client that left is noticed (and its KV freed) within this plus one step.
 DISCONNECT_POLL_S = 0.25
 
 Kind = Literal["completion", "chat"]
@@ -36,6 +37,7 @@ class ResponseContext:
     client_disconnected: Callable[[], bool] | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    num_completion_tokens: int = 0  # so far; read by the access log when the response closes
 
     @property
     def response_id(self) -> str:
@@ -51,28 +53,39 @@ class ResponseContext:
 
 def _events(generation: Generation, context: ResponseContext) -> Iterator[ChoiceEvent]:
     """Every event until all choices finished; raises ClientGone when the client has left."""
+    next_check = time.monotonic() + DISCONNECT_POLL_S
     while not generation.done:
         event = generation.next_event(timeout=DISCONNECT_POLL_S)
-        if event is None:
-            if context.client_disconnected is not None and context.client_disconnected():
+        if context.client_disconnected is not None and (event is None or time.monotonic() >= next_check):
+            next_check = time.monotonic() + DISCONNECT_POLL_S
+            if context.client_disconnected():
                 raise ClientGone
-            continue
-        yield event
+        if event is not None:
+            if event.finish_reason is not None:
+                context.num_completion_tokens += event.stats.num_output_tokens if event.stats else 0
+            yield event
+
+
+def failure(event: ChoiceEvent, num_choices: int) -> APIError:
+    """The error of a choice that failed: its own ("error" finish) or the engine's."""
+    assert event.error is not None
+    which = f"choice {event.index} failed: " if num_choices > 1 else ""
+    if event.finish_reason == "error":
+        return APIError(500, which + event.error, code="request_failed", error_type="server_error")
+    return APIError(500, which + event.error, code="engine_error", error_type="server_error")
 
 
 def collect(generation: Generation, context: ResponseContext) -> dict[str, Any]:
-    """Wait for every choice and build the non-streamed body."""
+    """Wait for every choice and build the non-streamed body; a failed choice fails the request (500)."""
     texts = [""] * context.num_choices
     reasons: list[str | None] = [None] * context.num_choices
-    num_tokens = 0
     try:
         for event in _events(generation, context):
             if event.error is not None:
-                raise APIError(500, event.error, code="engine_error", error_type="server_error")
+                raise failure(event, context.num_choices)
             texts[event.index] += event.text
             if event.finish_reason is not None:
                 reasons[event.index] = event.finish_reason
-                num_tokens += event.stats.num_output_tokens if event.stats else 0
     finally:
         generation.cancel()  # a no-op after a normal end
     if context.kind == "chat":
@@ -96,7 +109,7 @@ def collect(generation: Generation, context: ResponseContext) -> dict[str, Any]:
         "created": context.created,
         "model": context.model,
         "choices": choices,
-        "usage": context.usage(num_tokens),
+        "usage": context.usage(context.num_completion_tokens),
     }
 
 
@@ -135,20 +148,22 @@ def stream(generation: Generation, context: ResponseContext, include_usage: bool
         choice["finish_reason"] = finish_reason
         return sse({**base, "choices": [choice], **extra})
 
-    num_tokens = 0
     try:
         if chat:
             for index in range(context.num_choices):
                 yield chunk(index, "", None, role=True)
         for event in _events(generation, context):
             if event.error is not None:
-                yield sse(error_body(event.error, "server_error", None, "engine_error"))
+                # A choice's own failure closes it with finish_reason "error"; then the error frame
+                # (which the OpenAI client raises) ends the stream.
+                if event.finish_reason == "error":
+                    yield chunk(event.index, event.text or None, "error")
+                yield sse(failure(event, context.num_choices).body())
                 break
             if event.finish_reason is None:
                 if event.text:
                     yield chunk(event.index, event.text, None)
                 continue
-            num_tokens += event.stats.num_output_tokens if event.stats else 0
             if chat:
                 if event.text:
                     yield chunk(event.index, event.text, None)
@@ -157,7 +172,7 @@ def stream(generation: Generation, context: ResponseContext, include_usage: bool
                 yield chunk(event.index, event.text, event.finish_reason)
         else:
             if include_usage:
-                yield sse({**base, "choices": [], "usage": context.usage(num_tokens)})
+                yield sse({**base, "choices": [], "usage": context.usage(context.num_completion_tokens)})
         yield sse("[DONE]")
     except ClientGone:
         logger.info("client of %s disconnected; aborting", context.response_id)

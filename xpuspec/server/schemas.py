@@ -1,19 +1,25 @@
 """Request and response bodies of the API, validated with pydantic at the HTTP boundary only.
 
 Requests are validated strictly (``"5"`` is not a number, ``1`` is not a bool) so a wrong type is a
-400, not a silent coercion. Unknown fields are ignored, as OpenAI-compatible servers commonly do.
+400, not a silent coercion; numbers must be finite. OpenAI parameters the server does not implement
+are refused before these models see the body (``unsupported.py``); other unknown fields are ignored,
+as OpenAI-compatible servers commonly do.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16
+# Seeds are 64-bit: the engine's generator takes [0, 2**64).
+SEED_LIMIT = 2**64
+# Below this a temperature is not 0 but divides logits into overflow (1/1e-320 is inf): refused.
+MIN_TEMPERATURE = 1e-4
 
 NonEmptyString = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -28,8 +34,12 @@ def _check_encodable(text: str, what: str) -> str:
     return text
 
 
+# Every request model: strict types, finite numbers, unknown fields ignored.
+REQUEST_CONFIG = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = REQUEST_CONFIG
 
     include_usage: bool = False
 
@@ -37,12 +47,19 @@ class StreamOptions(BaseModel):
 class GenerationFields(BaseModel):
     """Fields both endpoints share; ``model`` is compared with the served name, never used as a path."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = REQUEST_CONFIG
 
-    model: str = Field(description="the served model name (GET /v1/models)")
-    temperature: float | None = Field(1.0, ge=0.0, le=2.0, description="0 is greedy")
+    model: str = Field(description="the served model name or one of its aliases (GET /v1/models)")
+    temperature: float | None = Field(
+        1.0, ge=0.0, le=2.0, description=f"0 is greedy; otherwise at least {MIN_TEMPERATURE}"
+    )
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, description="makes sampling repeatable; choice i uses seed + i")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="in [0, 2**64): makes sampling repeatable; choice i uses (seed + i) mod 2**64",
+    )
     stop: NonEmptyString | list[NonEmptyString] | None = Field(None, description="up to 16 stop strings")
     n: int | None = Field(1, ge=1, le=MAX_CHOICES, description="number of choices")
     stream: bool | None = False
@@ -56,6 +73,13 @@ class GenerationFields(BaseModel):
         None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
     )
     ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
+
+    @field_validator("temperature")
+    @classmethod
+    def _check_temperature(cls, temperature: float | None) -> float | None:
+        if temperature is not None and 0.0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return temperature
 
     @field_validator("stop")
     @classmethod
@@ -96,27 +120,72 @@ class CompletionRequest(GenerationFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = REQUEST_CONFIG
 
     type: Literal["text"]
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    model_config = REQUEST_CONFIG
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """A tool call an assistant made earlier in the conversation (history only: tools are not run)."""
+
+    model_config = REQUEST_CONFIG
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = REQUEST_CONFIG
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = Field(
+        description="null only in an assistant message with tool_calls"
+    )
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: calls made earlier")
+    tool_call_id: str | None = Field(None, description="tool messages: the call this answers")
 
     @field_validator("content")
     @classmethod
-    def _check_content(cls, content: str | list[TextPart]) -> str | list[TextPart]:
-        _check_encodable(content if isinstance(content, str) else "".join(p.text for p in content), "content")
+    def _check_content(cls, content: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        if content is not None:
+            text = content if isinstance(content, str) else "".join(p.text for p in content)
+            _check_encodable(text, "content")
         return content
+
+    @model_validator(mode="after")
+    def _content_or_tool_calls(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content may be null only in an assistant message with tool_calls")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def template_message(self) -> dict[str, Any]:
+        """The message as chat templates take it: content a string; tool fields kept when present."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -137,7 +206,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: None = None
-    finish_reason: Literal["stop", "length", "abort"] | None
+    finish_reason: Literal["stop", "length", "abort", "error"] | None
 
 
 class CompletionResponse(BaseModel):
@@ -158,7 +227,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: None = None
-    finish_reason: Literal["stop", "length", "abort"] | None
+    finish_reason: Literal["stop", "length", "abort", "error"] | None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -201,6 +270,8 @@ class EngineState(BaseModel):
     num_running: int
     num_waiting: int
     num_in_flight: int
+    engine_failures: int
+    requests_failed: int
 
 
 def first_error(error: ValidationError) -> tuple[str, str | None]:

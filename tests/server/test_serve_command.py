@@ -1,0 +1,203 @@
+"""`xpuspec serve` as a newcomer meets it: a taken port or a bad bundle is one line, readiness is one
+line printed only once requests succeed, every served name and alias works, one access line per request."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import F32
+from tests.server.conftest import NUM_KV_BLOCKS, REPO_ROOT, STARTUP_TIMEOUT_S, free_port
+from xpuspec.edge import templates
+
+READY = re.compile(r"^xpuspec serve: ready on (http://\S+) \(model: ([^;)]+)(?:; aliases: ([^)]*))?\)$")
+
+
+def serve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "xpuspec.cli", "serve", *args]
+
+
+def environment() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("XPUSPEC_API_KEY", None)
+    return env
+
+
+def run_to_exit(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        serve_command(*args),
+        cwd=REPO_ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_taken_port_is_one_line_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_to_exit("--port", str(port))
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "--port" in lines[0]
+    assert "Traceback" not in result.stderr and "terminate called" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("kind", ["missing folder", "not a bundle"])
+def test_a_bad_bundle_is_one_line_and_exit_2_without_a_ready_line(tmp_path: Path, kind: str) -> None:
+    bundle = tmp_path / "nothing-here"
+    if kind == "not a bundle":
+        bundle.mkdir()
+    result = run_to_exit("--bundle", str(bundle), "--port", str(free_port()))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bundle) in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert "ready" not in result.stdout and "listening" not in result.stdout + result.stderr
+
+
+class ServeProcess:
+    """A `serve` process whose stdout is read line by line (to catch the ready line the moment it comes)."""
+
+    def __init__(self, args: list[str], stderr_path: Path) -> None:
+        self._stderr = stderr_path.open("wb")
+        self.stderr_path = stderr_path
+        self.process = subprocess.Popen(
+            serve_command(*args),
+            cwd=REPO_ROOT,
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+        )
+        self.stdout_lines: list[str] = []
+
+    def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        assert self.process.stdout is not None
+        selector = selectors.DefaultSelector()
+        selector.register(self.process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=0.5):
+                continue
+            line = self.process.stdout.readline().decode()
+            if not line:
+                break  # the process ended
+            self.stdout_lines.append(line.rstrip("\n"))
+            match = pattern.match(line.rstrip("\n"))
+            if match:
+                return match
+        raise AssertionError(
+            f"no line matching {pattern.pattern}; stdout {self.stdout_lines}:\n{self.stderr()}"
+        )
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._stderr.close()
+        return self.process.returncode
+
+
+def test_ready_line_then_every_name_answers_at_once(pair_bundle: Path, tmp_path: Path) -> None:
+    properties = [arg for key, value in F32.items() for arg in ("--property", f"{key}={value}")]
+    port = free_port()
+    server = ServeProcess(
+        [
+            "--bundle",
+            str(pair_bundle),
+            "--port",
+            str(port),
+            "--num-kv-blocks",
+            str(NUM_KV_BLOCKS),
+            "--served-model-name",
+            "tiny-pair",
+            "--served-model-name",
+            "alias-one",
+            "--max-queue",
+            "4",
+            *properties,
+        ],  # fmt: skip
+        tmp_path / "stderr.log",
+    )
+    try:
+        ready = server.wait_for_line(READY, STARTUP_TIMEOUT_S)
+        # At once, no polling of /health: the ready line promises that requests succeed.
+        client = openai.OpenAI(base_url=f"{ready.group(1)}/v1", api_key="unused", max_retries=0, timeout=60)
+        for name in ("tiny-pair", "alias-one"):
+            completion = client.completions.create(model=name, prompt="hello", max_tokens=4, temperature=0)
+            assert completion.model == "tiny-pair"  # responses name the served model
+            assert completion.usage is not None and completion.usage.completion_tokens == 4
+        assert ready.group(1) == f"http://127.0.0.1:{port}"
+        assert (ready.group(2), ready.group(3)) == ("tiny-pair", "alias-one")
+        assert [model.id for model in client.models.list()] == ["tiny-pair", "alias-one"]
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=pair_bundle.name, prompt="hello", max_tokens=2)
+        # n=5 can never fit a queue of 4: a 400 (the official client would retry a 503).
+        with pytest.raises(openai.BadRequestError) as never:
+            client.completions.create(model="alias-one", prompt="hello", max_tokens=2, n=5)
+        assert never.value.body["param"] == "n"  # type: ignore[index]
+        assert (
+            client.completions.create(model="alias-one", prompt="hi", max_tokens=2, n=4).choices[3].index == 3
+        )
+        request_id = httpx.get(f"{ready.group(1)}/v1/models", timeout=10).headers["X-Request-Id"]
+    finally:
+        assert server.stop() == 0, server.stderr()[-3000:]
+    log = server.stderr()
+    # One access line per request: method, path, status, tokens, time, request id.
+    access = [line for line in log.splitlines() if " /v1/" in line]
+    assert len(access) == 7, log
+    assert re.search(r"POST /v1/completions 200 tokens=4 \d+\.\d{3}s id=[0-9a-f]{32}$", access[0]), access[0]
+    assert re.search(r"POST /v1/completions 404 tokens=- ", access[3]), access[3]
+    assert re.search(r"POST /v1/completions 400 tokens=- ", access[4]), access[4]
+    assert access[-1].endswith(f"id={request_id}")
+    assert "Traceback" not in log
+    assert server.stdout_lines == [ready.group(0)]  # nothing but the ready line on stdout
+
+
+def test_quiet_turns_the_access_log_off(pair_bundle: Path, tmp_path: Path) -> None:
+    server = ServeProcess(
+        ["--bundle", str(pair_bundle), "--port", str(free_port()), "--num-kv-blocks", "64", "--quiet"],
+        tmp_path / "stderr.log",
+    )
+    try:
+        ready = server.wait_for_line(READY, STARTUP_TIMEOUT_S)
+        assert ready.group(2) == pair_bundle.name  # the default name: the bundle folder's
+        for _ in range(3):
+            assert httpx.get(f"{ready.group(1)}/v1/models", timeout=10).status_code == 200
+    finally:
+        assert server.stop() == 0
+    assert "/v1/models" not in server.stderr()
+
+
+def test_the_edge_launcher_serves_the_name_verify_shows(tmp_path: Path) -> None:
+    # run.sh passes the bundle's name from edge.json (what `xpuspec verify` prints) as the served name.
+    (tmp_path / "edge.json").write_text('{"bundle": {"path": "bundle", "name": "b_mine"}}')
+    script = templates.render(templates.RUN_SH, wheel="x.whl")
+    model_line = next(line for line in script.splitlines() if line.startswith("model="))
+    assert '--served-model-name "$model"' in script
+    shell = f'python={sys.executable}\n{model_line}\necho "$model"\n'
+    result = subprocess.run(["sh", "-c", shell], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "b_mine"
+    assert "--served-model-name $model" in templates.render(templates.RUN_PS1, wheel="x.whl")
