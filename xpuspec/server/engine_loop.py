@@ -85,7 +85,7 @@ class EngineSnapshot:
     num_running: int = 0
     num_waiting: int = 0
     engine_failures: int = 0  # engine steps that failed as a whole (the engine recovered)
-    requests_failed: int = 0  # requests ended by those failures
+    requests_failed: int = 0  # choices ended with an error: their own or an engine failure
 
 
 class Generation:
@@ -162,6 +162,7 @@ class EngineLoop:
         # time.monotonic() of the loop's latest iteration (a step, or an idle wait of IDLE_WAIT_S).
         self.last_iteration = time.monotonic()
         self.stall_after_s = STEPPING_TIMEOUT_S
+        self._requests_failed = 0  # choices ended with finish_reason "error", whatever the cause
         self._thread = threading.Thread(target=self._run, name="xpuspec-engine-loop", daemon=True)
 
     # ------------------------------------------------------------ any thread
@@ -345,6 +346,7 @@ class EngineLoop:
         self._num_ended += 1
 
     def _publish(self) -> None:
+        self._requests_failed += sum(event.finish_reason == "error" for _, event in self._outbox)
         if self.pipeline is not None:
             self._update_snapshot()
         for generation, event in self._outbox:
@@ -366,5 +368,5 @@ class EngineLoop:
             num_running=engine.scheduler.num_running,
             num_waiting=engine.scheduler.num_waiting,
             engine_failures=engine.num_engine_failures,
-            requests_failed=engine.num_requests_failed,
+            requests_failed=self._requests_failed,
         )

@@ -138,6 +138,6 @@ class _EngineFailures(Collector):
         )
         yield CounterMetricFamily(
             "xpuspec_requests_failed",
-            "Engine requests (choices) ended by engine failures (requests ended by their own error count under finish_reason=\"error\")",
+            "Engine requests (choices) ended by an error: their own or an engine failure",
             value=snapshot.requests_failed,
         )
