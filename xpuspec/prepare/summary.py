@@ -15,6 +15,8 @@ def describe_compression(compression: dict[str, Any]) -> str:
         parts.append("channel-wise" if group_size == -1 else f"group {group_size}")
         parts.append(f"ratio {compression.get('ratio')}")
         parts += [name for name in ("awq", "scale_estimation") if compression.get(name)]
+        if compression.get("group_size_fallback") not in (None, "error"):
+            parts.append(f"fallback {compression['group_size_fallback']}")
     int4_count, int8_count = compression.get("int4_constants", 0), compression.get("int8_constants", 0)
     parts.append(f"({int4_count} int4 + {int8_count} int8 weight constants)")
     return " ".join(str(part) for part in parts)
