@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.register(subparsers)
     for subparser in subparsers.choices.values():
+        for action in subparser._actions:
+            # argparse prints no line at all for an option without help; give it its default.
+            if action.help is None and action.option_strings and not isinstance(action.default, bool):
+                action.help = "(default: none)" if action.default is None else "(default: %(default)s)"
         # Also accepted after the subcommand; SUPPRESS keeps the top-level value when absent.
         for flags, help_text in (
             (("-v", "--verbose"), "debug logging"),
