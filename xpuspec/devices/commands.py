@@ -228,7 +228,7 @@ def run_plan(args: argparse.Namespace) -> int:
         for device in devices:
             resolve_device(device, core, registry)
     except (ValueError, BundleError) as error:
-        print(f"xpuspec plan: error: {error}", file=sys.stderr)
+        print(f"xpuspec: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     candidates = candidate_placements(bundle, devices, config)
     print(
@@ -245,7 +245,7 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         best = best_measurement(measurements)
     except ValueError as error:
-        print(f"xpuspec plan: error: {error}", file=sys.stderr)
+        print(f"xpuspec: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     record = placement_record(best, measurements, config, list(core.available_devices))
     if args.json:

@@ -99,4 +99,8 @@ def run_bundle(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from xpuspec.edge.verify_edge import main
 
+    if not Path(args.archive).exists():
+        raise CommandError(
+            f"{args.archive}: no such file or folder; give an edge archive (.tar.gz) or its unpacked folder"
+        )
     return main([args.archive])

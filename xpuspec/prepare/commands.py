@@ -174,6 +174,11 @@ def run_prepare(args: argparse.Namespace) -> int:
     except ValueError as error:
         _error(str(error))
         return EXIT_USAGE
+    try:  # mistakes in the command line's paths are usage errors, found before anything is imported
+        _check_paths(config)
+    except PrepareError as error:
+        _error(_one_line(str(error)))
+        return EXIT_USAGE
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
     if getattr(args, "verbose", False):
@@ -200,6 +205,16 @@ def run_prepare(args: argparse.Namespace) -> int:
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
     )
     return 0
+
+
+def _check_paths(config: PrepareConfig) -> None:
+    from xpuspec.prepare.export import ModelSource
+    from xpuspec.prepare.writer import check_output_path
+
+    ModelSource.resolve(config.target, "target")
+    if config.draft is not None:
+        ModelSource.resolve(config.draft, "draft")
+    check_output_path(config.output.resolve(), config.overwrite)
 
 
 def _one_line(message: str) -> str:
