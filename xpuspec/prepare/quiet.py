@@ -43,9 +43,13 @@ def third_party_output_to(log_path: Path) -> Iterator[TextIO]:
     own_warnings.setLevel(logging.WARNING)
     own_warnings.setFormatter(logging.Formatter("xpuspec: warning: %(message)s"))
     logging.getLogger("xpuspec").addHandler(own_warnings)
+    # Python-level writers too: sys.stdout/sys.stderr may be objects that do not write to fds 1 and 2.
+    saved_streams = sys.stdout, sys.stderr
+    log_stream = os.fdopen(os.dup(log_fd), "w", buffering=1, encoding="utf-8", errors="replace")
     try:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
+        sys.stdout = sys.stderr = log_stream
         logging.captureWarnings(True)
         with warnings.catch_warnings():
             warnings.simplefilter("default")  # every warning once, into the log
@@ -54,6 +58,9 @@ def third_party_output_to(log_path: Path) -> Iterator[TextIO]:
         logging.getLogger("xpuspec").removeHandler(own_warnings)
         logging.captureWarnings(False)
         logging.getLogger("py.warnings").handlers[:] = previous_capture
+        log_stream.flush()
+        sys.stdout, sys.stderr = saved_streams
+        log_stream.close()
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved_out, 1)
