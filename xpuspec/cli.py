@@ -47,8 +47,9 @@ class CommandError(Exception):
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Keeps descriptions as written and appends ``(default: X)`` to every option with a default.
 
-    Options whose help already says its default, flags (off unless given) and ``None`` defaults
-    (whose help says what happens when the option is absent) are left as they are.
+    Options whose help already says its default, flags (off unless given) and required options are
+    left as they are; an option that is absent by default (``None``, or an empty list for a
+    repeatable one) says ``(default: none)``.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -56,14 +57,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "default" in help_text.lower()
-            or default is None
             or default is argparse.SUPPRESS
             or isinstance(default, bool)
-            or default == []
+            or action.required
             or not action.option_strings
+            or action.nargs == 0
         ):
             return help_text
-        return f"{help_text} (default: %(default)s)" if help_text else "(default: %(default)s)"
+        shown = "none" if default is None or default == [] else "%(default)s"
+        return f"{help_text} (default: {shown})" if help_text else f"(default: {shown})"
 
 
 class ArgumentParser(argparse.ArgumentParser):
