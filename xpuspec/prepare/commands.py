@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--group-size-fallback",
         choices=GROUP_SIZE_FALLBACKS,
         default="error",
-        help="int4 layers the group size does not divide: refuse before any work (error), leave them out of int4 "
-        "(ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
+        help="int4 layers the group size does not divide: refuse before any work (error), leave them "
+        "out of int4 (ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
     )
     symmetry = prepare.add_mutually_exclusive_group()
     symmetry.add_argument(
