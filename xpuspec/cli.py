@@ -131,7 +131,6 @@ def openvino_message(error: BaseException) -> str | None:
     if not isinstance(error, RuntimeError) or "Exception from src/" not in text:
         return None
     lines = [line.strip() for line in text.splitlines() if line.strip() and not _OPENVINO_FRAME.match(line)]
-    # Some messages end with a bracketed source line after the real one.
     return " ".join(lines).strip() or text.strip()
 
 
