@@ -35,6 +35,7 @@ FORMAT_VERSION = 1
 _HASH_CHUNK = 1 << 20
 CACHE_ENV = "XPUSPEC_CACHE"
 _STAMP_VERSION = 1
+_ANNOUNCE_HASHING_BYTES = 256 << 20
 
 
 class BundleError(Exception):
@@ -214,7 +215,15 @@ class ModelBundle:
         state = _VerifiedState(self.root, expected)
         if state.matches(stats):
             return
-        logger.debug("hashing the %d files of %s (first load or changed files)", len(expected), self.root)
+        total = sum(size for size, _ in stats.values())
+        # A large bundle takes seconds to hash: say why the first load pauses.
+        log = logger.info if total >= _ANNOUNCE_HASHING_BYTES else logger.debug
+        log(
+            "verifying %s: hashing %d files, %.1f GB (first load, or files changed)",
+            self.root,
+            len(stats),
+            total / 1e9,
+        )
         self._refuse_if_damaged(self.verify())
         state.remember(stats)
 
