@@ -9,7 +9,6 @@ import os
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -44,7 +43,6 @@ def wide_vocab_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_int4_group_size_of_the_draft_is_checked_before_any_export(
     draft_checkpoint: Path, odd_draft: Path, tmp_path: Path
 ) -> None:
-    started = time.monotonic()
     lines: list[str] = []
     config = PrepareConfig(
         target=str(draft_checkpoint),
@@ -59,7 +57,6 @@ def test_int4_group_size_of_the_draft_is_checked_before_any_export(
     assert "does not divide the draft's layer inputs (hidden_size 48" in message
     assert "--group-size 16" in message and "--group-size-fallback" in message
     assert not any("exporting" in line for line in lines)  # refused before the target's export
-    assert time.monotonic() - started < 60
     assert list(tmp_path.iterdir()) == []
 
 
@@ -152,14 +149,16 @@ def test_each_stage_prints_once_and_library_output_goes_to_the_log(
 
 
 @pytest.mark.slow
-def test_a_failing_stage_leaves_one_error_line(
-    odd_draft: Path, draft_checkpoint: Path, tmp_path: Path, capfd
+def test_the_command_refuses_from_config_json_before_loading_the_toolchain(
+    odd_draft: Path, draft_checkpoint: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    log = tmp_path / "log"
     argv = ["prepare", str(draft_checkpoint), "--draft", str(odd_draft), "-o", str(tmp_path / "b")]
-    argv += ["--weights", "int4", "--group-size", "32", "--log", str(tmp_path / "log")]
-    assert main(argv) == 1
+    argv += ["--weights", "int4", "--group-size", "32", "--log", str(log)]
+    assert main(argv) == 2  # the options do not fit the models: a usage error
     err = capfd.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("xpuspec: error: int4 group size 32"), err
+    assert not log.exists()  # refused before the conversion stage (and its log) began
 
 
 def test_auto_drafter_falls_back_to_ngrams_when_the_draft_cannot_draft(

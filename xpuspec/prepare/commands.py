@@ -179,6 +179,11 @@ def run_prepare(args: argparse.Namespace) -> int:
     except PrepareError as error:
         _error(_one_line(str(error)))
         return EXIT_USAGE
+    try:  # the options do not fit the models: a usage error, found before any work
+        _check_local_configs(config)
+    except PrepareError as error:
+        _error(_one_line(str(error)))
+        return EXIT_USAGE
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
     if getattr(args, "verbose", False):
@@ -215,6 +220,26 @@ def _check_paths(config: PrepareConfig) -> None:
     if config.draft is not None:
         ModelSource.resolve(config.draft, "draft")
     check_output_path(config.output.resolve(), config.overwrite)
+
+
+def _check_local_configs(config: PrepareConfig) -> None:
+    """Group sizes and vocabularies from local config.json files, before torch and optimum load
+    (seconds rather than the half minute their imports take); prepare_bundle checks again."""
+    from xpuspec.prepare.export import ModelSource
+    from xpuspec.prepare.validate import check_group_size, check_vocab_sizes, read_local_config
+
+    models = [("target", config.target, config.target_compression())]
+    if config.draft is not None:
+        models.append(("draft", config.draft, config.draft_compression()))
+    read = {}
+    for role, spec, compression in models:
+        source = ModelSource.resolve(spec, role)
+        facts = read_local_config(source.local_path) if source.local_path is not None else None
+        if facts is not None:
+            check_group_size(role, facts, compression)
+            read[role] = facts
+    if "target" in read and "draft" in read:
+        check_vocab_sizes(read["target"], read["draft"])
 
 
 def _one_line(message: str) -> str:

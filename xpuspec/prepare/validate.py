@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from xpuspec.prepare.config import PrepareError, WeightCompression
@@ -74,3 +77,18 @@ def check_vocab_sizes(target_config: Any, draft_config: Any) -> None:
             "engine cannot use it (not even with --force-pair); choose a draft that shares the target's "
             "tokenizer"
         )
+
+
+def read_local_config(folder: Path) -> Any | None:
+    """A checkpoint's config.json as attributes (its text_config for multimodal models), without
+    importing transformers; ``None`` when there is none to read."""
+    try:
+        facts = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(facts, dict):
+        return None
+    text = facts.get("text_config") if isinstance(facts.get("text_config"), dict) else facts
+    if not all(key in text for key in ("hidden_size", "num_attention_heads", "vocab_size")):
+        return None
+    return SimpleNamespace(**text)
