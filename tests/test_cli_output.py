@@ -119,3 +119,19 @@ def test_devices_with_a_bundle_torch_can_run(pair_bundle: Path, capsys: pytest.C
     assert main(["devices", "--bundle", str(pair_bundle)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert any(line.split()[:2] == ["TORCH", "yes"] for line in out)
+
+
+def test_a_bug_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exception type no user mistake raises is a bug in xpuspec: shown in full, exit 1."""
+    import xpuspec.prepare.commands as prepare_commands
+
+    def broken(args: argparse.Namespace) -> int:
+        raise KeyError("target")  # injected: a bug, not a user mistake
+
+    monkeypatch.setattr(prepare_commands, "run_inspect", broken)
+    assert main(["inspect"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "KeyError" in err
+    assert err.splitlines()[-1] == "xpuspec: error: KeyError: 'target' (a bug in xpuspec; please report it)"
