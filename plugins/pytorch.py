@@ -66,6 +66,14 @@ class TorchPlugin:
     def is_present(self, core: CoreLike) -> bool:
         return _import("torch") is not None
 
+    def cannot_run(self, model_dir: Path, facts: Mapping[str, Any]) -> str | None:
+        """Why this executor cannot run a bundle model (``None`` if it can): `xpuspec devices` says it."""
+        try:
+            checkpoint_dir(model_dir, facts)
+        except ValueError:
+            return "needs the Hugging Face checkpoint the bundle was prepared from, which is not on disk"
+        return None
+
     def capabilities(self, core: CoreLike, device: str | None = None) -> DeviceCapabilities:
         torch = _import("torch")
         ipex = _import("intel_extension_for_pytorch") if torch is not None else None

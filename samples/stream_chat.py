@@ -6,9 +6,19 @@
 import sys
 
 from xpuspec import Pipeline, SamplingParams
+from xpuspec.model_bundle import BundleError
 
 question = sys.argv[1] if len(sys.argv) > 1 else "Write a function that reverses a string."
-pipe = Pipeline(bundle=sys.argv[2] if len(sys.argv) > 2 else None)
+bundle = sys.argv[2] if len(sys.argv) > 2 else None
+try:
+    pipe = Pipeline(bundle=bundle)
+except (BundleError, ValueError) as error:
+    sys.exit(f"stream_chat.py: error: {error}")
+if pipe.chat_template is None:
+    sys.exit(
+        f"stream_chat.py: error: {pipe.bundle.root} has no chat template; "
+        "use samples/generate.py for plain-text prompts, or a bundle of a chat model"
+    )
 messages = [{"role": "user", "content": question}]
 for piece in pipe.stream(messages, SamplingParams(max_tokens=96, temperature=0.7, top_p=0.95, seed=0)):
     print(piece, end="", flush=True)

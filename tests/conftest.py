@@ -8,6 +8,17 @@ import pytest
 
 from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
 
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' own per-user cache (verified-bundle stamps, prepare logs), inherited by subprocesses."""
+    import os
+
+    path = tmp_path_factory.mktemp("xpuspec_cache") / "cache"
+    os.environ["XPUSPEC_CACHE"] = str(path)
+    return path
+
+
 # Exact comparisons need f32 compute and an f32 KV cache: this CPU defaults to bf16.
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 

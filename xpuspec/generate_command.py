@@ -55,12 +55,13 @@ def parse_properties(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"xpuspec generate: --property takes KEY=VALUE, got {item!r}")
+            raise ValueError(f"--property takes KEY=VALUE, got {item!r}; e.g. INFERENCE_PRECISION_HINT=f32")
         properties[key.strip()] = value.strip()
     return properties
 
 
 def run(args: argparse.Namespace) -> int:
+    from xpuspec.cli import CommandError
     from xpuspec.model_bundle import BundleError
     from xpuspec.pipeline import Pipeline
 
@@ -84,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
             properties=parse_properties(args.property) or None,
         )
     except (ValueError, BundleError) as error:
-        print(f"xpuspec generate: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(str(error).replace("\n", "; ")) from error
     request = [{"role": "user", "content": prompt}] if args.chat else prompt
     if args.json:
         result = pipe.generate([request], params)[0]

@@ -10,6 +10,11 @@ Layout::
 The target folder on its own loads with ``openvino_genai.LLMPipeline``.
 Every file except the manifest is listed in ``manifest["files"]`` with its SHA-256,
 so a changed, missing or extra file is found by name.
+
+Opening a bundle checks it: every load compares the files' sizes and modification times with the
+state last verified, and the first load of a bundle (or of changed files) hashes every file. The
+verified state is remembered per user (``XPUSPEC_CACHE`` or ``~/.cache/xpuspec``), keyed by the
+bundle's path, so a read-only bundle (the demo pair in site-packages) is hashed once per user too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,9 @@ logger = logging.getLogger(__name__)
 MANIFEST_NAME = "xpuspec.json"
 FORMAT_VERSION = 1
 _HASH_CHUNK = 1 << 20
+CACHE_ENV = "XPUSPEC_CACHE"
+_STAMP_VERSION = 1
+_ANNOUNCE_HASHING_BYTES = 256 << 20
 
 
 class BundleError(Exception):
@@ -65,6 +75,66 @@ class VerificationReport:
         lines += [f"extra (not in the manifest): {name}" for name in self.extra]
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """The same facts on one line: ``changed: a, b; missing: c``."""
+        parts = [
+            f"{label}: {', '.join(names)}"
+            for label, names in (
+                ("changed", self.changed),
+                ("missing", self.missing),
+                ("extra (not in the manifest)", self.extra),
+            )
+            if names
+        ]
+        return "; ".join(parts)
+
+
+def cache_dir() -> Path:
+    """Per-user cache folder: ``XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec`` or ``~/.cache/xpuspec``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "xpuspec"
+
+
+class _VerifiedState:
+    """What a successful hash check saw: the manifest's file list and each file's size and mtime.
+
+    While both are unchanged the files are taken as verified; any difference means hashing again.
+    """
+
+    def __init__(self, root: Path, files: dict[str, str]):
+        self.root = root
+        self.files_digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+        key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:32]
+        self.path = cache_dir() / "verified" / f"{key}.json"
+
+    def current(self, stats: dict[str, list[int]]) -> dict[str, Any]:
+        return {
+            "version": _STAMP_VERSION,
+            "root": str(self.root.resolve()),
+            "files_digest": self.files_digest,
+            "stats": stats,
+        }
+
+    def matches(self, stats: dict[str, list[int]]) -> bool:
+        try:
+            recorded = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return recorded == self.current(stats)
+
+    def remember(self, stats: dict[str, list[int]]) -> None:
+        """Write the stamp atomically; a cache that cannot be written only costs a re-hash next time."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".stamp-")
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                json.dump(self.current(stats), stream)
+            os.replace(temporary, self.path)
+        except OSError as error:
+            logger.debug("cannot remember that %s is verified (%s); hashing on every load", self.root, error)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -91,10 +161,13 @@ class ModelBundle:
         self.manifest = manifest
 
     @classmethod
-    def open(cls, path: str | Path | None = None, *, verify: bool = False) -> ModelBundle:
+    def open(cls, path: str | Path | None = None, *, verify: bool | None = None) -> ModelBundle:
         """Open a bundle folder; ``None`` opens the embedded demo pair.
 
-        With ``verify`` every file's hash is checked and a mismatch raises ``BundleError``.
+        ``verify=None`` (the default) checks every file's presence, size and mtime against the state
+        last verified, and hashes every file when they differ or on a bundle's first load;
+        ``True`` hashes every file now; ``False`` only reads the manifest (``xpuspec inspect``
+        reports on damage itself). A damaged bundle raises ``BundleError`` naming the files.
         """
         if path is None:
             from xpuspec.demo import demo_bundle_path
@@ -118,11 +191,48 @@ class ModelBundle:
                 "prepare the bundle again with this version"
             )
         bundle = cls(root, manifest)
-        if verify:
-            report = bundle.verify()
-            if not report.ok:
-                raise BundleError(f"{root}: bundle failed verification\n{report.describe()}")
+        if verify is None:
+            bundle.check()
+        elif verify:
+            bundle._refuse_if_damaged(bundle.verify())
         return bundle
+
+    def check(self) -> None:
+        """Sizes and mtimes against the last verified state; hash everything if they differ."""
+        expected: dict[str, str] = self.manifest.get("files", {})
+        stats: dict[str, list[int]] = {}
+        for path in sorted(self.root.rglob("*")):
+            name = path.relative_to(self.root).as_posix()
+            if name != MANIFEST_NAME and path.is_file():
+                stat = path.stat()
+                stats[name] = [stat.st_size, stat.st_mtime_ns]
+        self._refuse_if_damaged(
+            VerificationReport(
+                missing=sorted(n for n in expected if n not in stats),
+                extra=sorted(n for n in stats if n not in expected),
+            )
+        )
+        state = _VerifiedState(self.root, expected)
+        if state.matches(stats):
+            return
+        total = sum(size for size, _ in stats.values())
+        # A large bundle takes seconds to hash: say why the first load pauses.
+        log = logger.info if total >= _ANNOUNCE_HASHING_BYTES else logger.debug
+        log(
+            "verifying %s: hashing %d files, %.1f GB (first load, or files changed)",
+            self.root,
+            len(stats),
+            total / 1e9,
+        )
+        self._refuse_if_damaged(self.verify())
+        state.remember(stats)
+
+    def _refuse_if_damaged(self, report: VerificationReport) -> None:
+        if not report.ok:
+            raise BundleError(
+                f"{self.root}: the bundle is damaged ({report.summary()}); prepare it again "
+                f"(`xpuspec inspect {self.root}` lists every file)"
+            )
 
     def verify(self) -> VerificationReport:
         expected: dict[str, str] = self.manifest.get("files", {})

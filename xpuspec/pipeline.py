@@ -84,6 +84,14 @@ class Pipeline:
             raise ValueError(f"{self.bundle.root} has no draft model; use drafter='ngram' or 'none'")
         if drafter == "auto":
             drafter = "draft" if self.bundle.draft is not None else "ngram"
+            if drafter == "draft" and self.bundle.draft.vocab_size > self.bundle.target.vocab_size:  # type: ignore[union-attr]
+                logger.warning(
+                    "the draft's vocabulary (%d) is larger than the target's (%d), so it cannot draft; "
+                    "drafting with n-grams instead",
+                    self.bundle.draft.vocab_size,  # type: ignore[union-attr]
+                    self.bundle.target.vocab_size,
+                )
+                drafter = "ngram"
         self.drafter = drafter
         self.target_device = resolve_device(self.placement.target_device, core, registry)
         self.draft_device = (

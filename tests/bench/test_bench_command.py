@@ -130,7 +130,7 @@ def test_markdown_has_a_row_for_every_configuration(bench_out: Path, report: dic
 def test_plots_are_png_files(bench_out: Path, report: dict[str, Any]) -> None:
     pytest.importorskip("matplotlib")
     assert set(report["plots"]) == {
-        "speedup_vs_draft_length",
+        "tokens_per_s_vs_draft_length",
         "throughput_vs_concurrency",
         "acceptance_per_position",
     }

@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.prepare import PairingError, PrepareConfig, prepare_bundle
+from xpuspec.prepare.config import PrepareError
 from xpuspec.prepare.pairing import check_pair
 
 
@@ -56,9 +57,25 @@ def test_special_token_mismatch_is_named(draft_checkpoint: Path) -> None:
 def test_prepare_refuses_a_mismatched_pair_unless_forced(
     target_irs: dict[str, Path], mismatched_draft_checkpoint: Path, tmp_path: Path
 ) -> None:
+    # The mismatched checkpoint has more token ids than the llama target: as its draft the engine could
+    # not run it, so prepare refuses with or without --force-pair (and does not suggest forcing).
+    for force_pair in (False, True):
+        too_wide = PrepareConfig(
+            target=str(target_irs["llama"]),
+            draft=str(mismatched_draft_checkpoint),
+            output=tmp_path / "bundle",
+            weights="fp16",
+            force_pair=force_pair,
+        )
+        with pytest.raises(PrepareError, match="is larger than the target's") as raised:
+            prepare_bundle(too_wide)
+        assert "not even with --force-pair" in str(raised.value)
+        assert list(tmp_path.iterdir()) == []
+
+    # The other way round the draft fits: a tokenizer mismatch, refused unless forced.
     config = PrepareConfig(
-        target=str(target_irs["llama"]),
-        draft=str(mismatched_draft_checkpoint),
+        target=str(mismatched_draft_checkpoint),
+        draft=str(target_irs["llama"]),
         output=tmp_path / "bundle",
         weights="fp16",
     )
@@ -66,10 +83,10 @@ def test_prepare_refuses_a_mismatched_pair_unless_forced(
         prepare_bundle(config)
     assert list(tmp_path.iterdir()) == []
 
-    # Forced: the draft is exported from its HF checkpoint in-process (the export path of prepare).
+    # Forced: the target is exported from its HF checkpoint in-process (the export path of prepare).
     forced = PrepareConfig(
-        target=str(target_irs["llama"]),
-        draft=str(mismatched_draft_checkpoint),
+        target=str(mismatched_draft_checkpoint),
+        draft=str(target_irs["llama"]),
         output=tmp_path / "bundle",
         weights="fp16",
         force_pair=True,
@@ -78,6 +95,12 @@ def test_prepare_refuses_a_mismatched_pair_unless_forced(
     pairing = bundle.manifest["pairing"]
     assert pairing["checked"] and pairing["forced"]
     assert "vocabularies differ" in pairing["mismatch"]
-    assert bundle.draft is not None and bundle.draft.facts["source"] == str(
-        mismatched_draft_checkpoint.resolve()
-    )
+    assert bundle.target.facts["source"] == str(mismatched_draft_checkpoint.resolve())
+    # --force-pair writes only bundles that run: the draft drafts (its proposals are merely poor)
+    from xpuspec import Pipeline, SamplingParams
+
+    pipe = Pipeline(bundle.root, drafter="draft")
+    result = pipe.generate(
+        "def add(a, b):", SamplingParams(max_tokens=6, temperature=0.0, num_draft_tokens=2)
+    )[0]
+    assert len(result.token_ids) == 6 and result.stats["drafted"] > 0

@@ -1,9 +1,9 @@
 """`xpuspec bench`: xpuspec beside its peers on the same models and prompts, with a report and plots.
 
-Modes: ``latency`` (batch 1: target-only and speculative at each draft length and adaptive, beside
+Modes: latency (batch 1: target-only and speculative at each draft length and adaptive, beside
 OpenVINO GenAI's LLMPipeline, transformers' assisted generation and llama.cpp where available),
-``load`` (a concurrency sweep against a real ``xpuspec serve``, beside GenAI's continuous batching),
-``all`` (both). Writes report.json, report.md and PNG plots into --out.
+load (a concurrency sweep against a real `xpuspec serve`, beside GenAI's continuous batching),
+all (both). Writes report.json, report.md and PNG plots into --out.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from xpuspec.bench.config import QUICK, BenchConfig
 from xpuspec.bench.environment import environment
 from xpuspec.bench.report import write_report
 from xpuspec.bench.workloads import encode_prompts, load_workload
+from xpuspec.cli import CommandError
 
 logger = logging.getLogger(__name__)
 
@@ -34,27 +35,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench",
         help="benchmark against OpenVINO GenAI, transformers and llama.cpp; write a report with plots",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    defaults = BenchConfig(out=Path("bench-report"))
+
+    def default(name: str) -> str:
+        value = getattr(defaults, name)
+        full = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        quick = QUICK.get(name)
+        quick_text = ",".join(map(str, quick)) if isinstance(quick, tuple) else quick
+        return f"(default: {full}; with --quick {quick_text})"
+
     parser.add_argument(
         "--bundle", type=Path, default=None, help="a prepared bundle (default: the demo pair)"
     )
     parser.add_argument(
-        "--workload", default="code", help="code | chat | FILE.jsonl ('prompt' or 'messages')"
+        "--workload", default="code", help="code, chat, or FILE.jsonl with 'prompt' or 'messages' per line"
     )
     parser.add_argument("--mode", choices=["latency", "load", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="a short run (about a minute on the demo pair)")
     parser.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder")
-    parser.add_argument("--draft-lengths", type=_integers, default=None, help="fixed γ values, e.g. 1,2,4,6")
-    parser.add_argument("--concurrency", type=_integers, default=None, help="client counts, e.g. 1,2,4,8,16")
-    parser.add_argument("--prompts", type=int, default=None, help="number of prompts")
-    parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per request")
-    parser.add_argument("--rounds", type=int, default=None, help="batch-1 rounds (best kept)")
     parser.add_argument(
-        "--hf-target", type=Path, default=None, help="HF checkpoint of the target (transformers)"
+        "--draft-lengths",
+        type=_integers,
+        default=None,
+        help=f"fixed draft lengths {default('draft_lengths')}",
     )
     parser.add_argument(
-        "--hf-draft", type=Path, default=None, help="HF checkpoint of the draft (transformers)"
+        "--concurrency", type=_integers, default=None, help=f"client counts {default('concurrency')}"
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=None, help=f"number of prompts {default('num_prompts')}"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help=f"new tokens per request {default('max_tokens')}"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help=f"batch-1 rounds, best kept {default('rounds')}"
+    )
+    parser.add_argument(
+        "--hf-target",
+        type=Path,
+        default=None,
+        help="HF checkpoint of the target, to add transformers as a peer (default: none, no transformers)",
+    )
+    parser.add_argument(
+        "--hf-draft", type=Path, default=None, help="HF checkpoint of the draft (default: none)"
     )
     parser.add_argument("--f32", action="store_true", help="f32 compute and KV cache (default: CPU defaults)")
     parser.set_defaults(func=run)
@@ -86,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as error:
-        print(f"xpuspec bench: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(f"{error}; see `xpuspec bench --help`") from error
+    from xpuspec.model_bundle import ModelBundle
+
+    ModelBundle.open(config.bundle)  # a missing or damaged bundle fails here, in one line
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
     report = run_bench(config)
     json_path, markdown_path = write_report(report, config.out)

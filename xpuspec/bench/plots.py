@@ -1,4 +1,9 @@
-"""PNG plots of a report. matplotlib is imported here only (the `bench` extra), on the Agg backend."""
+"""PNG plots of a report. matplotlib is imported here only (the `bench` extra), on the Agg backend.
+
+Every plot shows absolute figures (speed-ups stay in report.md's tables, where each is next to the
+baseline it divides by), puts its legend outside the data, and has x ticks only at measured points,
+labelled as plain numbers.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-PLOTS = ("speedup_vs_draft_length", "throughput_vs_concurrency", "acceptance_per_position")
+PLOTS = ("tokens_per_s_vs_draft_length", "throughput_vs_concurrency", "acceptance_per_position")
+TARGET_ONLY_X = 0  # the target-only run sits at γ = 0 on the draft-length axis
 
 
 def _pyplot() -> Any:
@@ -21,22 +27,40 @@ def _pyplot() -> Any:
     return pyplot
 
 
-def _speedup_vs_draft_length(pyplot: Any, latency: dict[str, Any], path: Path) -> None:
-    figure, axes = pyplot.subplots(figsize=(6, 4))
-    rows = [r for r in latency["configurations"] if r["status"] == "ok"]
+def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _measured_ticks(axes: Any, positions: list[int], labels: dict[int, str] | None = None) -> None:
+    """Ticks only where something was measured, labelled as plain numbers (never 2^0)."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
+
+    ticks = sorted(set(positions))
+    axes.xaxis.set_major_locator(FixedLocator(ticks))
+    axes.xaxis.set_major_formatter(FixedFormatter([(labels or {}).get(t, str(t)) for t in ticks]))
+    axes.xaxis.set_minor_locator(NullLocator())
+
+
+def tokens_per_s_vs_draft_length(pyplot: Any, latency: dict[str, Any]) -> Any:
+    """Absolute tokens/s of every engine against γ on one axis: target-only at γ = 0."""
+    figure, axes = pyplot.subplots(figsize=(7.5, 4))
+    rows = _ok(latency["configurations"])
+    positions: list[int] = []
     for engine in dict.fromkeys(r["engine"] for r in rows):
-        fixed = sorted(
-            (r["draft_length"], r["speedup"])
-            for r in rows
-            if r["engine"] == engine and isinstance(r["draft_length"], int) and r.get("speedup")
+        mine = [r for r in rows if r["engine"] == engine and r.get("tokens_per_s")]
+        baseline = next((r["tokens_per_s"] for r in mine if r["draft_length"] is None), None)
+        points = sorted(
+            ([(TARGET_ONLY_X, baseline)] if baseline else [])
+            + [(r["draft_length"], r["tokens_per_s"]) for r in mine if isinstance(r["draft_length"], int)]
         )
-        if not fixed:
+        if not points:
             continue
-        (line,) = axes.plot(*zip(*fixed, strict=True), marker="o", label=f"{engine} measured")
+        positions += [x for x, _ in points]
+        (line,) = axes.plot(*zip(*points, strict=True), marker="o", label=f"{engine} measured")
         predicted = sorted(
-            (r["draft_length"], r["predicted_speedup"])
-            for r in rows
-            if r["engine"] == engine and isinstance(r["draft_length"], int) and r.get("predicted_speedup")
+            (r["draft_length"], r["predicted_speedup"] * baseline)
+            for r in mine
+            if isinstance(r["draft_length"], int) and r.get("predicted_speedup") and baseline
         )
         if predicted:
             axes.plot(
@@ -46,45 +70,114 @@ def _speedup_vs_draft_length(pyplot: Any, latency: dict[str, Any], path: Path) -
                 color=line.get_color(),
                 label=f"{engine} predicted (Leviathan et al.)",
             )
-        adaptive = [r["speedup"] for r in rows if r["engine"] == engine and r["draft_length"] == "adaptive"]
-        if adaptive and adaptive[0]:
+        adaptive = [r["tokens_per_s"] for r in mine if r["draft_length"] == "adaptive"]
+        if adaptive:
             axes.axhline(adaptive[0], linestyle=":", color=line.get_color(), label=f"{engine} adaptive γ")
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    axes.xaxis.get_major_locator().set_params(integer=True)
+    _measured_ticks(axes, positions, {TARGET_ONLY_X: "0\n(target only)"})
+    axes.set_ylim(bottom=0)
     axes.set_xlabel("draft length γ")
-    axes.set_ylabel("speed-up over target-only (batch 1)")
-    _save(pyplot, figure, axes, path)
+    axes.set_ylabel("output tokens/s (batch 1)")
+    axes.set_title("Batch-1 speed by draft length")
+    return figure
 
 
-def _throughput_vs_concurrency(pyplot: Any, load: dict[str, Any], path: Path) -> None:
-    figure, axes = pyplot.subplots(figsize=(6, 4))
-    for row in load["configurations"]:
-        if row["status"] == "ok":
-            levels = row["levels"]
-            axes.plot(
-                [lv["concurrency"] for lv in levels],
-                [lv["tokens_per_s"] for lv in levels],
-                marker="o",
-                label=row["name"],
-            )
-    axes.set_xscale("log", base=2)
+def throughput_vs_concurrency(pyplot: Any, load: dict[str, Any]) -> Any:
+    figure, axes = pyplot.subplots(figsize=(7.5, 4))
+    positions: list[int] = []
+    for row in _ok(load["configurations"]):
+        levels = row["levels"]
+        positions += [lv["concurrency"] for lv in levels]
+        axes.plot(
+            [lv["concurrency"] for lv in levels],
+            [lv["tokens_per_s"] for lv in levels],
+            marker="o",
+            label=row["name"],
+        )
+    axes.set_xscale("log", base=2)  # levels double; plain labels set below
+    _measured_ticks(axes, positions)
+    axes.set_ylim(bottom=0)
     axes.set_xlabel("concurrent requests")
     axes.set_ylabel("output tokens/s")
-    _save(pyplot, figure, axes, path)
+    axes.set_title("Throughput under load")
+    return figure
 
 
-def _acceptance_per_position(pyplot: Any, latency: dict[str, Any], path: Path) -> None:
-    figure, axes = pyplot.subplots(figsize=(6, 4))
-    for row in latency["configurations"]:
+# (offset in points, (horizontal, vertical) alignment) of a point's "n=" label, per series in turn.
+_COUNT_PLACES = (((0, 5), ("center", "bottom")), ((0, -6), ("center", "top")), ((6, 0), ("left", "center")))
+
+
+def acceptance_per_position(pyplot: Any, latency: dict[str, Any]) -> Any:
+    """Share of drafts accepted at each draft position, each point labelled with its sample count."""
+    figure, axes = pyplot.subplots(figsize=(7.5, 4))
+    positions: list[int] = []
+    for row in _ok(latency["configurations"]):
         values = row.get("acceptance_per_position") or []
-        points = [(i + 1, v) for i, v in enumerate(values) if v is not None]
-        if row["status"] == "ok" and points:
-            axes.plot(*zip(*points, strict=True), marker="o", label=row["name"])
-    axes.xaxis.get_major_locator().set_params(integer=True)
+        counts = row.get("drafted_per_position") or []
+        points = [
+            (i + 1, value, counts[i] if i < len(counts) else None)
+            for i, value in enumerate(values)
+            if value is not None
+        ]
+        if not points:
+            continue
+        positions += [x for x, _, _ in points]
+        (line,) = axes.plot(
+            [x for x, _, _ in points], [y for _, y, _ in points], marker="o", label=row["name"]
+        )
+        # Series take turns above, below and right of their points, so close points stay legible.
+        offset, align = _COUNT_PLACES[(len(axes.get_lines()) - 1) % len(_COUNT_PLACES)]
+        for x, y, count in points:
+            if count is not None:
+                axes.annotate(
+                    f"n={count}",
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=offset,
+                    ha=align[0],
+                    va=align[1],
+                    fontsize="x-small",
+                    color=line.get_color(),
+                    bbox={
+                        "boxstyle": "square,pad=0.1",
+                        "facecolor": "white",
+                        "edgecolor": "none",
+                        "alpha": 0.8,
+                    },
+                )
+    _measured_ticks(axes, positions)
     axes.set_xlabel("draft position")
     axes.set_ylabel("fraction of drafts accepted")
-    axes.set_ylim(0, 1.05)
-    _save(pyplot, figure, axes, path)
+    axes.set_ylim(0, 1.12)
+    axes.set_title("Acceptance by draft position (n = drafts proposed there)")
+    return figure
+
+
+DRAWERS = {
+    "tokens_per_s_vs_draft_length": ("latency", tokens_per_s_vs_draft_length),
+    "acceptance_per_position": ("latency", acceptance_per_position),
+    "throughput_vs_concurrency": ("load", throughput_vs_concurrency),
+}
+
+
+def draw_figures(report: dict[str, Any], pyplot: Any | None = None) -> dict[str, Any]:
+    """Every figure the report has data for, legends placed, not saved: ``{plot: Figure}``."""
+    pyplot = pyplot or _pyplot()
+    figures = {}
+    for name in PLOTS:
+        section, draw = DRAWERS[name]
+        if section in report:
+            figure = draw(pyplot, report[section])
+            place_legend(figure)
+            figures[name] = figure
+    return figures
+
+
+def place_legend(figure: Any) -> None:
+    """The legend to the right of the axes, outside the data."""
+    axes = figure.axes[0]
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
+    figure.tight_layout()
 
 
 def write_plots(report: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
@@ -93,24 +186,15 @@ def write_plots(report: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
         reason = "matplotlib is not installed (pip install 'xpuspec[bench]')"
         return {name: {"reason": reason} for name in PLOTS}
     pyplot = _pyplot()
-    drawers = {
-        "speedup_vs_draft_length": ("latency", _speedup_vs_draft_length),
-        "acceptance_per_position": ("latency", _acceptance_per_position),
-        "throughput_vs_concurrency": ("load", _throughput_vs_concurrency),
-    }
+    figures = draw_figures(report, pyplot)
     plots: dict[str, dict[str, str]] = {}
     for name in PLOTS:
-        section, draw = drawers[name]
-        if section not in report:
+        figure = figures.get(name)
+        if figure is None:
+            section = DRAWERS[name][0]
             plots[name] = {"reason": f"mode {report['settings']['mode']} has no {section} figures"}
             continue
-        draw(pyplot, report[section], out / f"{name}.png")
+        figure.savefig(out / f"{name}.png", dpi=100, bbox_inches="tight")  # keeps the outside legend
+        pyplot.close(figure)
         plots[name] = {"file": f"{name}.png"}
     return plots
-
-
-def _save(pyplot: Any, figure: Any, axes: Any, path: Path) -> None:
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)

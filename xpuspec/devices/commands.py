@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -21,6 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "known devices that are absent here.",
     )
     devices.add_argument("--json", action="store_true", help="print the list as JSON")
+    devices.add_argument(
+        "--bundle",
+        default=None,
+        help="list the executors that can run this bundle (default: the embedded demo pair)",
+    )
     devices.set_defaults(func=run_devices)
 
     plan = subparsers.add_parser(
@@ -78,20 +85,63 @@ def _format_memory(memory_bytes: int | None) -> str:
     return f"{memory_bytes / 2**30:.1f} GiB" if memory_bytes else "-"
 
 
+def system_memory_bytes() -> int | None:
+    """Physical memory of this machine: what host executors (CPU, TORCH) allocate from."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def with_host_memory(capabilities: DeviceCapabilities) -> DeviceCapabilities:
+    """The CPU plugin reports no memory size; host executors use the machine's memory."""
+    host = capabilities.device.split(".")[0].upper() in ("CPU", "TORCH")
+    if capabilities.memory_bytes or not capabilities.present or not host:
+        return capabilities
+    return dataclasses.replace(capabilities, memory_bytes=system_memory_bytes())
+
+
+def cannot_run_reason(registry: PluginRegistry, device: str, bundle: Any) -> str | None:
+    """Why the executor of ``device`` cannot run ``bundle`` (plugins may define ``cannot_run``)."""
+    plugin = registry.plugin_for(device)
+    check = getattr(plugin, "cannot_run", None)
+    if check is None:
+        return None
+    for info in (bundle.target, bundle.draft):
+        if info is not None and (reason := check(info.path, info.facts)):
+            return reason
+    return None
+
+
 def run_devices(args: argparse.Namespace) -> int:
     import openvino as ov
 
     from xpuspec.devices.placement import openvino_version
     from xpuspec.devices.registry import default_registry
+    from xpuspec.model_bundle import ModelBundle
 
-    report = device_report(ov.Core(), default_registry())
+    bundle = ModelBundle.open(args.bundle)
+    registry = default_registry()
+    report = [with_host_memory(c) for c in device_report(ov.Core(), registry)]
+    reasons = {c.device: cannot_run_reason(registry, c.device, bundle) if c.present else None for c in report}
     if args.json:
+        entries = [
+            {
+                **c.as_dict(),
+                "runs_bundle": c.present and reasons[c.device] is None,
+                "cannot_run": reasons[c.device],
+            }
+            for c in report
+        ]
         print(
             json.dumps(
-                {"openvino_version": openvino_version(), "devices": [c.as_dict() for c in report]}, indent=2
+                {"openvino_version": openvino_version(), "bundle": str(bundle.root), "devices": entries},
+                indent=2,
             )
         )
         return 0
+    unusable = [c for c in report if reasons[c.device]]
+    report = [c for c in report if not reasons[c.device]]
     header = (
         "DEVICE",
         "PRESENT",
@@ -120,6 +170,10 @@ def run_devices(args: argparse.Namespace) -> int:
         for c in report
     ]
     _print_table(header, rows)
+    for capabilities in unusable:
+        print(
+            f"{capabilities.device} is present but cannot run {bundle.root}: {reasons[capabilities.device]}"
+        )
     return 0
 
 
@@ -174,7 +228,7 @@ def run_plan(args: argparse.Namespace) -> int:
         for device in devices:
             resolve_device(device, core, registry)
     except (ValueError, BundleError) as error:
-        print(f"xpuspec plan: error: {error}", file=sys.stderr)
+        print(f"xpuspec: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     candidates = candidate_placements(bundle, devices, config)
     print(
@@ -191,7 +245,7 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         best = best_measurement(measurements)
     except ValueError as error:
-        print(f"xpuspec plan: error: {error}", file=sys.stderr)
+        print(f"xpuspec: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     record = placement_record(best, measurements, config, list(core.available_devices))
     if args.json:

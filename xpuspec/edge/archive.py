@@ -61,10 +61,13 @@ class EdgeConfig:
     python_version: str | None = None
     root_name: str = DEFAULT_ROOT_NAME
     xpuspec_wheel: Path | None = None  # a prebuilt wheel instead of building one from the checkout
+    overwrite: bool = False  # replace an existing archive (like `xpuspec prepare --overwrite`)
 
     def __post_init__(self) -> None:
         if not str(self.output).endswith((".tar.gz", ".tgz")):
             raise ValueError(f"the output must end in .tar.gz or .tgz, got {self.output}")
+        if Path(self.output).exists() and not self.overwrite:
+            raise ValueError(f"{self.output} already exists; pass --overwrite to replace it")
         if (self.platforms or self.python_version) and not self.include_wheels:
             raise ValueError("--platform and --python-version choose the wheelhouse: add --wheels")
         group_targets(self.platforms)  # raises on an unknown tag

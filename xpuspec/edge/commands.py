@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
+
+from xpuspec.cli import EXIT_FAILED, EXIT_USAGE, CommandError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bundle.add_argument(
         "bundle", nargs="?", default=None, help="a prepared bundle folder (default: the demo pair)"
     )
-    bundle.add_argument("-o", "--output", type=Path, default=Path("edge.tar.gz"), help="default edge.tar.gz")
+    bundle.add_argument("-o", "--output", type=Path, default=Path("edge.tar.gz"), help="the archive to write")
     bundle.add_argument(
         "--wheels",
         action="store_true",
@@ -36,10 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bundle.add_argument(
         "--python-version", default=None, help="the target's Python, e.g. 3.11 (default: this one)"
     )
+    bundle.add_argument("--name", default="xpuspec-edge", help="the archive's top-level folder")
     bundle.add_argument(
-        "--name", default="xpuspec-edge", help="the archive's top-level folder (default xpuspec-edge)"
+        "--xpuspec-wheel",
+        type=Path,
+        default=None,
+        help="a prebuilt xpuspec wheel to ship (default: build one from this installation)",
     )
-    bundle.add_argument("--xpuspec-wheel", type=Path, default=None, help="a prebuilt xpuspec wheel to ship")
+    bundle.add_argument("--overwrite", action="store_true", help="replace an existing archive")
     bundle.set_defaults(func=run_bundle)
 
     verify = subparsers.add_parser(
@@ -66,16 +71,17 @@ def run_bundle(args: argparse.Namespace) -> int:
             python_version=args.python_version,
             root_name=args.name,
             xpuspec_wheel=args.xpuspec_wheel,
+            overwrite=args.overwrite,
         )
     except ValueError as error:
-        print(f"xpuspec bundle: {error}", file=sys.stderr)
-        return 2
+        raise CommandError(str(error), EXIT_USAGE) from error
     started = time.monotonic()
     try:
         manifest = build_edge_archive(config)
-    except (BundleError, PackagingError, ValueError) as error:
-        print(f"xpuspec bundle: {error}", file=sys.stderr)
-        return 1
+    except BundleError:
+        raise  # the bundle is the command's input: one line, exit 2
+    except (PackagingError, ValueError) as error:
+        raise CommandError(" ".join(str(error).split("\n")), EXIT_FAILED) from error
     size = config.output.stat().st_size
     wheelhouse = manifest.get("wheelhouse")
     print(
@@ -93,4 +99,8 @@ def run_bundle(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from xpuspec.edge.verify_edge import main
 
+    if not Path(args.archive).exists():
+        raise CommandError(
+            f"{args.archive}: no such file or folder; give an edge archive (.tar.gz) or its unpacked folder"
+        )
     return main([args.archive])

@@ -208,7 +208,8 @@ class LLMEngine:
         if len(prompt_token_ids) + params.max_tokens > self.config.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {params.max_tokens}: "
-                f"together more than the context of {self.config.max_model_len} tokens"
+                f"together more than the context of {self.config.max_model_len} tokens; "
+                "shorten the prompt or lower max_tokens"
             )
         sequence = Sequence(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
         state = _RequestState(

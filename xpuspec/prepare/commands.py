@@ -13,8 +13,14 @@ from types import FrameType
 
 from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
 from xpuspec.model_bundle import BundleError, ModelBundle
-from xpuspec.prepare.config import BUILTIN_CALIBRATION_PROMPTS, PrepareConfig, PrepareError
+from xpuspec.prepare.config import (
+    BUILTIN_CALIBRATION_PROMPTS,
+    GROUP_SIZE_FALLBACKS,
+    PrepareConfig,
+    PrepareError,
+)
 from xpuspec.prepare.presets import DEVICE_PRESETS, TARGET_DEVICES, WEIGHT_FORMATS
+from xpuspec.prepare.quiet import StageLines, conversion_log_path, third_party_output_to
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +30,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Export Hugging Face checkpoints to stateful OpenVINO IR, compress the weights with "
         "NNCF, check that the draft pairs with the target, and write a verified bundle folder.",
         epilog=_preset_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, OpenVINO IR folder or hub id")
     prepare.add_argument(
@@ -32,15 +37,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
     prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
-    prepare.add_argument("--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for)")
+    prepare.add_argument(
+        "--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for, int8 on cpu)"
+    )
     prepare.add_argument("--draft-weights", choices=WEIGHT_FORMATS, help="draft weights (default: as target)")
-    prepare.add_argument("--group-size", type=int, help="int4 group size; -1 = channel-wise (default 128)")
+    prepare.add_argument(
+        "--group-size", type=int, help="int4 group size; -1 = channel-wise (default: from --for, 128 on cpu)"
+    )
+    prepare.add_argument(
+        "--group-size-fallback",
+        choices=GROUP_SIZE_FALLBACKS,
+        default="error",
+        help="int4 layers the group size does not divide: refuse before any work (error), leave them "
+        "out of int4 (ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
+    )
     symmetry = prepare.add_mutually_exclusive_group()
     symmetry.add_argument(
-        "--sym", dest="sym", action="store_const", const=True, help="symmetric quantization"
+        "--sym",
+        dest="sym",
+        action="store_const",
+        const=True,
+        help="symmetric quantization (default: from --for)",
     )
-    symmetry.add_argument("--asym", dest="sym", action="store_const", const=False, help="asymmetric")
-    prepare.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default 1.0)")
+    symmetry.add_argument(
+        "--asym", dest="sym", action="store_const", const=False, help="asymmetric (default: from --for)"
+    )
+    prepare.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default: from --for)")
     prepare.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
     prepare.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
     prepare.add_argument(
@@ -49,7 +71,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="prompts for --awq/--scale-estimation: one per line, or a JSON list (default: a built-in list)",
     )
-    prepare.add_argument("--force-pair", action="store_true", help="pair even if the tokenizers differ")
+    prepare.add_argument(
+        "--force-pair",
+        action="store_true",
+        help="pair even if the tokenizers differ (never when the draft's vocabulary is larger: "
+        "the engine could not run it)",
+    )
+    prepare.add_argument(
+        "--log",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="where conversion libraries' output goes (default: ~/.cache/xpuspec/logs/prepare-*.log; "
+        "with --verbose it stays on the terminal)",
+    )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
     prepare.set_defaults(func=run_prepare)
 
@@ -94,12 +129,8 @@ def read_calibration_prompts(path: Path) -> tuple[str, ...]:
     return tuple(prompts)
 
 
-def _error(command: str, message: str) -> None:
-    print(f"xpuspec {command}: error: {message}", file=sys.stderr)
-
-
-def _progress_to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+def _error(message: str) -> None:
+    print(f"xpuspec: error: {message}", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -138,29 +169,90 @@ def run_prepare(args: argparse.Namespace) -> int:
             calibration_prompts=prompts,
             force_pair=args.force_pair,
             overwrite=args.overwrite,
+            group_size_fallback=args.group_size_fallback,
         )
     except ValueError as error:
-        _error("prepare", str(error))
+        _error(str(error))
+        return EXIT_USAGE
+    try:  # mistakes in the command line's paths are usage errors, found before anything is imported
+        _check_paths(config)
+    except PrepareError as error:
+        _error(_one_line(str(error)))
+        return EXIT_USAGE
+    try:  # the options do not fit the models: a usage error, found before any work
+        _check_local_configs(config)
+    except PrepareError as error:
+        _error(_one_line(str(error)))
         return EXIT_USAGE
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
+    if getattr(args, "verbose", False):
+        try:
+            with _sigterm_as_interrupt():
+                output = prepare_bundle(config, progress=StageLines(sys.stderr))
+        except PrepareError as error:
+            _error(_one_line(str(error)))
+            return EXIT_FAILED
+        print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
+        return 0
+    log_path = args.log or conversion_log_path()
     try:
-        with _sigterm_as_interrupt():
-            output = prepare_bundle(config, progress=_progress_to_stderr)
+        with third_party_output_to(log_path) as terminal, _sigterm_as_interrupt():
+            stages = StageLines(terminal)
+            try:
+                output = prepare_bundle(config, progress=stages)
+            finally:
+                stages.abandon()
     except PrepareError as error:
-        _error("prepare", str(error))
+        _error(f"{_one_line(str(error))} (conversion log: {log_path})")
         return EXIT_FAILED
-    print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
+    print(
+        f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
+    )
     return 0
+
+
+def _check_paths(config: PrepareConfig) -> None:
+    from xpuspec.prepare.export import ModelSource
+    from xpuspec.prepare.writer import check_output_path
+
+    ModelSource.resolve(config.target, "target")
+    if config.draft is not None:
+        ModelSource.resolve(config.draft, "draft")
+    check_output_path(config.output.resolve(), config.overwrite)
+
+
+def _check_local_configs(config: PrepareConfig) -> None:
+    """Group sizes and vocabularies from local config.json files, before torch and optimum load
+    (seconds rather than the half minute their imports take); prepare_bundle checks again."""
+    from xpuspec.prepare.export import ModelSource
+    from xpuspec.prepare.validate import check_group_size, check_vocab_sizes, read_local_config
+
+    models = [("target", config.target, config.target_compression())]
+    if config.draft is not None:
+        models.append(("draft", config.draft, config.draft_compression()))
+    read = {}
+    for role, spec, compression in models:
+        source = ModelSource.resolve(spec, role)
+        facts = read_local_config(source.local_path) if source.local_path is not None else None
+        if facts is not None:
+            check_group_size(role, facts, compression)
+            read[role] = facts
+    if "target" in read and "draft" in read:
+        check_vocab_sizes(read["target"], read["draft"])
+
+
+def _one_line(message: str) -> str:
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     from xpuspec.prepare.summary import summarize_bundle
 
     try:
-        bundle = ModelBundle.open(args.bundle)
+        bundle = ModelBundle.open(args.bundle, verify=False)  # the report below names every file
     except BundleError as error:
-        _error("inspect", str(error))
+        _error(_one_line(str(error)))
         return EXIT_USAGE
     if args.json:
         print(json.dumps(bundle.manifest, indent=2))

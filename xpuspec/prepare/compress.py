@@ -57,6 +57,15 @@ def compress_model(
     options: dict[str, Any] = {"mode": mode}
     if compression.weights == "int4":
         options.update(group_size=compression.group_size, ratio=compression.ratio)
+        if compression.group_size_fallback != "error":
+            from nncf.quantization.advanced_parameters import (
+                AdvancedCompressionParameters,
+                GroupSizeFallbackMode,
+            )
+
+            options["advanced_parameters"] = AdvancedCompressionParameters(
+                group_size_fallback_mode=GroupSizeFallbackMode(compression.group_size_fallback)
+            )
         if compression.data_aware:
             if not calibration:
                 raise PrepareError("AWQ / scale estimation need calibration prompts")
@@ -69,8 +78,11 @@ def compress_model(
     try:
         return nncf.compress_weights(model, **options)
     except nncf.errors.InvalidGroupSizeError as error:
+        detail = str(error).splitlines()[0] if str(error) else "invalid group size"
         raise PrepareError(
-            f"{error}\nchoose a --group-size that divides every layer's input size, or -1 (channel-wise)"
+            f"int4 group size {compression.group_size} does not divide every layer's input size; choose "
+            "a --group-size that does, -1 (channel-wise), or --group-size-fallback adjust|ignore "
+            f"(NNCF: {detail})"
         ) from error
 
 

@@ -28,6 +28,9 @@ BUILTIN_CALIBRATION_PROMPTS: tuple[str, ...] = (
 )
 
 
+GROUP_SIZE_FALLBACKS = ("error", "ignore", "adjust")
+
+
 class PrepareError(Exception):
     """`xpuspec prepare` cannot go on; the message says what to change."""
 
@@ -42,8 +45,15 @@ class WeightCompression:
     ratio: float = 1.0  # share of int4 layers, the rest int8 (int4 only)
     awq: bool = False
     scale_estimation: bool = False
+    # What NNCF does with a layer the group size does not divide (int4 only): refuse ("error"),
+    # leave it at the backup precision ("ignore"), or use a smaller power-of-two group ("adjust").
+    group_size_fallback: str = "error"
 
     def __post_init__(self) -> None:
+        if self.group_size_fallback not in GROUP_SIZE_FALLBACKS:
+            raise ValueError(
+                f"group_size_fallback must be one of {GROUP_SIZE_FALLBACKS}, got {self.group_size_fallback!r}"
+            )
         if self.weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {self.weights!r}")
         if self.weights == "fp16":
@@ -84,6 +94,8 @@ class WeightCompression:
             parts += [
                 name for name, on in (("awq", self.awq), ("scale-estimation", self.scale_estimation)) if on
             ]
+            if self.group_size_fallback != "error":
+                parts.append(f"fallback {self.group_size_fallback}")
         return " ".join(parts)
 
 
@@ -110,6 +122,7 @@ class PrepareConfig:
     calibration_prompts: tuple[str, ...] = BUILTIN_CALIBRATION_PROMPTS
     force_pair: bool = False
     overwrite: bool = False
+    group_size_fallback: str = "error"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", Path(self.output).expanduser())
@@ -129,6 +142,10 @@ class PrepareConfig:
             raise ValueError("draft_weights given without a draft model")
         if self.force_pair and self.draft is None:
             raise ValueError("force_pair given without a draft model")
+        if self.group_size_fallback not in GROUP_SIZE_FALLBACKS:
+            raise ValueError(
+                f"--group-size-fallback takes one of {GROUP_SIZE_FALLBACKS}, got {self.group_size_fallback!r}"
+            )
         compressions = [self.target_compression()]
         if self.draft is not None:
             compressions.append(self.draft_compression())
@@ -137,6 +154,8 @@ class PrepareConfig:
                 raise ValueError("--group-size and --ratio apply to int4 weights; no model is int4")
             if self.awq or self.scale_estimation:
                 raise ValueError("--awq and --scale-estimation apply to int4 weights; no model is int4")
+            if self.group_size_fallback != "error":
+                raise ValueError("--group-size-fallback applies to int4 weights; no model is int4")
         if self.sym is not None and all(c.weights == "fp16" for c in compressions):
             raise ValueError("--sym/--asym apply to int8/int4 weights; all models are fp16")
         if any(c.data_aware for c in compressions) and not self.calibration_prompts:
@@ -166,4 +185,5 @@ class PrepareConfig:
             ratio=scheme.ratio if self.ratio is None else self.ratio,
             awq=self.awq,
             scale_estimation=self.scale_estimation,
+            group_size_fallback=self.group_size_fallback,
         )

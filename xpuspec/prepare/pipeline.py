@@ -35,6 +35,7 @@ from xpuspec.prepare.export import (
 from xpuspec.prepare.pairing import PairingError, check_pair
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.tokenizer import load_generation_config, tokenizer_facts, write_openvino_tokenizer
+from xpuspec.prepare.validate import check_group_size, check_vocab_sizes
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,11 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
     roles = ["target"] + (["draft"] if config.draft is not None else [])
     steps = StepProgress(total_steps=2 + 3 * len(roles), sink=progress)
     with staging_folder(output) as staging:
+        # Everything knowable from configs and tokenizers is checked here, before any export starts.
         with steps.step("reading configs and tokenizers" + (", checking the pair" if config.draft else "")):
             models = _read_models(config)
+            for model in models:
+                check_group_size(model.role, model.config, model.compression)
             pairing = _check_pairing(models, config.force_pair)
         model_facts = {model.role: _prepare_model(model, config, staging, steps) for model in models}
         with steps.step("hashing files and writing the manifest"):
@@ -115,6 +119,7 @@ def _read_models(config: PrepareConfig) -> list[_ModelInput]:
 def _check_pairing(models: list[_ModelInput], force_pair: bool) -> dict[str, Any]:
     if len(models) == 1:
         return {"checked": False, "forced": False, "mismatch": None}
+    check_vocab_sizes(models[0].config, models[1].config)  # forcing cannot help here
     try:
         check_pair(models[0].tokenizer, models[1].tokenizer)
     except PairingError as error:
@@ -177,6 +182,7 @@ def _prepare_model(
             "scale_estimation": compression.scale_estimation,
             "calibration_prompts": len(config.calibration_prompts) if compression.data_aware else 0,
             "backup_mode": _INT4_BACKUP_MODE if compression.weights == "int4" else None,
+            "group_size_fallback": compression.group_size_fallback if compression.weights == "int4" else None,
             "int8_constants": int8_constants,
             "int4_constants": int4_constants,
         },

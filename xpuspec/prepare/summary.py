@@ -15,6 +15,8 @@ def describe_compression(compression: dict[str, Any]) -> str:
         parts.append("channel-wise" if group_size == -1 else f"group {group_size}")
         parts.append(f"ratio {compression.get('ratio')}")
         parts += [name for name in ("awq", "scale_estimation") if compression.get(name)]
+        if compression.get("group_size_fallback") not in (None, "error"):
+            parts.append(f"fallback {compression['group_size_fallback']}")
     int4_count, int8_count = compression.get("int4_constants", 0), compression.get("int8_constants", 0)
     parts.append(f"({int4_count} int4 + {int8_count} int8 weight constants)")
     return " ".join(str(part) for part in parts)
@@ -63,5 +65,61 @@ def summarize_bundle(bundle: ModelBundle) -> str:
     else:
         lines.append(f"pairing: {'checked, tokenizers match' if pairing.get('checked') else 'not checked'}")
     placement = bundle.placement
-    lines.append(f"placement: {placement if placement else 'none (decided when the bundle is loaded)'}")
+    if placement:
+        lines += ["placement (recorded by `xpuspec plan --write`):", *describe_placement(placement)]
+    else:
+        lines.append("placement: none (decided when the bundle is loaded)")
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={_cell(item)}" for key, item in value.items()) or "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(_cell(item) for item in value) or "-"
+    return str(value)
+
+
+def _flatten(record: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted keys for nested dicts, so every key of the record shows, whoever added it."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows += _flatten(value, f"{name}.")
+        else:
+            rows.append((name, value))
+    return rows
+
+
+def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        (indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def describe_placement(placement: dict[str, Any]) -> list[str]:
+    """Every field of the placement record as a KEY/VALUE table; lists of records as their own table."""
+    scalars: list[list[str]] = []
+    record_lists: list[tuple[str, list[dict[str, Any]]]] = []
+    for key, value in _flatten(placement):
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            record_lists.append((key, value))
+        else:
+            scalars.append([key, _cell(value)])
+    lines = table(["FIELD", "VALUE"], scalars)
+    for key, records in record_lists:
+        flat = [dict(_flatten(record)) for record in records]
+        columns = list(dict.fromkeys(column for record in flat for column in record))
+        lines += [f"  {key}:"] + table(
+            [column.upper() for column in columns],
+            [[_cell(record.get(column)) for column in columns] for record in flat],
+            indent="    ",
+        )
+    return lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -56,8 +57,28 @@ def write_manifest(staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_ordinary_permissions(root: Path) -> None:
+    """Folders 0777 and files 0666 less the umask (0755/0644 usually), as if made by ``mkdir``/``open``.
+
+    The staging folder comes from ``mkdtemp`` (0700): renamed as it is, a service account could not
+    read the bundle; copied support files would keep whatever mode their source had.
+    """
+    mask = current_umask()
+    for folder, _, files in os.walk(root):
+        os.chmod(folder, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+
+
 def commit_bundle(staging: Path, output: Path, overwrite: bool) -> None:
     """Move the finished staging folder to ``output`` (replacing an old bundle if allowed)."""
+    give_ordinary_permissions(staging)
     if output.exists():
         check_output_path(output, overwrite)
         retired = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{output.name}-old-", dir=output.parent))

@@ -1,0 +1,137 @@
+"""What the commands print: defaults in every help, no RST markup, the placement as a table,
+devices that can run the bundle (and why another cannot), host memory for the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from xpuspec.cli import build_parser, main
+from xpuspec.demo import demo_bundle_path
+from xpuspec.model_bundle import MANIFEST_NAME
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_option_shows_its_default() -> None:
+    missing = []
+    for command, subparser in _subparsers().items():
+        formatter = subparser._get_formatter()
+        for action in subparser._actions:
+            if (
+                not action.option_strings
+                or isinstance(action.default, bool)
+                or action.help == argparse.SUPPRESS
+            ):
+                continue
+            if action.default is argparse.SUPPRESS or action.nargs == 0 or action.required:
+                continue  # --help, flags, store_const pairs such as --sym/--asym
+            text = formatter._expand_help(action) if action.help else ""
+            if "default" not in text.lower():
+                missing.append(f"{command} {action.option_strings[-1]}: {text!r}")
+    assert missing == []
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "prepare", "inspect", "devices", "plan", "bundle"])
+def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and not re.search(r":\w+:`", text)  # no RST literals or roles
+    assert "(default: 128)" in text if command == "generate" else True
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "hi", "--max-tokens", "many"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("xpuspec: error: argument --max-tokens: invalid int value")
+
+
+def test_inspect_prints_the_placement_as_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = Path(shutil.copytree(demo_bundle_path(), tmp_path / "bundle"))
+    manifest = json.loads((bundle / MANIFEST_NAME).read_text())
+    manifest["placement"] = {
+        "target_device": "CPU",
+        "draft_device": "CPU",
+        "drafter": "draft",
+        "num_draft_tokens": 4,
+        "compile_properties": {"target": {"NUM_STREAMS": 1}},  # a key another component may record
+        "measured": {
+            "tokens_per_s": 812.5,
+            "candidates": [
+                {"drafter": "none", "num_draft_tokens": 0, "tokens_per_s": 700.0, "error": None},
+                {"drafter": "draft", "num_draft_tokens": 4, "tokens_per_s": 812.5, "error": None},
+            ],
+        },
+    }
+    (bundle / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert main(["inspect", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "{'" not in out  # no raw Python dict
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in out.splitlines()
+        if line.startswith("  ") and line.split()
+    }
+    assert rows["drafter"] == ["draft"] and rows["num_draft_tokens"] == ["4"]
+    assert rows["compile_properties.target.NUM_STREAMS"] == ["1"]
+    assert rows["measured.tokens_per_s"] == ["812.5"]
+    candidates = out.split("measured.candidates:")[1].splitlines()
+    assert candidates[1].split() == ["DRAFTER", "NUM_DRAFT_TOKENS", "TOKENS_PER_S", "ERROR"]
+    assert candidates[3].split() == ["draft", "4", "812.5", "-"]
+
+
+def test_devices_lists_executors_that_can_run_the_bundle(capsys: pytest.CaptureFixture[str]) -> None:
+    from plugins.pytorch import TorchPlugin
+
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    cpu = next(line for line in out if line.startswith("CPU "))
+    assert re.search(r"\d+\.\d GiB", cpu)  # the machine's memory, not "-"
+    if TorchPlugin().is_present(None):  # type: ignore[arg-type]
+        # the demo bundle keeps no Hugging Face checkpoint: TORCH is not a row, a reason instead
+        assert not any(line.split()[:2] == ["TORCH", "yes"] for line in out)
+        assert any(
+            line.startswith("TORCH is present but cannot run") and "checkpoint" in line for line in out
+        )
+    assert main(["devices", "--json"]) == 0
+    by_device = {d["device"]: d for d in json.loads(capsys.readouterr().out)["devices"]}
+    assert by_device["CPU"]["runs_bundle"] is True and by_device["CPU"]["memory_bytes"] > 0
+    if "TORCH" in by_device and by_device["TORCH"]["present"]:
+        assert by_device["TORCH"]["runs_bundle"] is False and by_device["TORCH"]["cannot_run"]
+
+
+def test_devices_with_a_bundle_torch_can_run(pair_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The pair bundle's checkpoints are still on disk: TORCH can run it and is listed."""
+    pytest.importorskip("torch")
+    assert main(["devices", "--bundle", str(pair_bundle)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == ["TORCH", "yes"] for line in out)
+
+
+def test_a_bug_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exception type no user mistake raises is a bug in xpuspec: shown in full, exit 1."""
+    import xpuspec.prepare.commands as prepare_commands
+
+    def broken(args: argparse.Namespace) -> int:
+        raise KeyError("target")  # injected: a bug, not a user mistake
+
+    monkeypatch.setattr(prepare_commands, "run_inspect", broken)
+    assert main(["inspect"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "KeyError" in err
+    assert err.splitlines()[-1] == "xpuspec: error: KeyError: 'target' (a bug in xpuspec; please report it)"
