@@ -48,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an OpenVINO compile property for both models (repeatable)",
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
+        "preset); --property values still apply on top",
+    )
     parser.add_argument("--max-queue", type=int, default=256, help="requests in flight before 503")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument(
@@ -67,6 +73,7 @@ def served_name(bundle: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from waitress.server import create_server
 
+    from xpuspec.devices.properties import with_preset
     from xpuspec.generate_command import parse_properties
     from xpuspec.server.app import create_app
     from xpuspec.server.state import server_state
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"xpuspec serve: {error}", file=sys.stderr)
         return 2
-    properties = parse_properties(args.property) or None
+    properties = with_preset("exact" if args.exact else None, parse_properties(args.property))
 
     def load() -> Any:
         from xpuspec.pipeline import Pipeline
