@@ -301,7 +301,7 @@ def tune_role(
 
     for candidate in candidates:
         progress(f"  {role}: {candidate.label}: " + _describe(candidate))
-    chosen, reason = _choose(candidates, default, config.margin)
+    chosen, reason = choose_properties(candidates, default, config.margin)
     return TuneResult(
         role, device, chosen, reason, default_properties, candidates, len(prompts), config.max_tokens
     )
@@ -346,7 +346,7 @@ def _fastest_eligible(
     return min(eligible, key=lambda c: c.step_ms or 0.0) if eligible else None
 
 
-def _choose(
+def choose_properties(
     candidates: list[PropertyCandidate], default: PropertyCandidate, margin: float
 ) -> tuple[dict[str, Any], str]:
     if default.error is not None or default.step_ms is None:
