@@ -93,6 +93,13 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, BundleError) as error:
         print(f"xpuspec generate: {error}", file=sys.stderr)
         return 2
+    if pipe.drafter == "none" and args.drafter == "auto" and not args.no_draft:
+        if (pipe.bundle.placement or {}).get("drafter") == "none":
+            print(
+                "xpuspec generate: the recorded plan turns drafting off (`xpuspec inspect` shows why; "
+                "--drafter draft overrides it)",
+                file=sys.stderr,
+            )
     request = [{"role": "user", "content": prompt}] if args.chat else prompt
     if args.json:
         result = pipe.generate([request], params)[0]

@@ -82,15 +82,18 @@ def _candidate(
 
 
 def test_properties_need_agreement_and_a_clear_gain():
-    default = _candidate({}, [10.0, 10.2, 9.9, 10.1], 3, default=True)
-    fast_unfaithful = _candidate({"INFERENCE_PRECISION_HINT": "bf16"}, [6.0, 6.1, 5.9, 6.0], 2)
-    fast_faithful = _candidate({"INFERENCE_PRECISION_HINT": "f32"}, [8.0, 8.1, 7.9, 8.0], 3)
-    noisy = _candidate({"KV_CACHE_PRECISION": "f32"}, [7.0, 11.0, 7.0, 7.0], 4)
-    chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.03)
+    default = _candidate({}, [10.0, 10.2, 9.9, 10.1, 10.0], 3, default=True)
+    fast_unfaithful = _candidate({"INFERENCE_PRECISION_HINT": "bf16"}, [6.0, 6.1, 5.9, 6.0, 6.0], 2)
+    fast_faithful = _candidate({"INFERENCE_PRECISION_HINT": "f32"}, [8.0, 8.1, 7.9, 8.0, 8.0], 3)
+    noisy = _candidate({"KV_CACHE_PRECISION": "f32"}, [7.0, 11.0, 7.0, 7.0, 7.0], 4)
+    chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.05, 5)
     assert chosen == {"INFERENCE_PRECISION_HINT": "f32"} and "agreement 3 vs the default's 3" in reason
-    chosen, reason = choose_properties([default, noisy], default, 0.03)
+    # Fewer rounds than confirm_rounds: not yet a change.
+    chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.05, 6)
     assert chosen == {} and "within noise" in reason
-    chosen, reason = choose_properties([default, fast_unfaithful], default, 0.03)
+    chosen, reason = choose_properties([default, noisy], default, 0.05, 5)
+    assert chosen == {} and "within noise" in reason
+    chosen, reason = choose_properties([default, fast_unfaithful], default, 0.05, 5)
     assert chosen == {} and "default was the fastest" in reason
 
 

@@ -172,7 +172,7 @@ def _parse_plan_config(args: argparse.Namespace) -> Any:
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices else None
     properties = parse_properties(args.property)
     tune = (
-        TuneConfig(num_prompts=2, max_tokens=16, steps_per_round=8, max_rounds=3) if quick else TuneConfig()
+        TuneConfig(num_prompts=2, max_tokens=16, steps_per_round=8, max_rounds=5) if quick else TuneConfig()
     )
     config = PlanConfig(
         num_prompts=args.prompts or (2 if quick else 4),

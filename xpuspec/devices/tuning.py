@@ -11,8 +11,9 @@ inference precision, KV-cache precision and dynamic-quantisation group size, and
   default is clear or a round limit is reached.
 
 The fastest candidate whose agreement is at least the default's replaces the default only when it is
-clearly faster: every one of its rounds faster than every round of the default (with n >= 3 rounds
-each, a chance of 1 / C(2n, n) <= 5% under no difference) and a median gain above a margin. Otherwise
+clearly faster: every one of its rounds faster than every round of the default over at least
+``confirm_rounds`` rounds each (5: a chance of 1 / C(10, 5) < 0.4% under no difference) and a median
+gain above a margin (5%). Otherwise
 the plugin's default stays and the record says the candidates were within noise.
 
 Candidates are pruned to keep planning fast:
@@ -53,14 +54,18 @@ class TuneConfig:
     steps_per_round: int = 16  # single-token decode steps timed per candidate and round
     min_rounds: int = 3
     max_rounds: int = 8
-    margin: float = 0.03  # a candidate must be this much faster (median) than the default to replace it
+    confirm_rounds: int = 5  # replacing the default needs at least this many rounds of both
+    margin: float = 0.05  # a candidate must be this much faster (median) than the default to replace it
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "max_tokens", "steps_per_round", "min_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_rounds < self.min_rounds:
-            raise ValueError(f"max_rounds ({self.max_rounds}) must be >= min_rounds ({self.min_rounds})")
+        if not self.min_rounds <= self.confirm_rounds <= self.max_rounds:
+            raise ValueError(
+                f"need min_rounds <= confirm_rounds <= max_rounds, got {self.min_rounds}, "
+                f"{self.confirm_rounds}, {self.max_rounds}"
+            )
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
@@ -166,9 +171,11 @@ def group_stage(kv: str) -> list[dict[str, Any]]:
     ]
 
 
-def clearly_faster(candidate: PropertyCandidate, default: PropertyCandidate, margin: float) -> bool:
+def clearly_faster(
+    candidate: PropertyCandidate, default: PropertyCandidate, margin: float, min_rounds: int = 3
+) -> bool:
     """Every round of ``candidate`` beat every round of ``default``, by more than ``margin`` at the median."""
-    if len(candidate.round_ms) < 3 or len(default.round_ms) < 3:
+    if len(candidate.round_ms) < min_rounds or len(default.round_ms) < min_rounds:
         return False
     assert candidate.step_ms is not None and default.step_ms is not None
     return max(candidate.round_ms) < min(default.round_ms) and candidate.step_ms < default.step_ms * (
@@ -301,7 +308,7 @@ def tune_role(
 
     for candidate in candidates:
         progress(f"  {role}: {candidate.label}: " + _describe(candidate))
-    chosen, reason = choose_properties(candidates, default, config.margin)
+    chosen, reason = choose_properties(candidates, default, config.margin, config.confirm_rounds)
     return TuneResult(
         role, device, chosen, reason, default_properties, candidates, len(prompts), config.max_tokens
     )
@@ -326,7 +333,11 @@ def _time_rounds(
         if round_index + 1 < config.min_rounds:
             continue
         best = _fastest_eligible(measured, default)
-        if best is None or best is default or clearly_faster(best, default, config.margin):
+        if (
+            best is None
+            or best is default
+            or clearly_faster(best, default, config.margin, config.confirm_rounds)
+        ):
             return
         if (
             best.step_ms is not None
@@ -347,7 +358,7 @@ def _fastest_eligible(
 
 
 def choose_properties(
-    candidates: list[PropertyCandidate], default: PropertyCandidate, margin: float
+    candidates: list[PropertyCandidate], default: PropertyCandidate, margin: float, confirm_rounds: int = 3
 ) -> tuple[dict[str, Any], str]:
     if default.error is not None or default.step_ms is None:
         return {}, f"not tuned: the plugin default did not run ({default.error})"
@@ -368,9 +379,9 @@ def choose_properties(
     ]
     if default in contenders:
         contenders = []
-    best = next((c for c in contenders if clearly_faster(c, default, margin)), fastest)
+    best = next((c for c in contenders if clearly_faster(c, default, margin, confirm_rounds)), fastest)
     ratio = (best.step_ms or 0.0) / default.step_ms
-    if clearly_faster(best, default, margin):
+    if clearly_faster(best, default, margin, confirm_rounds):
         return dict(best.properties), (
             f"{ratio:.2f}x the default's step time ({best.step_ms:.3f} vs {default.step_ms:.3f} ms, every "
             f"one of {len(best.round_ms)} rounds faster), agreement {best.agreement} vs the default's "
