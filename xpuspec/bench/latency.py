@@ -354,7 +354,7 @@ def _guarded(entry: _Config, action: Callable[[_Config], None]) -> None:
         if entry.result.engine == XPUSPEC:
             raise
         logger.warning("%s failed: %s", entry.result.name, error)
-        entry.result.status, entry.result.reason, entry.generate = SKIPPED, f"failed: {error}", None
+        entry.result.status, entry.result.reason, entry.engine_key = SKIPPED, f"failed: {error}", None
 
 
 def _compare_tokens(results: list[LatencyResult], summaries: dict[str, dict[str, Any]]) -> None:
