@@ -193,3 +193,14 @@ def test_pipeline_applies_recorded_properties_unless_the_user_sets_precision(pai
     assert Pipeline(bundle, drafter="none", use_placement=False).tuned_properties["target"] is None
     # fp16 weights, no record: the plugin's own cache precision (bf16 on this CPU, not u8).
     assert cache_type(Pipeline(pair_bundle, drafter="none")) in ("bf16", "f16", "f32")
+
+
+def test_generate_says_when_the_recorded_plan_turns_drafting_off(pair_bundle, tmp_path, capsys):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pair_bundle, bundle)
+    write_placement(bundle, {**Placement("CPU", "CPU", "none", 0).as_dict(), "decision": "test"})
+    argv = ["generate", "--bundle", str(bundle), "def", "--max-tokens", "2", "--exact"]
+    assert main(argv) == 0
+    assert "the recorded plan turns drafting off" in capsys.readouterr().err
+    assert main([*argv, "--drafter", "draft"]) == 0  # an explicit drafter: nothing to say
+    assert "turns drafting off" not in capsys.readouterr().err
