@@ -7,11 +7,36 @@ from collections.abc import Mapping
 from typing import Any
 
 from xpuspec.devices.capabilities import CoreLike
-from xpuspec.devices.plugin import DEFAULT_MAX_DRAFT_TOKENS, ExecutorKind, OpenVINODevicePlugin, Role
+from xpuspec.devices.plugin import (
+    DEFAULT_MAX_DRAFT_TOKENS,
+    ExecutorKind,
+    OpenVINODevicePlugin,
+    Role,
+    check_role,
+    merge_properties,
+)
+
+# Weight formats whose matrix multiplications the CPU can run on int8 activations (dynamic quantisation).
+COMPRESSED_WEIGHTS = ("int8", "int4")
+# Defaults for int8/int4-weight models, from per-step measurements on an AVX-512 BF16 CPU
+# (OpenVINO 2026.4; /work/shared/notes/cpu-performance.md and the plan's own step timings):
+# dynamic int8 quantisation of activations applies only at f32 inference, and with groups of 128 a
+# decode step takes ~0.6x the time of the plugin's bf16 defaults, with higher greedy agreement with
+# the exact reference (6/8 vs 4/8 prompts x 96 tokens on a 269M model). At f32 the CPU's
+# PagedAttention takes an f32, f16 or u8 cache (not bf16); u8 is the one of equal speed that keeps
+# four times the sequences in the same memory.
+COMPRESSED_DEFAULTS: dict[str, Any] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+    "KV_CACHE_PRECISION": "u8",
+}
 
 
 class CpuPlugin(OpenVINODevicePlugin):
-    """CPU defaults: latency hint, u8 KV cache; thread counts per role only when asked for.
+    """CPU defaults: latency hint; for int8/int4 weights f32 compute with dynamic int8 activations
+    (groups of 128) and a u8 KV cache; otherwise the plugin's own precisions (bf16 compute and a bf16
+    cache where the CPU has bf16: a u8 cache made the PagedAttention node ~36% costlier there).
+    Thread counts per role only when asked for.
 
     Draft and target run one after the other on the same cores, so by default both get every core.
     When they overlap (one model on another device, or the overlapped executor), ``target_threads``
@@ -31,13 +56,12 @@ class CpuPlugin(OpenVINODevicePlugin):
     def compute_units(self, core: CoreLike, device: str) -> int | None:
         return os.cpu_count()
 
-    def default_properties(self, role: Role, max_draft_tokens: int) -> dict[str, Any]:
-        properties: dict[str, Any] = {
-            "PERFORMANCE_HINT": "LATENCY",
-            # A quantised cache (u8 with per-block scales) is the fast default; see compile_properties
-            # for the f32 case.
-            "KV_CACHE_PRECISION": "u8",
-        }
+    def default_properties(
+        self, role: Role, max_draft_tokens: int, weights: str | None = None
+    ) -> dict[str, Any]:
+        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if weights in COMPRESSED_WEIGHTS:
+            properties.update(COMPRESSED_DEFAULTS)
         threads = self.threads[role]
         if threads is not None:
             properties["INFERENCE_NUM_THREADS"] = threads
@@ -50,13 +74,18 @@ class CpuPlugin(OpenVINODevicePlugin):
         user_properties: Mapping[str, Any] | None = None,
         *,
         max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+        weights: str | None = None,
     ) -> dict[str, Any]:
-        properties = super().compile_properties(role, user_properties, max_draft_tokens=max_draft_tokens)
+        check_role(role)
+        properties = merge_properties(
+            self.default_properties(role, max_draft_tokens, weights), user_properties
+        )
         user = user_properties or {}
-        if (
-            str(user.get("INFERENCE_PRECISION_HINT", "")).lower() == "f32"
-            and "KV_CACHE_PRECISION" not in user
-        ):
-            # Asking for f32 compute asks for exact results; a quantised cache would undo that.
-            properties["KV_CACHE_PRECISION"] = "f32"
+        if str(user.get("INFERENCE_PRECISION_HINT", "")).lower() == "f32":
+            # Asking for f32 compute asks for exact results; a quantised cache or quantised activations
+            # would undo that (the "exact" preset sets all three).
+            if "KV_CACHE_PRECISION" not in user:
+                properties["KV_CACHE_PRECISION"] = "f32"
+            if "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in user:
+                properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         return properties

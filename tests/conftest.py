@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
+from xpuspec.devices.properties import EXACT, EXACT_PROPERTIES
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -19,8 +20,11 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# Exact comparisons need f32 compute and an f32 KV cache: this CPU defaults to bf16.
-F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+# Exact comparisons use the "exact" preset: f32 compute, an f32 KV cache and no dynamic quantisation
+# of activations (this CPU defaults to bf16, and quantises activations of int8 weights even at f32).
+# F32 is the preset as a dict, for runners that take only dicts; EXACT is its name.
+F32 = dict(EXACT_PROPERTIES)
+EXACT_PRESET = EXACT
 
 
 @pytest.fixture(scope="session")

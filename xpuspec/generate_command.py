@@ -46,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an OpenVINO compile property for both models, e.g. INFERENCE_PRECISION_HINT=f32 (repeatable)",
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
+        "preset); --property values still apply on top",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
     parser.set_defaults(func=run)
 
@@ -62,6 +68,7 @@ def parse_properties(items: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from xpuspec.cli import CommandError
+    from xpuspec.devices.properties import with_preset
     from xpuspec.model_bundle import BundleError
     from xpuspec.pipeline import Pipeline
 
@@ -82,10 +89,17 @@ def run(args: argparse.Namespace) -> int:
             target_device=args.target_device,
             draft_device=args.draft_device,
             drafter="none" if args.no_draft else args.drafter,
-            properties=parse_properties(args.property) or None,
+            properties=with_preset("exact" if args.exact else None, parse_properties(args.property)),
         )
     except (ValueError, BundleError) as error:
         raise CommandError(str(error).replace("\n", "; ")) from error
+    if pipe.drafter == "none" and args.drafter == "auto" and not args.no_draft:
+        if (pipe.bundle.placement or {}).get("drafter") == "none":
+            print(
+                "xpuspec generate: the recorded plan turns drafting off (`xpuspec inspect` shows why; "
+                "--drafter draft overrides it)",
+                file=sys.stderr,
+            )
     request = [{"role": "user", "content": prompt}] if args.chat else prompt
     if args.json:
         result = pipe.generate([request], params)[0]

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.devices.executors import create_runner
-from xpuspec.devices.placement import DRAFTERS, Placement, choose_placement, resolve_device
+from xpuspec.devices.placement import (
+    DRAFTERS,
+    Placement,
+    choose_placement,
+    recorded_properties,
+    resolve_device,
+)
+from xpuspec.devices.properties import PropertiesArg, resolve_properties
 from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
@@ -57,9 +64,9 @@ class Pipeline:
         target_device: str = "CPU",
         draft_device: str = "CPU",
         drafter: str = "auto",
-        properties: dict[str, Any] | None = None,
+        properties: PropertiesArg = None,
         *,
-        draft_properties: dict[str, Any] | None = None,
+        draft_properties: PropertiesArg = None,
         engine_config: EngineConfig | None = None,
         num_kv_blocks: int | None = None,
         use_placement: bool = True,
@@ -67,6 +74,9 @@ class Pipeline:
     ):
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
+        # "exact" (f32 compute, f32 KV cache, no activation quantisation) or a dict of OpenVINO properties.
+        properties = resolve_properties(properties)
+        draft_properties = resolve_properties(draft_properties)
         import openvino as ov
 
         self.bundle = ModelBundle.open(bundle)
@@ -97,6 +107,16 @@ class Pipeline:
         self.draft_device = (
             resolve_device(self.placement.draft_device, core, registry) if drafter == "draft" else None
         )
+        # Compile properties `xpuspec plan --write` measured for each role on its device (the user's
+        # own properties go on top; see xpuspec.devices.properties).
+        self.tuned_properties: dict[str, dict[str, Any] | None] = {
+            "target": recorded_properties(self.bundle, "target", self.target_device.device)
+            if use_placement
+            else None,
+            "draft": recorded_properties(self.bundle, "draft", self.draft_device.device)
+            if use_placement and self.draft_device is not None
+            else None,
+        }
         self.tokenizer = Tokenizer(self.bundle.target.path)
         facts = self.bundle.tokenizer_facts
         template = self.bundle.chat_template
@@ -115,6 +135,7 @@ class Pipeline:
             self.bundle.target,
             "target",
             properties,
+            tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
             **runner_limits,
         )
@@ -125,6 +146,7 @@ class Pipeline:
                 self.bundle.draft,  # type: ignore[arg-type]
                 "draft",
                 draft_properties if draft_properties is not None else properties,
+                tuned_properties=self.tuned_properties["draft"],
                 num_blocks=self.target_runner.num_blocks,
                 block_size=self.target_runner.block_size,
                 **runner_limits,

@@ -16,10 +16,19 @@ LATENCY_NAMES = [
     "xpuspec speculative (γ=2)",
     "xpuspec speculative (γ=4)",
     "xpuspec speculative (adaptive γ)",
+    "xpuspec default target-only",
+    "xpuspec default speculative (γ=2)",
+    "xpuspec default speculative (γ=4)",
+    "xpuspec default speculative (adaptive γ)",
+    "xpuspec exact target-only",
     "OpenVINO GenAI target-only",
     "OpenVINO GenAI speculative (γ=2)",
     "OpenVINO GenAI speculative (γ=4)",
     "OpenVINO GenAI speculative (adaptive γ)",
+    "OpenVINO GenAI default target-only",
+    "OpenVINO GenAI default speculative (γ=2)",
+    "OpenVINO GenAI default speculative (γ=4)",
+    "OpenVINO GenAI default speculative (adaptive γ)",
     "transformers target-only",
     "transformers speculative (γ=2)",
     "transformers speculative (γ=4)",
@@ -76,10 +85,32 @@ def test_every_latency_configuration_is_measured_or_skipped_with_a_reason(report
         else:
             assert row["requests"] == 3 and row["output_tokens"] == 3 * 16, name
             assert {"tokens_per_s", "ttft_ms", "tpot_ms", "speedup", "round_seconds"} <= row.keys(), name
-    for name in LATENCY_NAMES[:4]:  # xpuspec itself is never skipped
+    for name in LATENCY_NAMES[:9]:  # xpuspec itself is never skipped
         assert rows[name]["status"] == "ok", rows[name].get("reason")
     assert rows["llama.cpp target-only"]["status"] == "skipped"
     assert rows["OpenVINO GenAI speculative (adaptive γ)"]["status"] == "skipped"
+    assert rows["OpenVINO GenAI default speculative (adaptive γ)"]["status"] == "skipped"
+
+
+def test_rows_compare_with_the_exact_reference_and_the_right_peer(report: dict[str, Any]) -> None:
+    latency = report["latency"]
+    rows = _by_name(latency)
+    assert latency["properties"]["xpuspec exact"] == "exact"
+    # Both engines got the same properties: GenAI's CPU defaults made explicit (the CPU plugin's).
+    same = latency["properties"]["same properties"]
+    assert set(same) == {"INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"}
+    # Every measured row shows its greedy agreement with the exact reference; the reference agrees
+    # with itself, and exact speculation is token-identical to it on this pair.
+    for name, row in rows.items():
+        if row["status"] == "ok":
+            assert row["same_tokens_reference"] == "xpuspec exact target-only", name
+            assert row["same_tokens_as_exact"].endswith("/3"), name
+    assert rows["xpuspec exact target-only"]["same_tokens_as_exact"] == "3/3"
+    for name in ("xpuspec target-only", "xpuspec default target-only", "xpuspec default speculative (γ=2)"):
+        assert set(rows[name]["ratio_to_peers"]) >= {"OpenVINO GenAI"}, name
+    # Every round compiles the engines afresh; the first round compiles xpuspec first.
+    order = latency["compile_order"]
+    assert len(order) == report["settings"]["rounds"] and order[0][0].startswith("xpuspec")
 
 
 def test_speculative_rows_carry_acceptance_and_the_predicted_speedup(report: dict[str, Any]) -> None:

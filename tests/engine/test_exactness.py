@@ -1,14 +1,14 @@
 """Greedy speculative output is token-identical to the target alone, and to OpenVINO GenAI.
 
-Compared at f32 compute and f32 KV cache (tests/conftest.py ``F32``), as OpenVINO GenAI's own
-speculative-decoding tests do.
+Compared in exact mode (the ``properties="exact"`` preset: f32 compute, f32 KV cache, dynamic
+quantisation off), as OpenVINO GenAI's own speculative-decoding tests compare at f32.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import F32
+from tests.conftest import EXACT_PRESET, F32
 from xpuspec import Pipeline, SamplingParams
 
 # Mixed lengths: one token up to a few hundred, code and prose, repeats for the n-gram drafter.
@@ -40,13 +40,13 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def target_only(pair_bundle) -> list[list[int]]:
-    pipe = Pipeline(pair_bundle, drafter="none", properties=F32)
+    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
     return [pipe.generate(prompt, GREEDY)[0].token_ids for prompt in PROMPTS]
 
 
 @pytest.fixture(scope="module", params=["draft", "ngram"])
 def speculative(request, pair_bundle) -> Pipeline:
-    return Pipeline(pair_bundle, drafter=request.param, properties=F32)
+    return Pipeline(pair_bundle, drafter=request.param, properties=EXACT_PRESET)
 
 
 def _mismatches(expected: list[list[int]], results) -> list[int]:
@@ -76,7 +76,7 @@ def test_sixteen_in_flight(speculative, target_only):
 
 def test_draft_model_accepts_and_rejects(pair_bundle, target_only):
     """The perturbed draft must both accept and reject, so both paths of the comparison ran."""
-    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     results = pipe.generate(
         PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=4)
     )
@@ -88,7 +88,7 @@ def test_draft_model_accepts_and_rejects(pair_bundle, target_only):
 
 def test_preemption_keeps_output_exact(pair_bundle, target_only):
     """A KV cache too small for all requests forces recompute-preemption; the output must not change."""
-    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, num_kv_blocks=12)
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET, num_kv_blocks=12)
     results = pipe.generate(
         PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=3)
     )
@@ -107,7 +107,7 @@ def test_matches_openvino_genai(pair_bundle, target_only):
     config.max_new_tokens = MAX_TOKENS
     config.ignore_eos = True
     config.do_sample = False
-    tokenizer = Pipeline(pair_bundle, drafter="none", properties=F32).tokenizer
+    tokenizer = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET).tokenizer
     mismatches = []
     for index, prompt in enumerate(PROMPTS):
         ids = np.array([tokenizer.encode(prompt)], dtype=np.int64)
@@ -121,7 +121,7 @@ def test_matches_openvino_genai(pair_bundle, target_only):
 def test_adaptive_length_probes_the_draft_while_gamma_is_zero(pair_bundle, target_only):
     """This pair's draft costs as much as its target, so adaptive γ settles at 0; now and then it
     must still draft one token, or a draft cost measured on a busy moment would never be revisited."""
-    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     pipe.engine.cost_model.record_draft_step(1, 10.0)  # a pessimistic measurement: γ = 0 from now on
     result = pipe.generate(PROMPTS[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))[0]
     assert result.token_ids[:MAX_TOKENS] == target_only[0]

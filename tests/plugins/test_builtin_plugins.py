@@ -64,8 +64,17 @@ def test_missing_properties_are_left_empty():
 def test_cpu_properties_per_role():
     plugin = CpuPlugin()
     for role in ("target", "draft"):
-        properties = plugin.compile_properties(role)
-        assert properties == {"PERFORMANCE_HINT": "LATENCY", "KV_CACHE_PRECISION": "u8"}
+        # Unknown or uncompressed weights: the plugin's own precisions (bf16 compute and cache here).
+        assert plugin.compile_properties(role) == {"PERFORMANCE_HINT": "LATENCY"}
+        assert plugin.compile_properties(role, weights="fp16") == {"PERFORMANCE_HINT": "LATENCY"}
+        # int8/int4 weights: f32 compute with dynamic int8 activations in groups of 128, u8 cache.
+        for weights in ("int8", "int4"):
+            assert plugin.compile_properties(role, weights=weights) == {
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": "f32",
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+                "KV_CACHE_PRECISION": "u8",
+            }
     pinned = CpuPlugin(target_threads=6, draft_threads=2)
     assert pinned.compile_properties("target")["INFERENCE_NUM_THREADS"] == 6
     assert pinned.compile_properties("draft")["INFERENCE_NUM_THREADS"] == 2
@@ -73,21 +82,35 @@ def test_cpu_properties_per_role():
 
 
 def test_user_properties_override_plugin_defaults():
-    exact = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
-    assert CpuPlugin().compile_properties("target", exact) == {"PERFORMANCE_HINT": "LATENCY", **exact}
+    exact = {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "f32",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+    }
+    for weights in (None, "int8"):
+        assert CpuPlugin().compile_properties("target", exact, weights=weights) == {
+            "PERFORMANCE_HINT": "LATENCY",
+            **exact,
+        }
     gpu = GpuPlugin().compile_properties("draft", {"INFERENCE_PRECISION_HINT": "f32"})
     assert gpu["INFERENCE_PRECISION_HINT"] == "f32" and gpu["KV_CACHE_PRECISION"] == "f16"
     npu = NpuPlugin().compile_properties("target", {"NPUW_LLM_MAX_PROMPT_LEN": "2048"})
     assert npu["NPUW_LLM_MAX_PROMPT_LEN"] == "2048" and npu["NPUW_LLM"] == "YES"
 
 
-def test_cpu_f32_compute_brings_an_f32_cache_unless_told_otherwise():
-    f32 = CpuPlugin().compile_properties("target", {"INFERENCE_PRECISION_HINT": "f32"})
-    assert f32["KV_CACHE_PRECISION"] == "f32"
+def test_cpu_f32_compute_brings_an_f32_cache_and_no_quantisation_unless_told_otherwise():
+    f32 = CpuPlugin().compile_properties("target", {"INFERENCE_PRECISION_HINT": "f32"}, weights="int8")
+    assert f32["KV_CACHE_PRECISION"] == "f32" and f32["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
     explicit = CpuPlugin().compile_properties(
-        "target", {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"}
+        "target",
+        {
+            "INFERENCE_PRECISION_HINT": "f32",
+            "KV_CACHE_PRECISION": "u8",
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 64,
+        },
+        weights="int8",
     )
-    assert explicit["KV_CACHE_PRECISION"] == "u8"
+    assert explicit["KV_CACHE_PRECISION"] == "u8" and explicit["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 64
 
 
 def test_gpu_defaults_to_f16():

@@ -82,6 +82,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--hf-draft", type=Path, default=None, help="HF checkpoint of the draft (default: none)"
     )
     parser.add_argument("--f32", action="store_true", help="f32 compute and KV cache (default: CPU defaults)")
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="compare the engines in exact mode (f32 compute, f32 KV, no dynamic quantisation)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -103,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         hf_target=args.hf_target,
         hf_draft=args.hf_draft,
         f32=args.f32,
+        exact=args.exact,
         **values,
     )
 
@@ -125,9 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_bench(config: BenchConfig) -> dict[str, Any]:
     """Run the configured modes; return the report (plots are written into ``config.out`` already)."""
-    from xpuspec.bench.latency import run_latency
+    from xpuspec.bench.latency import genai_default_properties, run_latency
     from xpuspec.bench.load import run_load
     from xpuspec.bench.plots import write_plots
+    from xpuspec.devices.placement import recorded_properties
     from xpuspec.engine.engine import EngineConfig
     from xpuspec.model_bundle import ModelBundle
     from xpuspec.pipeline import Pipeline
@@ -139,20 +146,29 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     # Batch 1 needs one sequence's KV: a small cache keeps memory low beside the peers.
     num_kv_blocks = 4 * -(-bundle.max_context // 16)
 
-    def pipeline(drafter: str) -> Pipeline:
+    def pipeline(drafter: str, properties: Any = None, draft_properties: Any = None) -> Pipeline:
         return Pipeline(
             config.bundle,
             drafter=drafter,
-            properties=config.properties or None,
+            properties=properties,
+            draft_properties=draft_properties,
             engine_config=engine_config,
             num_kv_blocks=num_kv_blocks,
             use_placement=False,  # the bench sets every choice itself
         )
 
-    logger.info("loading xpuspec target-only and speculative pipelines from %s", bundle.root)
-    target_pipe = pipeline("none")
+    # Same properties for both engines: the user's, or GenAI's CPU defaults made explicit.
+    same_properties = dict(config.properties) or genai_default_properties()
+    # xpuspec as it comes: the compile properties `xpuspec plan --write` recorded, else the plugin's.
+    default_properties = (
+        recorded_properties(bundle, "target", "CPU"),
+        recorded_properties(bundle, "draft", "CPU"),
+    )
+    logger.info("loading xpuspec to encode the prompts, from %s", bundle.root)
+    encoder = pipeline("none", same_properties)
     max_prompt_tokens = bundle.max_context - config.max_tokens - engine_config.max_draft_tokens - 1
-    token_prompts = encode_prompts(target_pipe, prompts, max_prompt_tokens)
+    token_prompts = encode_prompts(encoder, prompts, max_prompt_tokens)
+    del encoder
     report: dict[str, Any] = {
         "settings": config.settings(),
         "environment": environment(),
@@ -167,10 +183,9 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         ],
     }
     if config.runs_latency:
-        draft_pipe = pipeline("draft") if bundle.draft is not None else None
-        report["latency"] = run_latency(config, bundle, target_pipe, draft_pipe, token_prompts)
-        del draft_pipe
-    del target_pipe  # the load mode's server loads its own copy
+        report["latency"] = run_latency(
+            config, bundle, pipeline, token_prompts, same_properties, default_properties
+        )
     if config.runs_load:
         report["load"] = run_load(config, bundle, token_prompts)
     report["plots"] = write_plots(report, config.out)

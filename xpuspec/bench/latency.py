@@ -1,6 +1,19 @@
 """Batch-1 latency mode: xpuspec target-only and speculative at each draft length, beside its peers.
 
-Rounds interleave the configurations so that machine noise hits all alike; each configuration keeps
+Three groups of rows:
+
+- **same properties**: xpuspec and OpenVINO GenAI compiled with the same OpenVINO properties (the
+  user's, or GenAI's defaults made explicit: the CPU plugin's compute precision, a cache of that
+  precision and its dynamic-quantisation group), so that ``÷ GenAI`` compares the engines alone;
+- **default**: each engine as a user gets it: xpuspec with the properties `xpuspec plan` recorded in
+  the bundle (or its CPU plugin's defaults), GenAI's ``LLMPipeline`` with none;
+- **exact**: xpuspec target-only in exact mode (f32 compute, f32 KV cache, no dynamic quantisation),
+  the reference of every row's "same tokens" (greedy agreement: requests whose tokens equal it).
+
+Methodology: rounds interleave the configurations (order reversed every other round) so that machine
+noise hits all alike, and every round compiles every engine afresh, alternating which engine compiles
+first (in one process the model compiled first ran ~2-3% slower). GenAI's prefix caching is off
+(xpuspec has none), so neither engine reuses the prompt's KV across rounds. Each configuration keeps
 its best round. Every configuration generates the same prompt tokens, greedy, a fixed number of
 tokens (end-of-sequence ignored).
 """
@@ -41,6 +54,7 @@ class XpuspecLatencyRunner:
     """Drives a Pipeline's engine directly, one request at a time, reading its per-step counts."""
 
     def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
         self.engine = pipeline.engine
         self._ids = itertools.count()
 
@@ -106,10 +120,28 @@ def measure_step_costs(pipeline: Any, repeats: int = 7) -> dict[str, float]:
     return {"target_step_ms": target * 1000, "draft_step_ms": draft * 1000, "cost_ratio": draft / target}
 
 
+SAME, DEFAULT, EXACT = "same properties", "default", "exact"
+XPUSPEC_DEFAULT, GENAI_DEFAULT, XPUSPEC_EXACT = f"{XPUSPEC} default", f"{GENAI} default", f"{XPUSPEC} exact"
+# The engine label of each row group; the row's peer for the ÷ GenAI column.
+PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT}
+
+
 @dataclass
 class _Config:
     result: LatencyResult
-    generate: Generate | None  # None when skipped
+    engine_key: str | None  # the _Engine that runs it; None when skipped
+    draft_length: int | str | None
+    reference_only: bool = False  # measured in the first round only (the exact reference)
+
+
+@dataclass
+class _Engine:
+    """One engine configuration, compiled afresh every round by ``build``."""
+
+    key: str
+    family: str  # XPUSPEC or GENAI: which compiles first alternates between the families
+    build: Callable[[], Any]  # -> an object with generate(token_ids, max_tokens, draft_length)
+    fresh_per_round: bool = True
 
 
 def _label(engine: str, draft_length: int | str | None) -> str:
@@ -120,92 +152,170 @@ def _label(engine: str, draft_length: int | str | None) -> str:
     return f"{engine} speculative (γ={draft_length})"
 
 
+def genai_default_properties() -> dict[str, Any]:
+    """The CPU plugin's defaults as GenAI's LLMPipeline compiles with them, made explicit: the default
+    compute precision, a KV cache of that precision (f16 at f32, which the CPU's PagedAttention takes)
+    and the default dynamic-quantisation group."""
+    import openvino as ov
+
+    core = ov.Core()
+    compute = str(core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name())
+    hint = {"bf16": "bf16", "f16": "f16"}.get(compute, "f32")
+    return {
+        "INFERENCE_PRECISION_HINT": hint,
+        "KV_CACHE_PRECISION": hint if hint != "f32" else "f16",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": int(core.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")),
+    }
+
+
 def _configurations(
-    config: BenchConfig, bundle: ModelBundle, target_pipe: Any, draft_pipe: Any | None
-) -> list[_Config]:
+    config: BenchConfig,
+    bundle: ModelBundle,
+    build_pipeline: Callable[[str, Any, Any], Any],
+    same_properties: dict[str, Any],
+    default_properties: tuple[dict[str, Any] | None, dict[str, Any] | None],
+) -> tuple[list[_Config], dict[str, _Engine]]:
+    """The rows and the engines they run on. ``build_pipeline(drafter, properties, draft_properties)``
+    loads an xpuspec Pipeline."""
     lengths: list[int | str] = [*config.draft_lengths, ADAPTIVE]
     configs: list[_Config] = []
+    engines: dict[str, _Engine] = {}
+    has_draft = bundle.draft is not None
 
     def add(
-        engine: str, draft_length: int | str | None, generate: Generate | None, reason: str | None
+        label: str, draft_length: int | str | None, key: str | None, reason: str | None, **kw: Any
     ) -> None:
-        result = LatencyResult(_label(engine, draft_length), engine, draft_length)
-        if generate is None:
+        result = LatencyResult(_label(label, draft_length), label, draft_length)
+        if key is None:
             result.status, result.reason = SKIPPED, reason
-        configs.append(_Config(result, generate))
+        configs.append(_Config(result, key, draft_length, **kw))
 
-    def bind(runner: Any, draft_length: int | str | None) -> Generate:
-        return lambda ids, max_tokens: runner.generate(ids, max_tokens, draft_length)
-
-    target_runner = XpuspecLatencyRunner(target_pipe)
-    add(XPUSPEC, None, bind(target_runner, None), None)
-    draft_runner = XpuspecLatencyRunner(draft_pipe) if draft_pipe is not None else None
-    for length in lengths:
-        add(
-            XPUSPEC,
-            length,
-            bind(draft_runner, length) if draft_runner else None,
-            "the bundle has no draft model",
+    def xpuspec_engine(key: str, drafter: str, properties: Any, draft_properties: Any) -> str:
+        engines[key] = _Engine(
+            key, XPUSPEC, lambda: XpuspecLatencyRunner(build_pipeline(drafter, properties, draft_properties))
         )
+        return key
 
-    genai_lengths: list[int | str | None] = [None, *config.draft_lengths]
+    # xpuspec, same properties as GenAI; then as it comes (plan-recorded or plugin properties).
+    for label, properties, draft_properties in (
+        (XPUSPEC, same_properties, same_properties),
+        (XPUSPEC_DEFAULT, *default_properties),
+    ):
+        add(label, None, xpuspec_engine(f"{label}/none", "none", properties, None), None)
+        spec = xpuspec_engine(f"{label}/draft", "draft", properties, draft_properties) if has_draft else None
+        for length in lengths:
+            add(label, length, spec, "the bundle has no draft model")
+    add(XPUSPEC_EXACT, None, xpuspec_engine("exact/none", "none", "exact", None), None, reference_only=True)
+
     reason = genai_unavailable()
-    runners: dict[bool, Any] = {}
-    if reason is None:
-        try:
-            runners[False] = GenaiLatencyRunner(bundle.target.path, None, config.properties)
-            if bundle.draft is not None:
-                runners[True] = GenaiLatencyRunner(bundle.target.path, bundle.draft.path, config.properties)
-        except Exception as error:  # a peer that fails to load is reported, not fatal
-            reason = f"failed to load: {error}"
-    for length in genai_lengths:
-        runner = runners.get(length is not None)
-        why = reason or ("the bundle has no draft model" if runner is None else None)
-        add(GENAI, length, bind(runner, length) if runner and not why else None, why)
-    # GenAI's LLMPipeline has no adaptive draft length; say so rather than leave the row out.
-    add(GENAI, ADAPTIVE, None, "LLMPipeline has no adaptive draft length (num_assistant_tokens is fixed)")
+    for label, properties in ((GENAI, same_properties), (GENAI_DEFAULT, {})):
+        keys: dict[bool, str] = {}
+        if reason is None:
+            for speculative in (False, True) if has_draft else (False,):
+                key = f"{label}/{'draft' if speculative else 'none'}"
+                draft_dir = bundle.draft.path if speculative and bundle.draft is not None else None
+
+                def build(draft_dir: Any = draft_dir, properties: dict[str, Any] = properties) -> Any:
+                    return GenaiLatencyRunner(bundle.target.path, draft_dir, properties)
+
+                engines[key] = _Engine(key, GENAI, build)
+                keys[speculative] = key
+        for length in [None, *config.draft_lengths]:
+            key = keys.get(length is not None)
+            why = reason or ("the bundle has no draft model" if key is None else None)
+            add(label, length, key if not why else None, why)
+        # GenAI's LLMPipeline has no adaptive draft length; say so rather than leave the row out.
+        add(label, ADAPTIVE, None, "LLMPipeline has no adaptive draft length (num_assistant_tokens is fixed)")
 
     reason = transformers_unavailable(config.hf_target, config.hf_draft)
-    hf_runner = None
+    hf_key = None
     if reason is None:
-        try:
-            hf_runner = TransformersLatencyRunner(config.hf_target, config.hf_draft)  # type: ignore[arg-type]
-        except Exception as error:
-            reason = f"failed to load: {error}"
+        hf_key = "transformers"
+        engines[hf_key] = _Engine(
+            hf_key,
+            TRANSFORMERS,
+            lambda: TransformersLatencyRunner(config.hf_target, config.hf_draft),  # type: ignore[arg-type]
+            fresh_per_round=False,  # PyTorch compiles nothing: one load serves every round
+        )
     for length in [None, *lengths]:
-        add(TRANSFORMERS, length, bind(hf_runner, length) if hf_runner else None, reason)
+        add(TRANSFORMERS, length, hf_key, reason)
 
     add(LLAMA_CPP, None, None, llama_cpp_unavailable())
-    return configs
+    return configs, engines
 
 
 def run_latency(
     config: BenchConfig,
     bundle: ModelBundle,
-    target_pipe: Any,
-    draft_pipe: Any | None,
+    build_pipeline: Callable[[str, Any, Any], Any],
     prompts: list[list[int]],
+    same_properties: dict[str, Any],
+    default_properties: tuple[dict[str, Any] | None, dict[str, Any] | None] = (None, None),
 ) -> dict[str, Any]:
     """Every configuration over ``prompts`` (token ids); returns the report's ``latency`` section."""
-    configs = _configurations(config, bundle, target_pipe, draft_pipe)
-    costs = measure_step_costs(draft_pipe) if draft_pipe is not None else None
-    active = [c for c in configs if c.generate is not None]
-    progress = Progress("latency", len(active) * (config.rounds + 1))
-    for entry in active:  # warm-up: the first inferences compile kernels
-        _guarded(entry, lambda e: e.generate(prompts[0], min(8, config.max_tokens)))  # type: ignore[misc]
-        progress.advance(f"warm-up {entry.result.name}")
+    configs, engines = _configurations(config, bundle, build_pipeline, same_properties, default_properties)
+    active = [c for c in configs if c.engine_key is not None]
+    progress = Progress("latency", config.rounds * (len(engines) + len(active)))
+    costs: dict[str, float] | None = None
+    cost_model: dict[str, float] | None = None
+    kept: dict[str, Any] = {}  # engines built once (fresh_per_round False)
+    compile_order: list[list[str]] = []
     for round_index in range(config.rounds):
-        for entry in active:
-            if entry.generate is None:  # failed in an earlier round
+        # Compile every engine afresh, xpuspec first in even rounds and GenAI first in odd ones.
+        families = [XPUSPEC, GENAI] if round_index % 2 == 0 else [GENAI, XPUSPEC]
+        order = sorted(
+            engines.values(), key=lambda e: families.index(e.family) if e.family in families else 2
+        )
+        built: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for engine in order:
+            if not engine.fresh_per_round and engine.key in kept:
+                built[engine.key] = kept[engine.key]
+                continue
+            if not any(c.engine_key == engine.key and _wanted(c, round_index) for c in active):
+                progress.advance(f"round {round_index + 1}: {engine.key} not needed")
+                continue
+            try:
+                built[engine.key] = engine.build()
+                # Warm-up: the first inferences compile kernels for new shapes.
+                built[engine.key].generate(prompts[0], min(8, config.max_tokens), None)
+            except Exception as error:  # a peer that fails to load is reported, not fatal
+                if engine.family == XPUSPEC:
+                    raise
+                logger.warning("%s failed to load: %s", engine.key, error)
+                failed[engine.key] = f"failed to load: {error}"
+            if not engine.fresh_per_round and engine.key in built:
+                kept[engine.key] = built[engine.key]
+            progress.advance(f"round {round_index + 1}: compiled {engine.key}")
+        compile_order.append([e.key for e in order if e.key in built])
+        if costs is None and f"{XPUSPEC}/draft" in built:
+            pipeline = built[f"{XPUSPEC}/draft"].pipeline
+            costs = measure_step_costs(pipeline)
+        entries = active if round_index % 2 == 0 else active[::-1]
+        for entry in entries:
+            key = entry.engine_key
+            if key is None or not _wanted(entry, round_index):
                 progress.advance(f"{entry.result.name}: skipped")
                 continue
+            if key in failed:
+                entry.result.status, entry.result.reason, entry.engine_key = SKIPPED, failed[key], None
+                progress.advance(f"{entry.result.name}: {failed[key]}")
+                continue
+            runner, length = built[key], entry.draft_length
 
-            def one_round(e: _Config) -> None:
-                e.result.record_round([e.generate(ids, config.max_tokens) for ids in prompts])  # type: ignore[misc]
+            def one_round(e: _Config, runner: Any = runner, length: Any = length) -> None:
+                e.result.record_round([runner.generate(ids, config.max_tokens, length) for ids in prompts])
 
             _guarded(entry, one_round)
-            seconds = entry.result.round_seconds[-1] if entry.generate else float("nan")
+            seconds = entry.result.round_seconds[-1] if entry.engine_key else float("nan")
             progress.advance(f"round {round_index + 1}/{config.rounds} {entry.result.name}: {seconds:.2f} s")
+        if f"{XPUSPEC}/draft" in built:
+            model = built[f"{XPUSPEC}/draft"].pipeline.engine.cost_model
+            cost_model = {
+                "target_step_ms": model.target_cost(1) * 1000,
+                "draft_step_ms": model.draft_cost(1) * 1000,
+            }
+        del built
 
     results = [c.result for c in configs]
     summaries = {r.name: r.summary() for r in results}
@@ -214,18 +324,26 @@ def run_latency(
     _peer_ratios(results, summaries)
     section: dict[str, Any] = {
         "step_costs": costs,
+        "properties": {
+            SAME: same_properties,
+            f"{XPUSPEC_DEFAULT} (target)": default_properties[0] or "CPU plugin defaults",
+            f"{XPUSPEC_DEFAULT} (draft)": default_properties[1] or "CPU plugin defaults",
+            GENAI_DEFAULT: "none (LLMPipeline defaults)",
+            XPUSPEC_EXACT: "exact",
+        },
+        "compile_order": compile_order,
         "configurations": [
             {"name": r.name, "engine": r.engine, "draft_length": r.draft_length, **summaries[r.name]}
             for r in results
         ],
     }
-    if draft_pipe is not None:
-        cost_model = draft_pipe.engine.cost_model
-        section["engine_cost_model"] = {
-            "target_step_ms": cost_model.target_cost(1) * 1000,
-            "draft_step_ms": cost_model.draft_cost(1) * 1000,
-        }
+    if cost_model is not None:
+        section["engine_cost_model"] = cost_model
     return section
+
+
+def _wanted(entry: _Config, round_index: int) -> bool:
+    return round_index == 0 or not entry.reference_only
 
 
 def _guarded(entry: _Config, action: Callable[[_Config], None]) -> None:
@@ -236,29 +354,48 @@ def _guarded(entry: _Config, action: Callable[[_Config], None]) -> None:
         if entry.result.engine == XPUSPEC:
             raise
         logger.warning("%s failed: %s", entry.result.name, error)
-        entry.result.status, entry.result.reason, entry.generate = SKIPPED, f"failed: {error}", None
+        entry.result.status, entry.result.reason, entry.engine_key = SKIPPED, f"failed: {error}", None
 
 
 def _compare_tokens(results: list[LatencyResult], summaries: dict[str, dict[str, Any]]) -> None:
-    """How many requests gave the same tokens as xpuspec target-only (greedy: all, at f32)."""
-    reference = next((r for r in results if r.engine == XPUSPEC and r.draft_length is None), None)
+    """Greedy agreement with the exact reference: requests whose tokens equal those of xpuspec
+    target-only in exact mode (falling back to xpuspec target-only when the reference did not run)."""
+    reference = next((r for r in results if r.engine == XPUSPEC_EXACT and r.requests), None)
+    reference = reference or next(
+        (r for r in results if r.engine == XPUSPEC and r.draft_length is None), None
+    )
     if reference is None or not reference.requests:
         return
     expected = [t.token_ids for t in reference.requests]
     for result in results:
         if result.requests:
             same = sum(t.token_ids == e for t, e in zip(result.requests, expected, strict=True))
-            summaries[result.name]["same_tokens_as_target_only"] = f"{same}/{len(expected)}"
+            summaries[result.name]["same_tokens_as_exact"] = f"{same}/{len(expected)}"
+            summaries[result.name]["same_tokens_reference"] = reference.name
 
 
 def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, Any]]) -> None:
-    """xpuspec tokens/s over each peer's at the same draft length (>1: xpuspec is faster)."""
+    """xpuspec tokens/s over each peer's at the same draft length (>1: xpuspec is faster).
+
+    Same-properties rows compare with GenAI at the same properties, default rows with GenAI's default;
+    the adaptive row, which GenAI lacks, compares with GenAI's best fixed-γ row.
+    """
     rate = {(r.engine, r.draft_length): summaries[r.name].get("tokens_per_s") for r in results}
     for result in results:
-        if result.engine != XPUSPEC:
+        genai = PEER_OF.get(result.engine)
+        if genai is None:
             continue
-        ratios = {}
-        for peer in (GENAI, TRANSFORMERS):
-            ours, theirs = rate.get((XPUSPEC, result.draft_length)), rate.get((peer, result.draft_length))
-            ratios[peer] = ours / theirs if ours and theirs else None
+        ratios: dict[str, float | None] = {}
+        ours = rate.get((result.engine, result.draft_length))
+        if result.draft_length == ADAPTIVE:
+            fixed = [
+                v for (engine, length), v in rate.items() if engine == genai and isinstance(length, int) and v
+            ]
+            theirs = max(fixed) if fixed else None
+        else:
+            theirs = rate.get((genai, result.draft_length))
+        ratios[GENAI] = ours / theirs if ours and theirs else None
+        if result.engine == XPUSPEC:
+            hf = rate.get((TRANSFORMERS, result.draft_length))
+            ratios[TRANSFORMERS] = ours / hf if ours and hf else None
         summaries[result.name]["ratio_to_peers"] = ratios

@@ -32,23 +32,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     plan = subparsers.add_parser(
         "plan",
-        help="measure device placements and draft lengths for a bundle, optionally record the best",
-        description="Run a short greedy workload for each target device x draft device x draft length "
-        "(0 = no draft, fixed lengths, adaptive) and print tokens/s. --write records the fastest in the "
+        help="measure compile properties, device placements and draft lengths; optionally record the best",
+        description="First measure each model's step cost and greedy agreement with the exact reference "
+        "under candidate compile properties (precision, KV cache, dynamic-quantisation group), then run a "
+        "short greedy workload for each target device x draft device x draft length (0 = no draft, fixed "
+        "lengths, adaptive) in interleaved rounds until the ranking is clear. The default placement and "
+        "properties are kept unless a candidate is clearly faster. --write records the result in the "
         "bundle manifest, where Pipeline and `xpuspec generate` pick it up.",
     )
     plan.add_argument(
         "bundle", nargs="?", default=None, help="bundle folder (default: the embedded demo pair)"
     )
-    plan.add_argument("--write", action="store_true", help="record the best placement in the manifest")
-    plan.add_argument("--json", action="store_true", help="print the measurements as JSON")
-    plan.add_argument("--prompts", type=int, default=4, help="prompts in the workload (default 4)")
-    plan.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt (default 32)")
+    plan.add_argument("--write", action="store_true", help="record the result in the manifest")
+    plan.add_argument("--json", action="store_true", help="print the record as JSON")
     plan.add_argument(
-        "--draft-lengths", default="2,4,6", help="fixed draft lengths to try, comma-separated (default 2,4,6)"
+        "--quick",
+        action="store_true",
+        help="a reduced workload: 2 prompts x 16 tokens, draft lengths 2,4, 0.25 s rounds, "
+        "short property checks",
     )
-    plan.add_argument("--repeats", type=int, default=2, help="runs per placement, fastest counts (default 2)")
+    plan.add_argument("--prompts", type=int, default=None, help="prompts in the workload (default 4)")
+    plan.add_argument("--max-tokens", type=int, default=None, help="tokens per prompt (default 32)")
+    plan.add_argument(
+        "--draft-lengths", default=None, help="fixed draft lengths to try, comma-separated (default 2,4,6)"
+    )
+    plan.add_argument(
+        "--repeats", type=int, default=3, help="interleaved rounds per placement, at least (default 3)"
+    )
+    plan.add_argument(
+        "--max-rounds",
+        type=int,
+        default=6,
+        help="rounds at most while the ranking is unclear (default 6); replacing the default placement "
+        "needs 5 rounds (or all of them, when fewer)",
+    )
+    plan.add_argument(
+        "--min-round-seconds",
+        type=float,
+        default=None,
+        help="a round of one placement repeats the workload for at least this long (default 0.5)",
+    )
     plan.add_argument("--no-adaptive", action="store_true", help="do not try the adaptive draft length")
+    plan.add_argument(
+        "--no-tune", action="store_true", help="keep the plugins' default compile properties (skip stage 1)"
+    )
     plan.add_argument(
         "--devices", default=None, help="comma-separated devices to try (default: every present device)"
     )
@@ -57,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an OpenVINO compile property for every candidate (repeatable)",
+        help="an OpenVINO compile property for every candidate (repeatable); a precision property "
+        "turns off the tuning of compile properties",
     )
     plan.set_defaults(func=run_plan)
 
@@ -185,24 +213,35 @@ def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 def _parse_plan_config(args: argparse.Namespace) -> Any:
     from xpuspec.devices.planner import PlanConfig
+    from xpuspec.devices.tuning import TuneConfig
     from xpuspec.generate_command import parse_properties
 
+    quick = args.quick
+    draft_lengths = args.draft_lengths or ("2,4" if quick else "2,4,6")
     try:
-        lengths = tuple(int(item) for item in args.draft_lengths.split(",") if item.strip())
+        lengths = tuple(int(item) for item in draft_lengths.split(",") if item.strip())
     except ValueError as error:
-        raise ValueError(
-            f"--draft-lengths takes comma-separated integers, got {args.draft_lengths!r}"
-        ) from error
+        raise ValueError(f"--draft-lengths takes comma-separated integers, got {draft_lengths!r}") from error
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices else None
-    return PlanConfig(
-        num_prompts=args.prompts,
-        max_tokens=args.max_tokens,
+    properties = parse_properties(args.property)
+    tune = (
+        TuneConfig(num_prompts=2, max_tokens=16, steps_per_round=8, max_rounds=5) if quick else TuneConfig()
+    )
+    config = PlanConfig(
+        num_prompts=args.prompts or (2 if quick else 4),
+        max_tokens=args.max_tokens or (16 if quick else 32),
         draft_lengths=lengths,
         adaptive=not args.no_adaptive,
-        repeats=args.repeats,
+        min_rounds=args.repeats,
+        max_rounds=max(args.max_rounds, args.repeats),
+        confirm_rounds=min(max(5, args.repeats), max(args.max_rounds, args.repeats)),
+        min_round_seconds=args.min_round_seconds or (0.25 if quick else 0.5),
         devices=devices,
-        properties=parse_properties(args.property),
+        properties=properties,
+        tune_config=tune,
     )
+    # A user who sets a precision property has chosen it; there is nothing to tune.
+    return dataclasses.replace(config, tune=not args.no_tune and not config.user_sets_precision)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -210,11 +249,13 @@ def run_plan(args: argparse.Namespace) -> int:
 
     from xpuspec.devices.placement import resolve_device, write_placement
     from xpuspec.devices.planner import (
-        best_measurement,
         candidate_placements,
+        decide,
+        default_placement,
         measure_placements,
         placement_record,
         plannable_devices,
+        tune_properties,
     )
     from xpuspec.devices.registry import default_registry
     from xpuspec.model_bundle import BundleError, ModelBundle
@@ -230,28 +271,46 @@ def run_plan(args: argparse.Namespace) -> int:
     except (ValueError, BundleError) as error:
         print(f"xpuspec: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    candidates = candidate_placements(bundle, devices, config)
-    print(
-        f"measuring {len(candidates)} placements on {', '.join(devices)}: {config.num_prompts} prompts x "
-        f"{config.max_tokens} tokens, greedy",
-        file=sys.stderr,
-    )
 
-    def show(measurement: Any) -> None:
+    def note(line: str) -> None:
         if not args.json:
-            print(_measurement_line(measurement), file=sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
 
-    measurements = measure_placements(bundle.root, candidates, config, progress=show)
+    tuned = {}
+    if config.tune:
+        note(
+            f"stage 1: compile properties per model and device (step cost; greedy agreement with the exact "
+            f"reference on {config.tune_config.num_prompts} prompts x {config.tune_config.max_tokens} tokens)"
+        )
+        tuned = tune_properties(bundle, devices, core, registry, config, progress=note)
+    candidates = candidate_placements(bundle, devices, config)
+    default = default_placement(bundle, devices)
+    note(
+        f"stage 2: {len(candidates)} placements on {', '.join(devices)}: {config.num_prompts} prompts x "
+        f"{config.max_tokens} tokens, greedy, {config.min_rounds}-{config.max_rounds} interleaved rounds of "
+        f">= {config.min_round_seconds} s each"
+    )
+    measurements = measure_placements(
+        bundle.root,
+        candidates,
+        config,
+        progress=lambda m: note(_measurement_line(m)),
+        tuned=tuned,
+        default=default,
+    )
     try:
-        best = best_measurement(measurements)
+        decision = decide(measurements, default, config)
     except ValueError as error:
         print(f"xpuspec: error: {error}", file=sys.stderr)
         return EXIT_FAILED
-    record = placement_record(best, measurements, config, list(core.available_devices))
+    record = placement_record(decision, measurements, config, list(core.available_devices), tuned)
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        header = ("TARGET", "DRAFT", "DRAFTER", "GAMMA", "TOKENS/S", "ACCEPTANCE", "NOTE")
+        if tuned:
+            _print_properties_table(tuned)
+            print()
+        header = ("TARGET", "DRAFT", "DRAFTER", "GAMMA", "TOKENS/S", "SPREAD", "ROUNDS", "ACCEPTANCE", "NOTE")
         rows = [
             (
                 m.placement.target_device,
@@ -259,21 +318,64 @@ def run_plan(args: argparse.Namespace) -> int:
                 m.placement.drafter,
                 "adaptive" if m.placement.num_draft_tokens is None else str(m.placement.num_draft_tokens),
                 f"{m.tokens_per_s:.1f}",
+                "-" if m.spread is None else f"{m.spread:.0%}",
+                str(len(m.round_rates)),
                 "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
-                "best" if m is best else (m.error or ""),
+                _placement_note(m, decision),
             )
             for m in measurements
         ]
         _print_table(header, rows)
+        print(f"decision: {decision.reason}")
     if args.write:
         write_placement(bundle.root, record)
-        print(f"recorded the best placement in {bundle.root}", file=sys.stderr)
+        print(f"recorded the placement and compile properties in {bundle.root}", file=sys.stderr)
     return 0
+
+
+def _placement_note(measurement: Any, decision: Any) -> str:
+    if measurement.error:
+        return measurement.error
+    notes = []
+    if measurement is decision.chosen:
+        notes.append("recorded")
+    if measurement is decision.default:
+        notes.append("default")
+    if measurement is decision.fastest and measurement is not decision.chosen:
+        notes.append("fastest, within noise")
+    return ", ".join(notes)
+
+
+def _print_properties_table(tuned: dict[tuple[str, str], Any]) -> None:
+    header = ("ROLE", "DEVICE", "PROPERTIES", "MS/STEP", "SPREAD", "ROUNDS", "AGREEMENT", "NOTE")
+    rows = []
+    for (role, device), result in tuned.items():
+        for candidate in result.candidates:
+            chosen = (candidate.is_default and not result.chosen) or (
+                result.chosen and candidate.properties == result.chosen
+            )
+            rows.append(
+                (
+                    role,
+                    device,
+                    candidate.label,
+                    "-" if candidate.step_ms is None else f"{candidate.step_ms:.3f}",
+                    "-" if candidate.spread is None else f"{candidate.spread:.0%}",
+                    str(len(candidate.round_ms)),
+                    "-" if candidate.agreement is None else f"{candidate.agreement}/{result.num_prompts}",
+                    candidate.error or ("chosen" if chosen else ""),
+                )
+            )
+    _print_table(header, rows)
+    for (role, device), result in tuned.items():
+        print(f"{role} on {device}: {result.summary()}")
 
 
 def _measurement_line(measurement: Any) -> str:
     placement = measurement.placement
     length = "adaptive" if placement.num_draft_tokens is None else placement.num_draft_tokens
-    outcome = measurement.error or f"{measurement.tokens_per_s:.1f} tokens/s"
+    spread = "" if measurement.spread is None else f" (spread {measurement.spread:.0%})"
+    rounds = f", {len(measurement.round_rates)} rounds"
+    outcome = measurement.error or f"{measurement.tokens_per_s:.1f} tokens/s{spread}{rounds}"
     devices = f"{placement.target_device} / {placement.draft_device}"
     return f"  {devices} / {placement.drafter} / gamma={length}: {outcome}"

@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
-from xpuspec.devices.plugin import Role
+from xpuspec.devices.plugin import OpenVINODevicePlugin, Role
+from xpuspec.devices.properties import PropertiesArg, layer_tuned, resolve_properties
 from xpuspec.model_bundle import ModelInfo
 
 logger = logging.getLogger(__name__)
@@ -16,8 +17,9 @@ def create_runner(
     device: ResolvedDevice,
     model: ModelInfo,
     role: Role,
-    user_properties: dict[str, Any] | None,
+    user_properties: PropertiesArg,
     *,
+    tuned_properties: dict[str, Any] | None = None,
     num_blocks: int | None,
     block_size: int | None = None,
     max_draft_tokens: int,
@@ -29,9 +31,17 @@ def create_runner(
 
     ``block_size`` is the KV block size the runner must use (the draft shares the target's block
     tables); OpenVINO runners pick it themselves and the caller checks the two agree.
+    ``user_properties`` may name a preset ("exact"); ``tuned_properties`` are what `xpuspec plan`
+    recorded for this role and device (see :mod:`xpuspec.devices.properties` for the layering).
     """
     plugin = device.plugin
-    properties = plugin.compile_properties(role, user_properties, max_draft_tokens=max_draft_tokens)
+    user = layer_tuned(tuned_properties, resolve_properties(user_properties))
+    if isinstance(plugin, OpenVINODevicePlugin):
+        properties = plugin.compile_properties(
+            role, user, max_draft_tokens=max_draft_tokens, weights=model_weights(model)
+        )
+    else:
+        properties = plugin.compile_properties(role, user, max_draft_tokens=max_draft_tokens)
     logger.debug("%s on %s (%s executor): %s", role, device.device, plugin.executor_kind, properties)
     if plugin.executor_kind == "paged":
         from xpuspec.engine.model_runner import PagedModelRunner
@@ -65,3 +75,10 @@ def create_runner(
             raise ValueError(f"plugin {plugin.name} has executor_kind 'reference' but no create_runner()")
         return factory(model.path, model.facts, properties, num_blocks, block_size)
     raise ValueError(f"plugin {plugin.name}: unknown executor_kind {plugin.executor_kind!r}")
+
+
+def model_weights(model: ModelInfo) -> str | None:
+    """The weight format the manifest records for ``model`` ("int8", "int4", "fp16"), or ``None``."""
+    compression = model.facts.get("compression")
+    weights = compression.get("weights") if isinstance(compression, dict) else None
+    return str(weights) if weights else None

@@ -198,6 +198,23 @@ def choose_placement(
     return placement
 
 
+def recorded_properties(bundle: ModelBundle, role: str, device: str) -> dict[str, Any] | None:
+    """The compile properties `xpuspec plan --write` chose for ``role`` on ``device``, or ``None``.
+
+    They apply only on the device they were measured on (the record's device for that role).
+    """
+    field = bundle.placement
+    if not isinstance(field, dict):
+        return None
+    properties = field.get(f"{role}_properties")
+    measured_on = field.get("target_device" if role == "target" else "draft_device")
+    if not isinstance(properties, dict) or not properties or not isinstance(measured_on, str):
+        return None
+    if measured_on.strip().upper() != device.strip().upper():
+        return None
+    return dict(properties)
+
+
 def openvino_version() -> str | None:
     try:
         import openvino

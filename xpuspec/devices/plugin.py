@@ -156,7 +156,10 @@ class OpenVINODevicePlugin:
         user_properties: Mapping[str, Any] | None = None,
         *,
         max_draft_tokens: int = DEFAULT_MAX_DRAFT_TOKENS,
+        weights: str | None = None,
     ) -> dict[str, Any]:
+        """``weights``: the model's weight format as the manifest records it ("int8", "int4", "fp16";
+        ``None`` when unknown), for plugins whose best settings depend on it (the CPU's)."""
         check_role(role)
         return merge_properties(self.default_properties(role, max_draft_tokens), user_properties)
 

@@ -70,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an OpenVINO compile property for both models (repeatable)",
     )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
+        "preset); --property values still apply on top",
+    )
     parser.add_argument("--max-queue", type=int, default=256, help="requests in flight before 503")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument(
@@ -113,6 +119,7 @@ def served_name(bundle: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xpuspec.devices.properties import with_preset
     from xpuspec.generate_command import parse_properties
     from xpuspec.model_bundle import BundleError, ModelBundle
     from xpuspec.server.app import create_app
@@ -136,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
             max_request_body_bytes=4 * args.max_body_bytes,
         )
-        properties = parse_properties(args.property) or None
+        properties = with_preset("exact" if args.exact else None, parse_properties(args.property))
     except ValueError as error:
         print(f"xpuspec serve: {error}", file=sys.stderr)
         return EXIT_USAGE

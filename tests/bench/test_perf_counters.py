@@ -1,0 +1,21 @@
+"""The per-layer counter tool runs on the demo bundle and reports every variant and node type."""
+
+from __future__ import annotations
+
+from xpuspec.bench.perf_counters import VARIANTS, main, measure
+from xpuspec.demo import demo_bundle_path
+
+
+def test_counters_cover_each_variant_and_the_attention_node():
+    variants = {name: VARIANTS[name] for name in ("bf16+u8kv", "bf16+bf16kv")}
+    results = measure(demo_bundle_path() / "target", variants, steps=3, rounds=2)
+    assert set(results) == set(variants)
+    for result in results.values():
+        assert len(result["round_ms"]) == 2 and all(ms > 0 for ms in result["round_ms"])
+        assert result["nodes_ms"]["PagedAttentionExtension"] > 0
+
+
+def test_command_line(capsys):
+    assert main(["--role", "draft", "--steps", "2", "--rounds", "1", "--variants", "exact"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("exact ") and "per step, by node type" in out

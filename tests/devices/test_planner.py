@@ -1,0 +1,206 @@
+"""How `xpuspec plan` decides (placements and compile properties), that its record is stable over
+repeated runs, and that Pipeline applies the compile properties it recorded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from xpuspec.cli import main
+from xpuspec.devices.placement import Placement, write_placement
+from xpuspec.devices.planner import Measurement, PlanConfig, decide
+from xpuspec.devices.tuning import PropertyCandidate, choose_properties, first_stage, group_stage
+from xpuspec.model_bundle import ModelBundle
+
+DEFAULT = Placement("CPU", "CPU", "draft", None)
+CONFIG = PlanConfig(min_round_seconds=0.1)
+
+
+def _measured(placement: Placement, rates: list[float]) -> Measurement:
+    measurement = Measurement(placement)
+    for rate in rates:
+        measurement.add_round(int(rate), 1.0, 0, 0)
+    return measurement
+
+
+def test_a_clear_winner_replaces_the_default():
+    default = _measured(DEFAULT, [100, 102, 98, 101, 99])
+    gamma4 = _measured(Placement("CPU", "CPU", "draft", 4), [130, 128, 131, 127, 133])
+    decision = decide([gamma4, default], DEFAULT, CONFIG)
+    assert decision.clear and decision.chosen is gamma4 and "every one of 5 rounds" in decision.reason
+
+
+def test_overlapping_rounds_keep_the_default():
+    default = _measured(DEFAULT, [100, 102, 98, 101, 99])
+    noisy = _measured(Placement("CPU", "CPU", "draft", 4), [130, 128, 97, 127, 133])
+    decision = decide([noisy, default], DEFAULT, CONFIG)
+    assert not decision.clear and decision.chosen is default and decision.fastest is noisy
+    assert decision.reason.startswith("kept the default") and "within noise" in decision.reason
+
+
+def test_a_change_needs_confirm_rounds_and_the_margin():
+    default = _measured(DEFAULT, [100, 101, 99])
+    three_rounds = _measured(Placement("CPU", "CPU", "draft", 4), [130, 131, 129])
+    assert decide([three_rounds, default], DEFAULT, CONFIG).chosen is default  # 3 < confirm_rounds
+    default = _measured(DEFAULT, [100, 101, 99, 100, 100])
+    small_gain = _measured(Placement("CPU", "CPU", "draft", 4), [105, 106, 104, 105, 107])
+    assert decide([small_gain, default], DEFAULT, CONFIG).chosen is default  # 5% < the 10% margin
+
+
+def test_drafting_goes_off_only_on_a_larger_win():
+    default = _measured(DEFAULT, [100, 101, 99, 100, 100])
+    none_15 = _measured(Placement("CPU", "CPU", "none", 0), [115, 116, 114, 115, 116])
+    assert decide([none_15, default], DEFAULT, CONFIG).chosen is default  # < the 20% for "none"
+    none_30 = _measured(Placement("CPU", "CPU", "none", 0), [130, 131, 129, 130, 131])
+    assert decide([none_30, default], DEFAULT, CONFIG).chosen is none_30
+
+
+def test_equally_fast_candidates_resolve_by_a_fixed_preference():
+    """Noise decides which of two equal candidates comes out on top; the record must not follow it."""
+    default = _measured(DEFAULT, [100, 101, 99, 100, 100])
+    gamma2 = _measured(Placement("CPU", "CPU", "draft", 2), [130, 128, 131, 127, 133])
+    gamma4 = _measured(Placement("CPU", "CPU", "draft", 4), [132, 129, 130, 131, 133])
+    none = _measured(Placement("CPU", "CPU", "none", 0), [133, 131, 130, 129, 134])
+    decision = decide([none, gamma4, gamma2, default], DEFAULT, CONFIG)
+    assert decision.chosen is gamma2 and "preferred over the equally fast" in decision.reason
+
+
+def test_failed_and_empty_measurements():
+    broken = Measurement(DEFAULT, error="RuntimeError: no")
+    with pytest.raises(ValueError, match="no placement ran"):
+        decide([broken], DEFAULT, CONFIG)
+    other = _measured(Placement("CPU", "CPU", "draft", 2), [100, 100, 100])
+    assert decide([broken, other], DEFAULT, CONFIG).chosen is other
+
+
+def _candidate(
+    properties: dict, rounds: list[float], agreement: int, default: bool = False
+) -> PropertyCandidate:
+    return PropertyCandidate(properties, is_default=default, round_ms=rounds, agreement=agreement)
+
+
+def test_properties_need_agreement_and_a_clear_gain():
+    default = _candidate({}, [10.0, 10.2, 9.9, 10.1, 10.0], 3, default=True)
+    fast_unfaithful = _candidate({"INFERENCE_PRECISION_HINT": "bf16"}, [6.0, 6.1, 5.9, 6.0, 6.0], 2)
+    fast_faithful = _candidate({"INFERENCE_PRECISION_HINT": "f32"}, [8.0, 8.1, 7.9, 8.0, 8.0], 3)
+    noisy = _candidate({"KV_CACHE_PRECISION": "f32"}, [7.0, 11.0, 7.0, 7.0, 7.0], 4)
+    chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.05, 5)
+    assert chosen == {"INFERENCE_PRECISION_HINT": "f32"} and "agreement 3 vs the default's 3" in reason
+    # Fewer rounds than confirm_rounds: not yet a change.
+    chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.05, 6)
+    assert chosen == {} and "within noise" in reason
+    chosen, reason = choose_properties([default, noisy], default, 0.05, 5)
+    assert chosen == {} and "within noise" in reason
+    chosen, reason = choose_properties([default, fast_unfaithful], default, 0.05, 5)
+    assert chosen == {} and "default was the fastest" in reason
+
+
+def test_candidate_pruning_order():
+    stage1 = first_stage(("BF16", "FP32", "INT8"), compressed=True)
+    assert stage1 == [
+        {
+            "INFERENCE_PRECISION_HINT": "f32",
+            "KV_CACHE_PRECISION": "u8",
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+        },
+        {
+            "INFERENCE_PRECISION_HINT": "f32",
+            "KV_CACHE_PRECISION": "f32",
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+        },
+        {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"},
+        {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16"},
+        {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32"},
+    ]
+    # No group sizes for uncompressed weights, no bf16 where the device lacks it.
+    assert first_stage(("FP32",), compressed=False) == [
+        {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"},
+        {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"},
+    ]
+    assert [c["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for c in group_stage("u8")] == [0, 32, 64, 256]
+
+
+def _placement_key(record: dict) -> tuple:
+    return (
+        record["target_device"],
+        record["draft_device"],
+        record["drafter"],
+        record["num_draft_tokens"],
+        json.dumps(record["target_properties"], sort_keys=True),
+        json.dumps(record["draft_properties"], sort_keys=True),
+    )
+
+
+def test_plan_write_three_times_records_one_placement(tmp_path, capsys):
+    """`plan --write` three times on the demo bundle (reduced workload, compile properties tuned):
+    every run records the same placement, except runs that report the candidates within noise,
+    which must keep the default placement and the plugin's default properties."""
+    from xpuspec.demo import demo_bundle_path
+
+    bundle = tmp_path / "demo"
+    shutil.copytree(demo_bundle_path(), bundle)
+    records = []
+    for _ in range(3):
+        assert main(["plan", str(bundle), "--write", "--quick", "--devices", "CPU"]) == 0
+        records.append(ModelBundle.open(bundle, verify=True).placement)
+    capsys.readouterr()
+    default_key = ("CPU", "CPU", "draft", None, "{}", "{}")
+    changes = {_placement_key(r) for r in records if not r["within_noise"]} - {default_key}
+    assert len(changes) <= 1, [r["decision"] for r in records]
+    for record in records:
+        if record["within_noise"]:
+            assert (record["drafter"], record["num_draft_tokens"]) == ("draft", None), record["decision"]
+        measured = record["measured"]
+        # Every figure behind the record comes from rounds of at least the floor (0.25 s with --quick).
+        for candidate in measured["candidates"]:
+            assert len(candidate["rounds"]) >= 3 and candidate["seconds"] >= 0.25 * len(candidate["rounds"])
+        tuned = measured["compile_properties"]
+        assert set(tuned) == {"target@CPU", "draft@CPU"}
+        for result in tuned.values():
+            assert result["plugin_default"] == "compute=f32, kv=u8, dq_group=128"  # int8 weights
+            assert result["agreement_check"] == "2 prompts x 16 greedy tokens vs exact"
+            assert any(
+                c["properties"] == "plugin default" and c["agreement"] is not None
+                for c in result["candidates"]
+            )
+        assert record["target_properties_why"] and record["draft_properties_why"]
+
+
+def test_pipeline_applies_recorded_properties_unless_the_user_sets_precision(pair_bundle, tmp_path):
+    from xpuspec import Pipeline
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pair_bundle, bundle)
+    tuned = {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "u8",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+    }
+    write_placement(
+        bundle,
+        {**DEFAULT.as_dict(), "target_properties": tuned, "draft_properties": {}, "decision": "test"},
+    )
+
+    def cache_type(pipe) -> str:
+        return pipe.target_runner.cache_tensors["value_cache.0"].get_element_type().get_type_name()
+
+    planned = Pipeline(bundle, drafter="none")
+    assert planned.tuned_properties["target"] == tuned and cache_type(planned) == "u8"
+    # The user's precision wins over the record (exact: f32 cache); so does use_placement=False.
+    assert cache_type(Pipeline(bundle, drafter="none", properties="exact")) == "f32"
+    assert Pipeline(bundle, drafter="none", use_placement=False).tuned_properties["target"] is None
+    # fp16 weights, no record: the plugin's own cache precision (bf16 on this CPU, not u8).
+    assert cache_type(Pipeline(pair_bundle, drafter="none")) in ("bf16", "f16", "f32")
+
+
+def test_generate_says_when_the_recorded_plan_turns_drafting_off(pair_bundle, tmp_path, capsys):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pair_bundle, bundle)
+    write_placement(bundle, {**Placement("CPU", "CPU", "none", 0).as_dict(), "decision": "test"})
+    argv = ["generate", "--bundle", str(bundle), "def", "--max-tokens", "2", "--exact"]
+    assert main(argv) == 0
+    assert "the recorded plan turns drafting off" in capsys.readouterr().err
+    assert main([*argv, "--drafter", "draft"]) == 0  # an explicit drafter: nothing to say
+    assert "turns drafting off" not in capsys.readouterr().err

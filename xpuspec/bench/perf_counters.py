@@ -1,0 +1,133 @@
+"""Per-step cost and OpenVINO per-layer performance counters of compile-property variants.
+
+    python -m xpuspec.bench.perf_counters [--bundle B] [--role target|draft] [--steps 48] [--rounds 6]
+                                          [--variants bf16+u8kv,bf16+bf16kv,...]
+
+Compiles one model of a bundle once per variant (with ``PERF_COUNT``), then steps the variants in
+turn: every round each variant prefills the same ~300-token prompt and times ``--steps``
+single-token decode steps, the order reversed every other round. Prints per variant the median
+step time (and the best round's, which machine noise affects least), and the median per-step time
+of each node type from the performance counters (e.g. ``PagedAttentionExtension``, the attention
+kernel whose cost depends on the KV-cache precision; ``FullyConnectedCompressed``, the int8/int4
+matrix multiplications that dynamic quantisation speeds up). Counter times are per node and add up
+across threads, so compare them between variants, not with the step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+from typing import Any
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "bf16+u8kv": {"KV_CACHE_PRECISION": "u8"},
+    "bf16+bf16kv": {"KV_CACHE_PRECISION": "bf16"},
+    "f32+u8kv+g32": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"},
+    "f32+u8kv+g128": {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "u8",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+    },
+    "f32+f32kv+g128": {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "f32",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+    },
+    "exact": {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "f32",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+    },
+}
+PROMPT_TOKENS = 300
+
+
+def measure(
+    model_dir: Any, variants: dict[str, dict[str, Any]], steps: int, rounds: int
+) -> dict[str, dict[str, Any]]:
+    """``{variant: {"round_ms": [...], "nodes_ms": {node type: median ms per step}}}``."""
+    import numpy as np
+    import openvino as ov
+
+    from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk
+
+    core = ov.Core()
+    prompt = [int(t) for t in np.random.default_rng(0).integers(5, 300, size=PROMPT_TOKENS)]
+    runners = {
+        name: PagedModelRunner(
+            model_dir,
+            properties={"PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True, **properties},
+            num_blocks=-(-(PROMPT_TOKENS + steps + 1) // 32) + 1,
+            core=core,
+        )
+        for name, properties in variants.items()
+    }
+    round_ms: dict[str, list[float]] = collections.defaultdict(list)
+    nodes: dict[str, dict[str, list[float]]] = {name: collections.defaultdict(list) for name in runners}
+    for round_index in range(rounds):
+        order = list(runners.items())
+        for name, runner in order if round_index % 2 == 0 else order[::-1]:
+            table = list(range(runner.num_blocks))
+            logits = runner.forward([SequenceChunk(prompt, 0, table, 1)])
+            token, times = int(logits[0].argmax()), []
+            for step in range(steps):
+                started = time.perf_counter()
+                logits = runner.forward([SequenceChunk([token], PROMPT_TOKENS + step, table, 1)])
+                times.append(time.perf_counter() - started)
+                token = int(logits[0].argmax())
+                per_type: dict[str, float] = collections.defaultdict(float)
+                for info in runner.request.profiling_info:
+                    per_type[info.node_type] += info.real_time.total_seconds() * 1000
+                for node_type, ms in per_type.items():
+                    nodes[name][node_type].append(ms)
+            round_ms[name].append(statistics.median(times) * 1000)
+    return {
+        name: {
+            "round_ms": round_ms[name],
+            "nodes_ms": {node: statistics.median(values) for node, values in nodes[name].items()},
+        }
+        for name in runners
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bundle", default=None, help="bundle folder (default: the embedded demo pair)")
+    parser.add_argument("--role", choices=["target", "draft"], default="target")
+    parser.add_argument("--steps", type=int, default=48, help="decode steps timed per variant and round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}"
+    )
+    args = parser.parse_args(argv)
+    from xpuspec.model_bundle import ModelBundle
+
+    names = [name.strip() for name in args.variants.split(",") if name.strip()]
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    bundle = ModelBundle.open(args.bundle)
+    model = bundle.target if args.role == "target" else bundle.draft
+    if model is None:
+        parser.error(f"{bundle.root} has no {args.role} model")
+    results = measure(model.path, {name: VARIANTS[name] for name in names}, args.steps, args.rounds)
+    base = results[names[0]]
+    for name, result in results.items():
+        median, best = statistics.median(result["round_ms"]), min(result["round_ms"])
+        ratio = median / statistics.median(base["round_ms"])
+        best_ratio = best / min(base["round_ms"])
+        print(
+            f"{name:16s} step {median:7.3f} ms median, {best:7.3f} ms best round; "
+            f"x{ratio:.3f} / x{best_ratio:.3f} of {names[0]}"
+        )
+        top = sorted(result["nodes_ms"].items(), key=lambda item: -item[1])[:4]
+        print("    per step, by node type: " + ", ".join(f"{node} {ms:.3f} ms" for node, ms in top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
