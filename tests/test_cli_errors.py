@@ -233,3 +233,18 @@ def test_the_python_api_refuses_a_damaged_bundle(corrupt_bundle: tuple[Path, str
     assert expected in str(raised.value)
     with pytest.raises(BundleError, match="damaged"):
         Pipeline(root)
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_damaged_bundle(corrupt_bundle: tuple[Path, str], cache: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a free port; serve binds it before loading the bundle
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root, expected = corrupt_bundle
+    result = run_command(["serve", "--bundle", str(root), "--port", str(port)], cache)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "damaged" in lines[0] and expected in lines[0], result.stderr
+    assert "ready" not in result.stdout
