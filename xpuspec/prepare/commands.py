@@ -26,9 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_preset_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, OpenVINO IR folder or hub id")
+    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, OpenVINO IR folder, GGUF file or hub id")
     prepare.add_argument(
-        "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder or hub id"
+        "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder, GGUF file or hub id"
     )
     prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
     prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
@@ -142,11 +142,13 @@ def run_prepare(args: argparse.Namespace) -> int:
     except ValueError as error:
         _error("prepare", str(error))
         return EXIT_USAGE
+    from xpuspec.prepare.gguf import is_gguf_source, prepare_gguf_bundle
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
+    prepare = prepare_gguf_bundle if is_gguf_source(config.target) else prepare_bundle
     try:
         with _sigterm_as_interrupt():
-            output = prepare_bundle(config, progress=_progress_to_stderr)
+            output = prepare(config, progress=_progress_to_stderr)
     except PrepareError as error:
         _error("prepare", str(error))
         return EXIT_FAILED
