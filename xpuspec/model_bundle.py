@@ -24,6 +24,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "xpuspec.json"
+DEMO_BUNDLE_NAME = "demo"  # names the embedded demo pair wherever a bundle folder is asked for
 FORMAT_VERSION = 1
 _HASH_CHUNK = 1 << 20
 
@@ -92,11 +93,16 @@ class ModelBundle:
 
     @classmethod
     def open(cls, path: str | Path | None = None, *, verify: bool = False) -> ModelBundle:
-        """Open a bundle folder; ``None`` opens the embedded demo pair.
+        """Open a bundle folder; ``None`` opens the default model, ``"demo"`` the embedded demo pair.
 
+        The default model (:mod:`xpuspec.default_model`) is converted into the user's cache on first use.
         With ``verify`` every file's hash is checked and a mismatch raises ``BundleError``.
         """
         if path is None:
+            from xpuspec.default_model import default_bundle_path
+
+            root = default_bundle_path()
+        elif str(path) == DEMO_BUNDLE_NAME and not Path(path).is_dir():
             from xpuspec.demo import demo_bundle_path
 
             root = demo_bundle_path()

@@ -214,13 +214,16 @@ def train(args: argparse.Namespace) -> dict:
     target_ir = convert_target(gguf_path, out / "target_ir")
     started = time.monotonic()
     generate_answers(target_ir, heldout_instructions(), out / "heldout.jsonl", in_flight=args.in_flight)
-    generate_answers(
-        target_ir,
-        training_instructions(args.seed),
-        out / "answers.jsonl",
-        in_flight=args.in_flight,
-        deadline=started + args.data_minutes * 60,
-    )
+    if args.data_minutes > 0:
+        generate_answers(
+            target_ir,
+            training_instructions(args.seed),
+            out / "answers.jsonl",
+            in_flight=args.in_flight,
+            deadline=started + args.data_minutes * 60,
+        )
+    if args.data_only:
+        return {}
     tokenizer_dir = save_tokenizer(gguf_path, out / "tokenizer")
     train_records = read_records(out / "answers.jsonl")
     heldout_records = read_records(out / "heldout.jsonl")
@@ -235,8 +238,10 @@ def train(args: argparse.Namespace) -> dict:
     initial = greedy_acceptance(model, heldout)
     logger.info("draft: %.2fM parameters; held-out before training %s", parameters / 1e6, initial)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    stream = batches(examples, args.batch_tokens, random.Random(args.seed))
+    rng = random.Random(args.seed)
+    stream = batches(examples, args.batch_tokens, rng)
     train_start = time.monotonic()
+    last_reload = train_start
     budget = args.train_minutes * 60
     last_save = train_start
     step, window = 0, []
@@ -250,6 +255,15 @@ def train(args: argparse.Namespace) -> dict:
         lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr
+        if time.monotonic() - last_reload > args.reload_minutes * 60:
+            # A `--data-only` run may still be answering beside this one: train on what it added.
+            fresh = read_records(out / "answers.jsonl")
+            if len(fresh) > len(train_records):
+                train_records = fresh
+                examples = to_examples(train_records, args.max_len)
+                stream = batches(examples, args.batch_tokens, rng)
+                logger.info("reloaded: %d training answers", len(examples))
+            last_reload = time.monotonic()
         input_ids, labels, mask = next(stream)
         loss = answer_loss(model, input_ids, labels, mask)
         optimizer.zero_grad(set_to_none=True)
@@ -269,7 +283,11 @@ def train(args: argparse.Namespace) -> dict:
     final = greedy_acceptance(model, heldout)
     metrics = {
         "recipe": "python -m xpuspec.demo.train_smollm2 "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("gguf", "out")),
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in vars(args).items()
+            if k not in ("gguf", "out", "data_only")
+        ),
         "target": gguf_path.name,
         "draft": {
             "hidden": args.hidden,
@@ -310,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-minutes", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-only", action="store_true", help="only answer instructions, then stop")
+    parser.add_argument(
+        "--reload-minutes", type=float, default=3.0, help="re-read answers.jsonl this often while training"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_preset_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, OpenVINO IR folder, GGUF file or hub id")
+    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, IR folder, GGUF file or hub id")
     prepare.add_argument(
         "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder, GGUF file or hub id"
     )
