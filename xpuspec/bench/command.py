@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--bundle", type=Path, default=None, help="a prepared bundle (default: the demo pair)"
+        "--bundle", type=Path, default=None, help="a prepared bundle, or demo (default: SmolLM2 + draft)"
     )
     parser.add_argument(
         "--workload", default="code", help="code | chat | FILE.jsonl ('prompt' or 'messages')"

@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         nargs="?",
         default=None,
-        help="bundle folder (default: the embedded demo pair)",
+        help="bundle folder, or demo (default: SmolLM2 + draft)",
     )
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
     inspect.set_defaults(func=run_inspect)

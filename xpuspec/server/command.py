@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics and "
         "/openapi.json over one speculative-decoding engine.",
     )
-    parser.add_argument("--bundle", default=None, help="a prepared bundle folder (default: the demo pair)")
+    parser.add_argument("--bundle", default=None, help="a bundle folder, or demo (default: SmolLM2 + draft)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
