@@ -257,7 +257,12 @@ def train(args: argparse.Namespace) -> dict:
     model = build_draft(target_embeddings(gguf_path), args.hidden, args.layers, args.intermediate)
     parameters = sum(p.numel() for p in model.parameters())
     logger.info("draft: %.2fM parameters", parameters / 1e6)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    if args.freeze_embeddings:
+        # The projected target embeddings serve as both input table and (tied) output layer; training only
+        # the layers saves the 12.6M-entry embedding gradient and optimizer update every step.
+        model.model.embed_tokens.weight.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     rng = random.Random(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
 
@@ -299,7 +304,7 @@ def train(args: argparse.Namespace) -> dict:
         loss = answer_loss(model, input_ids, labels, mask, candidates)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         window.append(loss.item())
         step += 1
@@ -360,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--negatives", type=int, default=2048, help="sampled softmax: random extra tokens a step (-1: full)"
+    )
+    parser.add_argument(
+        "--freeze-embeddings", action="store_true", help="train the layers only (the tied table stays fixed)"
     )
     parser.add_argument("--data-only", action="store_true", help="only answer instructions, then stop")
     parser.add_argument(

@@ -371,6 +371,12 @@ def _check_gguf_pair(
         if not folder.is_dir():
             raise PrepareError(f"draft {draft_spec}: no such folder or GGUF file")
         tokens = folder_tokens(folder)
+        config_path = folder / "config.json"
+        if tokens is not None and config_path.is_file():
+            # Only ids below the model's output size can be drafted; tokenizers may list more (e.g. the
+            # FIM tokens transformers adds when it reads a GGUF tokenizer).
+            vocab_size = json.loads(config_path.read_text(encoding="utf-8")).get("vocab_size")
+            tokens = tokens[: int(vocab_size)] if vocab_size else tokens
         if tokens is None:
             raise PrepareError(
                 f"draft {draft_spec}: no tokenizer.json to check the pair against the GGUF's tokens"
@@ -449,7 +455,7 @@ def _prepare_folder_draft(
     folder: Path, config: PrepareConfig, staging: Path, steps: StepProgress
 ) -> dict[str, Any]:
     """An IR folder is copied as is (torch-free); an HF checkpoint goes through the HF export path."""
-    if (folder / IR_FILES[0]).is_file() and (folder / "openvino_tokenizer.xml").is_file():
+    if (folder / IR_FILES[0]).is_file():  # the target's tokenizer serves both: draft tokenizer IRs optional
         with steps.step(f"copying draft OpenVINO IR from {folder}"):
             shutil.copytree(folder, staging / "draft", ignore=shutil.ignore_patterns(".*"))
             config_path = folder / "config.json"
