@@ -458,6 +458,11 @@ def _prepare_folder_draft(
     if (folder / IR_FILES[0]).is_file():  # the target's tokenizer serves both: draft tokenizer IRs optional
         with steps.step(f"copying draft OpenVINO IR from {folder}"):
             shutil.copytree(folder, staging / "draft", ignore=shutil.ignore_patterns(".*"))
+            for name in IR_FILES[2:]:
+                # The pair check passed: the target's tokenizer IRs are the draft's (GenAI's draft_model
+                # loads them from the draft folder).
+                if not (staging / "draft" / name).is_file() and (staging / "target" / name).is_file():
+                    shutil.copy2(staging / "target" / name, staging / "draft" / name)
             config_path = folder / "config.json"
             hf = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
             facts = _facts_from_config_json(hf)
