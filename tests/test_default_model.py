@@ -42,6 +42,9 @@ def tiny_default(tmp_path_factory: pytest.TempPathFactory) -> DefaultModel:
     )
     draft_dir = draft_bundle / "target"
     shutil.copy2(draft / "tokenizer.json", draft_dir / "tokenizer.json")
+    for name in ("openvino_tokenizer", "openvino_detokenizer"):  # shipped without: the target's serve
+        for suffix in (".xml", ".bin"):
+            (draft_dir / f"{name}{suffix}").unlink()
     return DefaultModel(
         name="tiny",
         distribution="not-installed-anywhere",
@@ -58,6 +61,8 @@ def test_first_use_builds_a_verified_cache_atomically(tiny_default, tmp_path):
     assert path.parent == tmp_path and path.name.startswith("tiny-")
     bundle = ModelBundle.open(path, verify=True)
     assert bundle.draft is not None and bundle.manifest["pairing"]["checked"]
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.bin"):
+        assert (bundle.draft.path / name).read_bytes() == (bundle.target.path / name).read_bytes()
     assert any("SHA-256 verified" in line for line in lines)
     assert any("converting" in line for line in lines)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no staging folder left behind
