@@ -320,9 +320,9 @@ def train(args: argparse.Namespace) -> dict:
     metrics = {
         "recipe": "python -m xpuspec.demo.train_smollm2 "
         + " ".join(
-            f"--{k.replace('_', '-')} {v}"
+            f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {v}")
             for k, v in vars(args).items()
-            if k not in ("gguf", "out", "data_only")
+            if k not in ("gguf", "out", "data_only") and v is not False
         ),
         "target": gguf_path.name,
         "draft": {
