@@ -65,7 +65,7 @@ def test_cli_prepares_a_bundle_that_inspect_verifies_and_generate_runs(tiny, tmp
     assert bundle.target.facts["compression"]["weights"] == "F16"
     assert bundle.tokenizer_facts["chat_template"] and bundle.max_context == 512
     capsys.readouterr()
-    assert main(["generate", "--bundle", str(output), "def add(a, b):", "--max-tokens", "8"]) == 0
+    assert main(["generate", "--bundle", str(output), "def add(a, b):", "--raw", "--max-tokens", "8"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("def add(a, b):") and len(out) > len("def add(a, b):") and "tokens/s" in err
 
