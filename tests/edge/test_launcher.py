@@ -176,5 +176,8 @@ def test_truncated_archive_is_refused(
         ["sh", str(folder / "run.sh")], env=_offline_env(_free_port()), capture_output=True, text=True
     )
     assert result.returncode == 1
-    assert "missing: bundle/" in result.stderr and "not starting" in result.stderr
+    # Where the cut falls depends on the wheel's size (it carries the default model's draft): the
+    # bundle or the wheel is then missing or changed.
+    assert "does not match" in result.stderr and "not starting" in result.stderr
+    assert ("missing: " in result.stderr) or ("changed" in result.stderr)
     assert not (folder / ".venv").exists()
