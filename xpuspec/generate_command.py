@@ -6,23 +6,33 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from xpuspec.sample.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from xpuspec.pipeline import Pipeline
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text from a prompt with speculative decoding",
-        description="Stream a completion, then print acceptance rate, drafted/accepted tokens and tokens/s.",
+        description="Stream an answer (the prompt as a chat user message; --raw: as it is), then the "
+        "drafter and γ policy, tokens/s, time to first token, drafted/accepted tokens and acceptance rate.",
     )
     parser.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     parser.add_argument(
-        "--bundle", default=None, help="a prepared bundle folder (default: the embedded demo pair)"
+        "--bundle",
+        default=None,
+        help="a prepared bundle folder, or 'demo' for the embedded demo pair "
+        "(default: SmolLM2-135M-Instruct and its draft, converted into ~/.cache/xpuspec on first use)",
     )
-    parser.add_argument(
-        "--chat", action="store_true", help="wrap the prompt as a user message in the chat template"
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--raw", action="store_true", help="send the prompt as it is (default: as a chat user message)"
     )
+    mode.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the default now
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -100,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
                 "--drafter draft overrides it)",
                 file=sys.stderr,
             )
-    request = [{"role": "user", "content": prompt}] if args.chat else prompt
+    chat = not args.raw and pipe.bundle.chat_template is not None
+    if args.chat and not chat:
+        raise CommandError(f"{pipe.bundle.root} has no chat template; drop --chat")
+    request = [{"role": "user", "content": prompt}] if chat else prompt
     if args.json:
         result = pipe.generate([request], params)[0]
         print(
@@ -116,19 +129,50 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     started = time.perf_counter()
-    if not args.chat:
+    if not chat:
         print(prompt, end="", flush=True)
     for piece in pipe.stream(request, params):
         print(piece, end="", flush=True)
     elapsed = time.perf_counter() - started
-    stats = pipe.last_stats or {}
-    rate = stats.get("acceptance_rate")
     print(file=sys.stderr)
-    print(
-        f"\n[{pipe.drafter} drafter] {stats.get('num_output_tokens', 0)} tokens in {elapsed:.2f}s "
-        f"({stats.get('tokens_per_s') or 0:.1f} tokens/s) | drafted {stats.get('drafted', 0)}, "
-        f"accepted {stats.get('accepted', 0)}, acceptance rate "
-        + (f"{rate:.1%}" if rate is not None else "n/a"),
-        file=sys.stderr,
-    )
+    print("\n" + summary_line(pipe, pipe.last_stats or {}, params, elapsed), file=sys.stderr)
     return 0
+
+
+def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: float) -> str:
+    """Drafter and γ policy, tokens/s, time to first token, drafted/accepted; why drafting was off."""
+    rate = stats.get("acceptance_rate")
+    ttft = stats.get("ttft_s")
+    if pipe.drafter == "none":
+        policy = "target only"
+    elif params.num_draft_tokens is not None:
+        policy = f"γ = {params.num_draft_tokens}"
+    else:
+        policy = f"adaptive γ <= {pipe.engine.length_policy.max_draft_tokens}"
+    line = (
+        f"[{pipe.drafter} drafter, {policy}] {stats.get('num_output_tokens', 0)} tokens in {elapsed:.2f}s "
+        f"({stats.get('tokens_per_s') or 0:.1f} tokens/s, first token "
+        + (f"{ttft * 1000:.0f} ms" if ttft is not None else "n/a")
+        + f") | drafted {stats.get('drafted', 0)}, accepted {stats.get('accepted', 0)}, acceptance rate "
+        + (f"{rate:.1%}" if rate is not None else "n/a")
+    )
+    if pipe.drafter != "none" and params.num_draft_tokens is None and not stats.get("drafted"):
+        line += " | " + drafting_off_reason(pipe, rate)
+    return line
+
+
+def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
+    """The cost model's case against drafting: measured draft/target step costs and the acceptance it used."""
+    from xpuspec.spec_decode.speculation_length import AcceptanceTracker, expected_speedup
+
+    policy = pipe.engine.length_policy
+    costs = policy.cost_model
+    target_s, draft_s = costs.target_cost(1), costs.draft_cost(1)
+    ratio = draft_s / max(target_s, 1e-12)
+    alpha = acceptance if acceptance is not None else AcceptanceTracker().prior
+    best = max(expected_speedup(alpha, gamma, ratio) for gamma in range(1, policy.max_draft_tokens + 1))
+    return (
+        f"adaptive γ kept drafting off: draft step {draft_s * 1000:.1f} ms / target step "
+        f"{target_s * 1000:.1f} ms = cost ratio {ratio:.2f}, acceptance {alpha:.2f}, best predicted "
+        f"speed-up {best:.2f}x < {policy.min_speedup:.2f}x needed"
+    )

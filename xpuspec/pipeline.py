@@ -1,7 +1,7 @@
 """The Python API: ``Pipeline`` loads a bundle onto devices and generates text.
 
 from xpuspec import Pipeline, SamplingParams
-pipe = Pipeline()                                   # the embedded demo pair on the CPU
+pipe = Pipeline()                                   # the default model (SmolLM2 + draft) on the CPU
 result = pipe.generate(["def add(a, b):"], SamplingParams(max_tokens=64, temperature=0.0))[0]
 result.text, result.token_ids, result.finish_reason, result.stats
 """

@@ -22,12 +22,12 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def target_only(prompts) -> list[list[int]]:
-    pipe = Pipeline(None, drafter="none", properties=F32, use_placement=False)
+    pipe = Pipeline("demo", drafter="none", properties=F32, use_placement=False)
     return [r.token_ids for r in pipe.generate(prompts, GREEDY)]
 
 
 def test_demo_bundle_is_shipped_verified_and_small():
-    bundle = ModelBundle.open(None, verify=True)
+    bundle = ModelBundle.open("demo", verify=True)
     assert bundle.draft is not None
     assert bundle.target.facts["architecture"] == "LlamaForCausalLM"
     for role in ("target", "draft"):
@@ -46,7 +46,7 @@ def test_openvino_genai_loads_the_target_and_agrees(prompts, target_only):
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = GREEDY.max_tokens
     config.ignore_eos = True
-    tokenizer = Pipeline(None, drafter="none", properties=F32, use_placement=False).tokenizer
+    tokenizer = Pipeline("demo", drafter="none", properties=F32, use_placement=False).tokenizer
     for prompt, expected in zip(prompts, target_only, strict=True):
         ids = np.array([tokenizer.encode(prompt)], dtype=np.int64)
         inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
@@ -55,7 +55,7 @@ def test_openvino_genai_loads_the_target_and_agrees(prompts, target_only):
 
 @pytest.mark.parametrize("drafter", ["draft", "ngram"])
 def test_speculation_is_exact_and_accepts(prompts, target_only, drafter):
-    pipe = Pipeline(None, drafter=drafter, properties=F32, use_placement=False)
+    pipe = Pipeline("demo", drafter=drafter, properties=F32, use_placement=False)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True, num_draft_tokens=4)
     results = pipe.generate(prompts, params)
     assert [r.token_ids for r in results] == target_only

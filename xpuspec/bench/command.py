@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         return f"(default: {full}; with --quick {quick_text})"
 
     parser.add_argument(
-        "--bundle", type=Path, default=None, help="a prepared bundle (default: the demo pair)"
+        "--bundle", type=Path, default=None, help="a prepared bundle, or demo (default: SmolLM2 + draft)"
     )
     parser.add_argument(
         "--workload", default="code", help="code, chat, or FILE.jsonl with 'prompt' or 'messages' per line"

@@ -19,7 +19,7 @@ class BenchConfig:
     """What to run and how much of it. ``quick()`` gives the about-a-minute preset."""
 
     out: Path
-    bundle: Path | None = None  # None: the embedded demo pair
+    bundle: Path | None = None  # None: the default model (SmolLM2 + draft); "demo": the demo pair
     workload: str = "code"
     mode: str = "all"
     draft_lengths: tuple[int, ...] = (1, 2, 4, 6)
@@ -65,7 +65,7 @@ class BenchConfig:
     def settings(self) -> dict[str, Any]:
         """The settings as the report records them."""
         return {
-            "bundle": str(self.bundle) if self.bundle else "embedded demo pair",
+            "bundle": str(self.bundle) if self.bundle else "default model (SmolLM2-135M-Instruct + draft)",
             "workload": self.workload,
             "mode": self.mode,
             "draft_lengths": list(self.draft_lengths),

@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bundle manifest, where Pipeline and `xpuspec generate` pick it up.",
     )
     plan.add_argument(
-        "bundle", nargs="?", default=None, help="bundle folder (default: the embedded demo pair)"
+        "bundle", nargs="?", default=None, help="bundle folder, or demo (default: SmolLM2 + draft)"
     )
     plan.add_argument("--write", action="store_true", help="record the result in the manifest")
     plan.add_argument("--json", action="store_true", help="print the record as JSON")

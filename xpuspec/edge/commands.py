@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "unit and edge.json with the SHA-256 of every file.",
     )
     bundle.add_argument(
-        "bundle", nargs="?", default=None, help="a prepared bundle folder (default: the demo pair)"
+        "bundle", nargs="?", default=None, help="a bundle folder, or demo (default: SmolLM2 + draft)"
     )
     bundle.add_argument("-o", "--output", type=Path, default=Path("edge.tar.gz"), help="the archive to write")
     bundle.add_argument(

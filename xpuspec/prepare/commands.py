@@ -31,9 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "NNCF, check that the draft pairs with the target, and write a verified bundle folder.",
         epilog=_preset_help(),
     )
-    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, OpenVINO IR folder or hub id")
+    prepare.add_argument("target", metavar="TARGET", help="checkpoint folder, IR folder, GGUF file or hub id")
     prepare.add_argument(
-        "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder or hub id"
+        "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder, GGUF file or hub id"
     )
     prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
     prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
@@ -97,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         nargs="?",
         default=None,
-        help="bundle folder (default: the embedded demo pair)",
+        help="bundle folder, or demo (default: SmolLM2 + draft)",
     )
     inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
     inspect.set_defaults(func=run_inspect)
@@ -184,12 +184,14 @@ def run_prepare(args: argparse.Namespace) -> int:
     except PrepareError as error:
         _error(_one_line(str(error)))
         return EXIT_USAGE
+    from xpuspec.prepare.gguf import is_gguf_source, prepare_gguf_bundle
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
+    prepare = prepare_gguf_bundle if is_gguf_source(config.target) else prepare_bundle
     if getattr(args, "verbose", False):
         try:
             with _sigterm_as_interrupt():
-                output = prepare_bundle(config, progress=StageLines(sys.stderr))
+                output = prepare(config, progress=StageLines(sys.stderr))
         except PrepareError as error:
             _error(_one_line(str(error)))
             return EXIT_FAILED
@@ -200,7 +202,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         with third_party_output_to(log_path) as terminal, _sigterm_as_interrupt():
             stages = StageLines(terminal)
             try:
-                output = prepare_bundle(config, progress=stages)
+                output = prepare(config, progress=stages)
             finally:
                 stages.abandon()
     except PrepareError as error:

@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any
 
+from xpuspec.model_bundle import DEMO_BUNDLE_NAME
 from xpuspec.server.config import DEMO_MODEL_NAME, ServerConfig
 from xpuspec.server.http_server import ListenerLimits
 
@@ -39,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "one 'ready' line with the URL and the served model name(s). Exit codes: 0 after a drain "
         "(SIGTERM/SIGINT), 1 the port is taken or the model failed to load, 2 a bad argument or bundle.",
     )
-    parser.add_argument("--bundle", default=None, help="a prepared bundle folder (default: the demo pair)")
+    parser.add_argument(
+        "--bundle", default=None, help="a bundle folder, or demo (default: SmolLM2-135M-Instruct + its draft)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (loopback only by default)")
     parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
     parser.add_argument(
@@ -48,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="NAME",
         help="the model name requests use and responses show (repeatable: later names are aliases; "
-        "default: the bundle folder's name, or xpuspec-demo for the demo pair)",
+        "default: the bundle folder's name; SmolLM2-135M-Instruct for the default model, "
+        "xpuspec-demo for demo)",
     )
     parser.add_argument(
         "--quiet",
@@ -114,6 +118,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def served_name(bundle: str | None) -> str:
     # The folder's name only; the name a client sends is compared with it, never opened.
     if bundle is None:
+        from xpuspec.default_model import SMOLLM2
+
+        return SMOLLM2.name
+    if bundle == DEMO_BUNDLE_NAME and not os.path.isdir(bundle):
         return DEMO_MODEL_NAME
     return os.path.basename(os.path.normpath(os.path.expanduser(bundle))) or DEMO_MODEL_NAME
 

