@@ -124,20 +124,23 @@ def corrupt_bundle(request: pytest.FixtureRequest, work: Path, cache: Path) -> t
     return root, expected
 
 
+GENERATE_DEMO = ["generate", "--bundle", "demo"]  # small and quick: the mistakes do not depend on the model
 # (argv, exit code, a word of the message); BUNDLE stands for the fixture path given by `bundle`.
 MISTAKES = {
-    "max-tokens-over-context": (["generate", "hi", "--max-tokens", "100000"], EXIT_USAGE, "max_tokens"),
-    "prompt-over-context": (["generate", "word " * 600], EXIT_USAGE, "context of"),
-    "property-not-key-value": (["generate", "hi", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
-    "unknown-property": (["generate", "hi", "--property", "FOO=bar"], EXIT_USAGE, "Unsupported property FOO"),
-    "unknown-device": (["generate", "hi", "--target-device", "XPU"], EXIT_USAGE, "not present"),
-    "bad-choice": (["generate", "hi", "--drafter", "fast"], EXIT_USAGE, "invalid choice"),
+    "max-tokens-over-context": ([*GENERATE_DEMO, "hi", "--max-tokens", "100000"], EXIT_USAGE, "max_tokens"),
+    "prompt-over-context": ([*GENERATE_DEMO, "word " * 600], EXIT_USAGE, "context of"),
+    "property-not-key-value": ([*GENERATE_DEMO, "hi", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
+    "unknown-property": (
+        [*GENERATE_DEMO, "hi", "--property", "FOO=bar"], EXIT_USAGE, "Unsupported property FOO"
+    ),
+    "unknown-device": ([*GENERATE_DEMO, "hi", "--target-device", "XPU"], EXIT_USAGE, "not present"),
+    "bad-choice": ([*GENERATE_DEMO, "hi", "--drafter", "fast"], EXIT_USAGE, "invalid choice"),
     "generate-missing-bundle": (["generate", "hi", "--bundle", "no/such/bundle"], EXIT_USAGE, "no such"),
     "bench-not-a-bundle": (["bench", "--bundle", "notabundle", "--quick"], EXIT_USAGE, "no such bundle"),
     "inspect-missing-path": (["inspect", "no/such/bundle"], EXIT_USAGE, "no such bundle"),
     "plan-missing-path": (["plan", "no/such/bundle"], EXIT_USAGE, "no such bundle"),
-    "plan-unknown-device": (["plan", "--devices", "XPU"], EXIT_USAGE, "not present"),
-    "plan-bad-property": (["plan", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
+    "plan-unknown-device": (["plan", "demo", "--devices", "XPU"], EXIT_USAGE, "not present"),
+    "plan-bad-property": (["plan", "demo", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
     "devices-missing-bundle": (["devices", "--bundle", "no/such/bundle"], EXIT_USAGE, "no such bundle"),
     "prepare-missing-checkpoint": (["prepare", "./no-such-checkpoint", "-o", "out"], EXIT_USAGE, "no such"),
     "bundle-missing-bundle": (["bundle", "no/such/bundle", "-o", "edge.tar.gz"], EXIT_USAGE, "no such"),
@@ -159,7 +162,7 @@ def test_hetero_with_an_unloadable_gpu_plugin_is_one_line(cache: Path) -> None:
     if "GPU" in ov.Core().available_devices:
         pytest.skip("this machine has a GPU: HETERO:GPU,CPU runs here")
     # Without an Intel GPU runtime the GPU plugin cannot load (libOpenCL.so.1): an environment problem.
-    result = run_command(["generate", "hi", "--target-device", "HETERO:GPU,CPU"], cache)
+    result = run_command([*GENERATE_DEMO, "hi", "--target-device", "HETERO:GPU,CPU"], cache)
     assert_one_line_error(result, EXIT_FAILED, "GPU")
 
 
@@ -191,7 +194,7 @@ def test_existing_edge_archive_needs_overwrite(work: Path, cache: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [["inspect"], ["devices", "--json"], ["--help"]], ids=" ".join)
+@pytest.mark.parametrize("argv", [["inspect", "demo"], ["devices", "--json"], ["--help"]], ids=" ".join)
 def test_a_closed_stdout_pipe_ends_quietly(argv: list[str], cache: Path) -> None:
     process = subprocess.Popen(
         XPUSPEC + argv,

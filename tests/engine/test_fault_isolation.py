@@ -45,7 +45,7 @@ def mixed_params(**extra) -> list[SamplingParams]:
 
 
 def make_pipe(drafter: str, overlap: bool = False) -> Pipeline:
-    return Pipeline(drafter=drafter, properties=EXACT, overlap=overlap)
+    return Pipeline("demo", drafter=drafter, properties=EXACT, overlap=overlap)
 
 
 @pytest.fixture(scope="module", params=["draft", "ngram", "overlap"])
@@ -272,6 +272,7 @@ def test_stop_wins_over_length_in_the_same_step(target_only, drafter):
 # ------------------------------------------------------------------------ speculation limits
 def test_the_probe_respects_max_draft_tokens_zero():
     pipe = Pipeline(
+        "demo",
         drafter="draft",
         properties=EXACT,
         engine_config=EngineConfig(max_model_len=512, max_draft_tokens=0),

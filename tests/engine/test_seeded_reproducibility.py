@@ -58,7 +58,7 @@ def neighbours() -> list[SamplingParams]:
 
 @pytest.fixture(scope="module")
 def target_only_tokens() -> list[int]:
-    pipe = Pipeline(drafter="none", properties=EXACT, engine_config=CONFIG)
+    pipe = Pipeline("demo", drafter="none", properties=EXACT, engine_config=CONFIG)
     return pipe.generate("def add(a, b):", SEEDED)[0].token_ids
 
 
@@ -67,7 +67,7 @@ def target_only_tokens() -> list[int]:
 def test_seeded_request_alone_and_among_fifteen_others(
     target_only_tokens, drafter, overlap, num_draft_tokens
 ):
-    pipe = Pipeline(drafter=drafter, properties=EXACT, engine_config=CONFIG, overlap=overlap)
+    pipe = Pipeline("demo", drafter=drafter, properties=EXACT, engine_config=CONFIG, overlap=overlap)
     seeded = SamplingParams(**{**vars(SEEDED), "num_draft_tokens": num_draft_tokens})
     alone = pipe.generate("def add(a, b):", seeded)[0]
     # Fourth in line: admitted at once, behind three older decodes that take the budget first.

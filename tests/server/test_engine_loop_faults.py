@@ -99,7 +99,7 @@ def assert_no_kv_held(loop: EngineLoop) -> None:
 def loop(request) -> Iterator[EngineLoop]:
     drafter = "ngram" if request.param == "ngram" else "draft"
     engine_loop = EngineLoop(
-        lambda: Pipeline(drafter=drafter, properties=EXACT, overlap=request.param == "overlap"),
+        lambda: Pipeline("demo", drafter=drafter, properties=EXACT, overlap=request.param == "overlap"),
         max_in_flight=64,
     )
     engine_loop.start()
@@ -190,7 +190,7 @@ def test_a_rejected_request_leaves_no_trace_in_the_loop(loop, clean):
 
 
 def test_stepping_follows_the_loop_thread():
-    engine_loop = EngineLoop(lambda: Pipeline(drafter="none", properties=EXACT), max_in_flight=4)
+    engine_loop = EngineLoop(lambda: Pipeline("demo", drafter="none", properties=EXACT), max_in_flight=4)
     assert not engine_loop.stepping
     engine_loop.start()
     assert engine_loop.ready.wait(TIMEOUT_S)

@@ -174,20 +174,24 @@ def run_prepare(args: argparse.Namespace) -> int:
     except ValueError as error:
         _error(str(error))
         return EXIT_USAGE
+    from xpuspec.prepare.gguf import is_gguf_source, prepare_gguf_bundle
+
+    gguf_source = is_gguf_source(config.target)  # the GGUF path reads and checks its own metadata first
     try:  # mistakes in the command line's paths are usage errors, found before anything is imported
-        _check_paths(config)
+        if not gguf_source:
+            _check_paths(config)
     except PrepareError as error:
         _error(_one_line(str(error)))
         return EXIT_USAGE
     try:  # the options do not fit the models: a usage error, found before any work
-        _check_local_configs(config)
+        if not gguf_source:
+            _check_local_configs(config)
     except PrepareError as error:
         _error(_one_line(str(error)))
         return EXIT_USAGE
-    from xpuspec.prepare.gguf import is_gguf_source, prepare_gguf_bundle
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
-    prepare = prepare_gguf_bundle if is_gguf_source(config.target) else prepare_bundle
+    prepare = prepare_gguf_bundle if gguf_source else prepare_bundle
     if getattr(args, "verbose", False):
         try:
             with _sigterm_as_interrupt():

@@ -24,7 +24,7 @@ from typing import Any
 import xpuspec
 from xpuspec.model_bundle import FORMAT_VERSION
 from xpuspec.prepare.config import PrepareConfig, PrepareError
-from xpuspec.prepare.pairing import PairingError
+from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
 
@@ -294,19 +294,6 @@ def folder_tokens(folder: Path) -> tuple[str, ...] | None:
     return tuple(by_id.get(i, "") for i in range(max(by_id) + 1))
 
 
-def check_token_pair(target: tuple[str, ...], draft: tuple[str, ...], draft_name: str) -> None:
-    """Every id the draft can emit must be the same token string for the target (as :func:`check_pair`)."""
-    for token_id, draft_token in enumerate(draft):
-        target_token = target[token_id] if token_id < len(target) else None
-        if draft_token != target_token:
-            target_text = repr(target_token) if target_token is not None else "(none: target vocabulary ends)"
-            raise PairingError(
-                f"vocabularies differ at token id {token_id}: target {target_text}, draft {draft_name} "
-                f"{draft_token!r} (target vocabulary {len(target)}, draft {len(draft)}); use a draft of the "
-                "same model family, or --force-pair to pair them anyway"
-            )
-
-
 def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None = None) -> Path:
     """`xpuspec prepare TARGET.gguf [--draft DRAFT] -o BUNDLE`: the GGUF counterpart of ``prepare_bundle``.
 
@@ -383,7 +370,7 @@ def _check_gguf_pair(
             )
         draft_tokens = tokens
     try:
-        check_token_pair(target.tokens, draft_tokens, str(draft_spec))
+        check_vocabularies(target.tokens, draft_tokens, str(draft_spec))
     except PairingError as error:
         if not force_pair:
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from xpuspec.prepare.config import PrepareError
@@ -16,24 +17,31 @@ class PairingError(PrepareError):
     """The draft's tokenizer differs from the target's; speculation would propose wrong tokens."""
 
 
+def check_vocabularies(target: Sequence[str], draft: Sequence[str], draft_name: str = "") -> None:
+    """Every id the draft can emit must be the same token string for the target (which may have more)."""
+    for token_id, draft_token in enumerate(draft):
+        target_token = target[token_id] if token_id < len(target) else None
+        if draft_token != target_token:
+            target_text = repr(target_token) if target_token is not None else "(none: target vocabulary ends)"
+            named = f"draft {draft_name} " if draft_name else "draft "
+            raise PairingError(
+                f"vocabularies differ at token id {token_id}: target {target_text}, {named}"
+                f"{draft_token!r} (target vocabulary {len(target)}, draft {len(draft)}); use a draft of the "
+                "same model family, or --force-pair to pair them anyway"
+            )
+
+
 def check_pair(target_tokenizer: Any, draft_tokenizer: Any) -> None:
     """Raise :class:`PairingError` naming the first difference.
 
     Every id the draft can emit must mean the same string to the target; the target's vocabulary
     may be larger (extra ids the draft never proposes).
     """
-    draft_size = len(draft_tokenizer)
     target_size = len(target_tokenizer)
-    for token_id in range(draft_size):
-        draft_token = draft_tokenizer.convert_ids_to_tokens(token_id)
-        target_token = target_tokenizer.convert_ids_to_tokens(token_id) if token_id < target_size else None
-        if draft_token != target_token:
-            target_text = repr(target_token) if target_token is not None else "(none: target vocabulary ends)"
-            raise PairingError(
-                f"vocabularies differ at token id {token_id}: target {target_text}, draft {draft_token!r} "
-                f"(target vocabulary {target_size}, draft {draft_size}); use a draft of the same model "
-                "family, or --force-pair to pair them anyway"
-            )
+    check_vocabularies(
+        [target_tokenizer.convert_ids_to_tokens(token_id) for token_id in range(target_size)],
+        [draft_tokenizer.convert_ids_to_tokens(token_id) for token_id in range(len(draft_tokenizer))],
+    )
     for role in SPECIAL_TOKEN_ROLES:
         target_special = _special_token(target_tokenizer, role)
         draft_special = _special_token(draft_tokenizer, role)
