@@ -194,7 +194,9 @@ def test_existing_edge_archive_needs_overwrite(work: Path, cache: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [["inspect", "demo"], ["devices", "--json"], ["--help"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "argv", [["inspect", "demo"], ["devices", "--json", "--bundle", "demo"], ["--help"]], ids=" ".join
+)
 def test_a_closed_stdout_pipe_ends_quietly(argv: list[str], cache: Path) -> None:
     process = subprocess.Popen(
         XPUSPEC + argv,
