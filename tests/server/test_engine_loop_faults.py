@@ -9,6 +9,7 @@ snapshot, and the next requests are served as if nothing happened.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,14 +74,17 @@ def collect(generation: Generation) -> Outcome:
     raise AssertionError("a request never finished")
 
 
-def run(loop: EngineLoop, stop: list[str] | None = None) -> list[Outcome]:
-    """Submit the eight requests as eight streams at once; return how each ended."""
+def submit(loop: EngineLoop, stop: list[str] | None = None) -> list[Generation]:
     assert loop.pipeline is not None
-    generations = [
+    return [
         loop.submit([ChoiceRequest(0, loop.pipeline.encode(prompt), request_params)])
         for prompt, request_params in zip(PROMPTS, params(stop), strict=True)
     ]
-    return [collect(generation) for generation in generations]
+
+
+def run(loop: EngineLoop, stop: list[str] | None = None) -> list[Outcome]:
+    """Submit the eight requests as eight streams at once; return how each ended."""
+    return [collect(generation) for generation in submit(loop, stop)]
 
 
 def assert_no_kv_held(loop: EngineLoop) -> None:
@@ -161,11 +165,16 @@ def test_a_failed_step_ends_every_request_then_new_ones_work(loop, clean):
     failures, failed = engine.num_engine_failures, engine.num_requests_failed
     loop_failed = loop.snapshot.requests_failed  # every error end so far, earlier tests' included
     target = FaultyRunner(engine.target)
-    target.fail_at = 3
+    # Fail the first inference with all eight in flight. The first inference waits until all are
+    # submitted, so none can finish before the last is admitted, however fast the machine.
+    target.hold = threading.Event()
+    target.fail_when = lambda: engine.num_requests == len(PROMPTS)
     assert loop.wait_idle(10)
     engine.target = target
     try:
-        outcomes = run(loop)
+        generations = submit(loop)
+        target.hold.set()
+        outcomes = [collect(generation) for generation in generations]
     finally:
         engine.target = target._runner
     assert {o.finish_reason for o in outcomes} == {"error"}

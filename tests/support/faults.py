@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ class FaultyRunner:
         self._runner = runner
         self.num_inferences = 0
         self.fail_at: int | None = None  # raise when starting this inference (1-based count)
+        self.fail_when: Callable[[], bool] | None = None  # or raise (once) on the first inference it holds
+        self.hold: threading.Event | None = None  # every inference waits for it (to line requests up)
         self.poison: Callable[[str | None], bool] | None = None
         self._started: list[SequenceChunk] | None = None
 
@@ -44,8 +47,13 @@ class FaultyRunner:
         return self._poisoned(chunks or [], logits)
 
     def _count(self) -> None:
+        if self.hold is not None:
+            self.hold.wait(60)
         self.num_inferences += 1
-        if self.num_inferences == self.fail_at:
+        due = self.fail_when is not None and self.fail_when()
+        if due:
+            self.fail_when = None
+        if due or self.num_inferences == self.fail_at:
             raise RuntimeError("injected inference failure")
 
     def _poisoned(self, chunks: list[SequenceChunk], logits: np.ndarray) -> np.ndarray:
