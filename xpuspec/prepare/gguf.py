@@ -17,12 +17,9 @@ import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import xpuspec
-from xpuspec.model_bundle import FORMAT_VERSION
 from xpuspec.prepare.config import PrepareConfig, PrepareError
 from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
@@ -328,17 +325,11 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
         with steps.step("hashing files and writing the manifest"):
             write_manifest(
                 staging,
-                {
-                    "format_version": FORMAT_VERSION,
-                    "created_by": f"xpuspec {xpuspec.__version__}",
-                    "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "prepared_for": config.device,
-                    "toolchain": _gguf_toolchain(),
-                    "models": facts,
-                    "tokenizer": target.tokenizer_facts(),
-                    "pairing": pairing,
-                    "placement": None,
-                },
+                prepared_for=config.device,
+                toolchain=_gguf_toolchain(),
+                models=facts,
+                tokenizer=target.tokenizer_facts(),
+                pairing=pairing,
             )
         commit_bundle(staging, output, config.overwrite)
     logger.info("bundle ready at %s (%.1fs)", output, steps.elapsed)

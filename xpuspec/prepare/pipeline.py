@@ -6,15 +6,12 @@ import gc
 import logging
 import shutil
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import openvino as ov
 
-import xpuspec
-from xpuspec.model_bundle import FORMAT_VERSION
 from xpuspec.prepare.compress import (
     calibration_inputs,
     compress_model,
@@ -79,19 +76,13 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
             target = models[0]
             write_manifest(
                 staging,
-                {
-                    "format_version": FORMAT_VERSION,
-                    "created_by": f"xpuspec {xpuspec.__version__}",
-                    "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "prepared_for": config.device,
-                    "toolchain": _toolchain_versions(),
-                    "models": model_facts,
-                    "tokenizer": tokenizer_facts(
-                        target.tokenizer, target.config, load_generation_config(target.source.loadable)
-                    ),
-                    "pairing": pairing,
-                    "placement": None,
-                },
+                prepared_for=config.device,
+                toolchain=_toolchain_versions(),
+                models=model_facts,
+                tokenizer=tokenizer_facts(
+                    target.tokenizer, target.config, load_generation_config(target.source.loadable)
+                ),
+                pairing=pairing,
             )
         commit_bundle(staging, output, config.overwrite)
     logger.info("bundle ready at %s (%.1fs)", output, steps.elapsed)

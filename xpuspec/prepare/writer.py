@@ -13,10 +13,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpuspec.model_bundle import MANIFEST_NAME, hash_tree
+import xpuspec
+from xpuspec.model_bundle import FORMAT_VERSION, MANIFEST_NAME, hash_tree
 from xpuspec.prepare.config import PrepareError
 
 logger = logging.getLogger(__name__)
@@ -49,9 +51,31 @@ def staging_folder(output: Path) -> Iterator[Path]:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_manifest(staging: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Hash every file, then write the manifest (the last file of a complete bundle)."""
-    manifest = {**manifest, "files": hash_tree(staging)}
+def write_manifest(
+    staging: Path,
+    *,
+    prepared_for: str,
+    toolchain: dict[str, Any],
+    models: dict[str, Any],
+    tokenizer: dict[str, Any],
+    pairing: dict[str, Any],
+) -> dict[str, Any]:
+    """Hash every file, then write the manifest (the last file of a complete bundle).
+
+    One header for every source (Hugging Face folder or GGUF file), so bundles differ only in facts.
+    """
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "created_by": f"xpuspec {xpuspec.__version__}",
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "prepared_for": prepared_for,
+        "toolchain": toolchain,
+        "models": models,
+        "tokenizer": tokenizer,
+        "pairing": pairing,
+        "placement": None,
+        "files": hash_tree(staging),
+    }
     text = json.dumps(manifest, indent=2, sort_keys=False) + "\n"
     (staging / MANIFEST_NAME).write_text(text, encoding="utf-8")
     return manifest
