@@ -200,6 +200,7 @@ def stream(
         if chat:
             yield "".join(frames.chunk(index, "", None, role=True) for index in range(context.num_choices))
         failed = False
+        tail: list[str] = []
         for events in _batches(generation, context, hold_s=coalesce_s):
             out: list[str] = []
             texts: dict[int, list[str]] = {}  # text not yet framed, per choice, in arrival order
@@ -226,13 +227,17 @@ def stream(
                 else:
                     out.append(frames.chunk(event.index, text, event.finish_reason))
             out.extend(frames.text(index, "".join(parts)) for index, parts in texts.items())
+            if failed or generation.done:
+                tail = out  # the last frames, the usage chunk and [DONE] go out in one write
+                break
             if out:
                 yield "".join(out)
-            if failed:
-                break
         if not failed and include_usage:
-            yield sse({**frames.base, "choices": [], "usage": context.usage(context.num_completion_tokens)})
-        yield sse("[DONE]")
+            tail.append(
+                sse({**frames.base, "choices": [], "usage": context.usage(context.num_completion_tokens)})
+            )
+        tail.append(sse("[DONE]"))
+        yield "".join(tail)
     except ClientGone:
         logger.info("client of %s disconnected; aborting", context.response_id)
     finally:
