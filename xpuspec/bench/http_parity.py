@@ -16,6 +16,7 @@ client itself, which shares the machine). The ratio is taken per round pair; the
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import statistics
@@ -152,6 +153,9 @@ def measure(
     drafter = "none" if num_draft_tokens == 0 else "draft"
     label = "target-only" if num_draft_tokens == 0 else f"γ = {num_draft_tokens}"
     pipeline = Pipeline(bundle, drafter=drafter, properties=properties)
+    # As `xpuspec serve` does after loading: what loading allocated is out of the collector's reach.
+    gc.collect()
+    gc.freeze()
     params = SamplingParams(
         max_tokens=max_tokens, temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens or None
     )
