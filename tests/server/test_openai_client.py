@@ -53,7 +53,8 @@ def test_chat_stream_equals_non_stream_at_temperature_zero(
 
 
 def test_a_stop_string_split_across_tokens(openai_client: openai.OpenAI, live_server: LiveServer) -> None:
-    # Without drafting every step adds one token, so each streamed piece is one token's text.
+    # Without drafting every step adds one token; a streamed piece is the text of one or more whole
+    # tokens (steps within the stream interval share a frame), so piece boundaries are token boundaries.
     base = dict(
         model=live_server.model, prompt=PROMPT, max_tokens=40, temperature=0, extra_body={"drafter": "none"}
     )

@@ -147,15 +147,21 @@ def stream_completion(
             if response.status_code != 200:
                 response.read()
                 raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[len("data: ") :])
-                if any(choice.get("text") for choice in event.get("choices", [])):
-                    last = time.perf_counter()
-                    first = first or last
-                if event.get("usage"):
-                    tokens = int(event["usage"]["completion_tokens"])
+            # Raw bytes split at the SSE event boundary: the client shares the machine with the
+            # server, so it parses each event once and skips httpx's text and line decoders.
+            pending = b""
+            for data in response.iter_raw():
+                pending += data
+                *complete, pending = pending.split(b"\n\n")
+                for raw in complete:
+                    if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
+                        continue
+                    event = json.loads(raw[len(b"data: ") :])
+                    if any(choice.get("text") for choice in event.get("choices", ())):
+                        last = time.perf_counter()
+                        first = first or last
+                    if event.get("usage"):
+                        tokens = int(event["usage"]["completion_tokens"])
     except (httpx.HTTPError, RuntimeError, json.JSONDecodeError) as error:
         return StreamedCompletion(0, time.perf_counter() - started, None, None, str(error))
     tpot = (last - first) / (tokens - 1) if first is not None and last is not None and tokens > 1 else None

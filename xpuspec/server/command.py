@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from xpuspec.model_bundle import DEMO_BUNDLE_NAME
-from xpuspec.server.config import DEMO_MODEL_NAME, ServerConfig
+from xpuspec.server.config import DEFAULT_STREAM_INTERVAL_S, DEMO_MODEL_NAME, ServerConfig
 from xpuspec.server.http_server import ListenerLimits
 
 logger = logging.getLogger(__name__)
@@ -83,6 +83,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-queue", type=int, default=256, help="requests in flight before 503")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=DEFAULT_STREAM_INTERVAL_S * 1e3,
+        help="least time between two text frames of a stream; faster tokens share a frame, a choice's "
+        f"last frame is never held (default {DEFAULT_STREAM_INTERVAL_S * 1e3:g}; 0: one frame per step)",
+    )
+    parser.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
     )
     parser.add_argument(
@@ -142,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             api_key=args.api_key or None,
             max_queue=args.max_queue,
             max_body_bytes=args.max_body_bytes,
+            stream_interval_s=args.stream_interval_ms / 1e3,
         )
         limits = ListenerLimits(
             threads=args.threads,

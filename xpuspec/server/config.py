@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEMO_MODEL_NAME = "xpuspec-demo"
+# Text that arrives within this of a stream's previous text frame waits and shares the next frame.
+DEFAULT_STREAM_INTERVAL_S = 0.005
 
 
 @dataclass
@@ -16,6 +18,9 @@ class ServerConfig:
     request with more choices than that gets 400 (it could never be admitted).
     ``model_aliases`` are further names requests may use for the served model; responses name
     ``served_model_name``.
+    ``stream_interval_s`` is the least time between two text frames of one stream: tokens that come
+    faster (several engine steps within it) share a frame, which saves the server and the client a
+    frame each; a choice's last frame is never held back, and 0 sends every step's tokens at once.
     """
 
     served_model_name: str = DEMO_MODEL_NAME
@@ -25,6 +30,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     max_choices: int = 64  # prompts x n of one request
     retry_after_s: int = 1
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -38,6 +44,9 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        interval = self.stream_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1:
+            raise ValueError(f"stream_interval_s must be a number of seconds in [0, 1], got {interval!r}")
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ alive and iterating, for ``/health``.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -38,6 +39,8 @@ IDLE_WAIT_S = 0.1
 # The loop counts as stepping while its last iteration is younger than this. An iteration is one
 # engine step (tens of ms, a few seconds at most for a long prefill on a slow device) or one idle wait.
 STEPPING_TIMEOUT_S = 10.0
+# What wakes a Generation's reader: nothing (it is not waiting), any event, or only a final one.
+_WAKE_NEVER, _WAKE_ANY, _WAKE_FINAL = 0, 1, 2
 
 
 class QueueFullError(Exception):
@@ -89,27 +92,75 @@ class EngineSnapshot:
 
 
 class Generation:
-    """The choices of one HTTP request in flight; their events arrive on one queue, in order per choice."""
+    """The choices of one HTTP request in flight; their events arrive in order per choice.
+
+    The loop thread hands over all events of one step at once (:meth:`deliver`); the request thread
+    takes everything that has arrived in one call (:meth:`take_events`), so tokens that pile up while
+    it writes become one frame. The reader is woken only when what it waits for arrived: any event,
+    or (while it holds events back to coalesce them, or collects a whole response) a final one.
+    """
 
     def __init__(self, loop: EngineLoop, request_ids: list[str]) -> None:
-        self.events: queue.Queue[ChoiceEvent] = queue.Queue()
         self._loop = loop
         self._request_ids = request_ids
         self._unfinished = set(range(len(request_ids)))
+        self._ready = threading.Condition(threading.Lock())
+        self._pending: list[ChoiceEvent] = []
+        self._num_final_pending = 0
+        self._waiting_for = _WAKE_NEVER  # what the reader sleeps on; read by deliver under the lock
+        self._taken: collections.deque[ChoiceEvent] = collections.deque()  # for next_event
+
+    def deliver(self, events: list[ChoiceEvent]) -> None:
+        """Called by the loop thread with the events of one iteration, in order."""
+        num_final = sum(1 for event in events if event.final)
+        with self._ready:
+            self._pending.extend(events)
+            self._num_final_pending += num_final
+            if self._waiting_for == _WAKE_ANY or (num_final and self._waiting_for == _WAKE_FINAL):
+                self._ready.notify()
+
+    def take_events(self, timeout: float, hold_until: float = 0.0) -> list[ChoiceEvent]:
+        """Every event that arrived, in order; waits up to ``timeout`` s for one (then returns []).
+
+        Until ``time.monotonic()`` reaches ``hold_until``, events that finish no choice are held back
+        (unless a final event is among them): they arrive with later ones, in one batch.
+        """
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while True:
+                now = time.monotonic()
+                ready = bool(self._pending) and (self._num_final_pending > 0 or now >= hold_until)
+                if ready or now >= deadline:
+                    break
+                if self._pending or now < hold_until:
+                    # Holding: only a final event ends the wait early.
+                    self._waiting_for, wake_at = _WAKE_FINAL, min(deadline, hold_until)
+                else:
+                    self._waiting_for, wake_at = _WAKE_ANY, deadline
+                self._ready.wait(None if wake_at == float("inf") else wake_at - now)
+                self._waiting_for = _WAKE_NEVER
+            if not ready:
+                return []
+            events, self._pending = self._pending, []
+            self._num_final_pending = 0
+        for event in events:
+            if event.final:
+                self._unfinished.discard(event.index)
+        return events
+
+    def take_final_events(self, timeout: float) -> list[ChoiceEvent]:
+        """Like :meth:`take_events`, but woken only when a choice finished (a non-streamed response)."""
+        return self.take_events(timeout, hold_until=float("inf"))
 
     def next_event(self, timeout: float | None = None) -> ChoiceEvent | None:
         """The next event, or None after ``timeout`` seconds without one."""
-        try:
-            event = self.events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if event.final:
-            self._unfinished.discard(event.index)
-        return event
+        if not self._taken:
+            self._taken.extend(self.take_events(float("inf") if timeout is None else timeout))
+        return self._taken.popleft() if self._taken else None
 
     @property
     def done(self) -> bool:
-        return not self._unfinished
+        return not self._unfinished and not self._taken
 
     def cancel(self) -> None:
         """Abort every unfinished choice (the client left); idempotent."""
@@ -349,9 +400,13 @@ class EngineLoop:
         self._requests_failed += sum(event.finish_reason == "error" for _, event in self._outbox)
         if self.pipeline is not None:
             self._update_snapshot()
+        # One hand-over (one lock, at most one wakeup) per request per iteration, not per event.
+        by_generation: dict[Generation, list[ChoiceEvent]] = {}
         for generation, event in self._outbox:
-            generation.events.put(event)
+            by_generation.setdefault(generation, []).append(event)
         self._outbox.clear()
+        for generation, events in by_generation.items():
+            generation.deliver(events)
         if self._num_ended:
             with self._idle:
                 self._num_in_flight -= self._num_ended

@@ -101,7 +101,10 @@ def _generate(
     state.response_opened()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = TrackedStream(stream(generation, context, include_usage), state.response_closed)
+        frames = TrackedStream(
+            stream(generation, context, include_usage, state.config.stream_interval_s),
+            state.response_closed,
+        )
         return Response(
             frames,  # type: ignore[arg-type]
             mimetype="text/event-stream",

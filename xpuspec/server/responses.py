@@ -51,19 +51,35 @@ class ResponseContext:
         }
 
 
-def _events(generation: Generation, context: ResponseContext) -> Iterator[ChoiceEvent]:
-    """Every event until all choices finished; raises ClientGone when the client has left."""
+def _batches(
+    generation: Generation, context: ResponseContext, hold_s: float = 0.0, finals_only: bool = False
+) -> Iterator[list[ChoiceEvent]]:
+    """The events until all choices finished, in batches of what arrived together.
+
+    After each batch is handed out (the caller resumes this generator once it wrote its frame), the
+    next one is held back for ``hold_s`` unless a choice finishes meanwhile: tokens that arrive faster
+    than that go out together. ``finals_only`` wakes only for finished choices (a response built at
+    the end). Raises ClientGone when the client has left.
+    """
+    client_disconnected = context.client_disconnected
     next_check = time.monotonic() + DISCONNECT_POLL_S
+    hold_until = 0.0
     while not generation.done:
-        event = generation.next_event(timeout=DISCONNECT_POLL_S)
-        if context.client_disconnected is not None and (event is None or time.monotonic() >= next_check):
+        if finals_only:
+            events = generation.take_final_events(DISCONNECT_POLL_S)
+        else:
+            events = generation.take_events(DISCONNECT_POLL_S, hold_until)
+        if client_disconnected is not None and (not events or time.monotonic() >= next_check):
             next_check = time.monotonic() + DISCONNECT_POLL_S
-            if context.client_disconnected():
+            if client_disconnected():
                 raise ClientGone
-        if event is not None:
-            if event.finish_reason is not None:
-                context.num_completion_tokens += event.stats.num_output_tokens if event.stats else 0
-            yield event
+        if events:
+            for event in events:
+                if event.finish_reason is not None and event.stats is not None:
+                    context.num_completion_tokens += event.stats.num_output_tokens
+            yield events
+            if hold_s > 0.0:
+                hold_until = time.monotonic() + hold_s
 
 
 def failure(event: ChoiceEvent, num_choices: int) -> APIError:
@@ -80,12 +96,13 @@ def collect(generation: Generation, context: ResponseContext) -> dict[str, Any]:
     texts = [""] * context.num_choices
     reasons: list[str | None] = [None] * context.num_choices
     try:
-        for event in _events(generation, context):
-            if event.error is not None:
-                raise failure(event, context.num_choices)
-            texts[event.index] += event.text
-            if event.finish_reason is not None:
-                reasons[event.index] = event.finish_reason
+        for events in _batches(generation, context, finals_only=True):
+            for event in events:
+                if event.error is not None:
+                    raise failure(event, context.num_choices)
+                texts[event.index] += event.text
+                if event.finish_reason is not None:
+                    reasons[event.index] = event.finish_reason
     finally:
         generation.cancel()  # a no-op after a normal end
     if context.kind == "chat":
@@ -118,24 +135,31 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
-def stream(generation: Generation, context: ResponseContext, include_usage: bool) -> Iterator[str]:
-    """SSE frames: chunks per choice, one finish_reason each, the usage chunk if asked, then [DONE].
+# A stand-in text that json.dumps leaves as one recognisable escaped string, to cut templates at.
+_TEXT_SLOT = "\x00text\x00"
+_ENCODED_TEXT_SLOT = json.dumps(_TEXT_SLOT)
 
-    A client that disconnects makes the WSGI server close this generator (GeneratorExit at a
-    ``yield``) or fails the disconnect poll; either way the ``finally`` aborts the engine requests,
-    which frees their KV blocks.
+
+class _ChunkFrames:
+    """SSE frames of one streamed response, byte for byte what ``sse(chunk dict)`` gives.
+
+    Text chunks, one or more per frame, are the hot path: each is a pre-built template per choice
+    around one ``json.dumps`` of the text, instead of a dict built and encoded whole.
     """
-    chat = context.kind == "chat"
-    base = {
-        "id": context.response_id,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": context.created,
-        "model": context.model,
-    }
-    extra = {"usage": None} if include_usage else {}
 
-    def chunk(index: int, text: str | None, finish_reason: str | None, role: bool = False) -> str:
-        if chat:
+    def __init__(self, context: ResponseContext, include_usage: bool) -> None:
+        self.chat = context.kind == "chat"
+        self.base = {
+            "id": context.response_id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": context.created,
+            "model": context.model,
+        }
+        self.extra = {"usage": None} if include_usage else {}
+        self._templates: dict[int, tuple[str, str]] = {}
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None, role: bool = False) -> str:
+        if self.chat:
             delta: dict[str, str] = {}
             if role:
                 delta["role"] = "assistant"
@@ -146,34 +170,74 @@ def stream(generation: Generation, context: ResponseContext, include_usage: bool
             choice = {"index": index, "text": text or ""}
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
-        return sse({**base, "choices": [choice], **extra})
+        return sse({**self.base, "choices": [choice], **self.extra})
 
+    def text(self, index: int, text: str) -> str:
+        """The frame of a text chunk (no finish_reason) of choice ``index``."""
+        template = self._templates.get(index)
+        if template is None:
+            head, _, tail = self.chunk(index, _TEXT_SLOT, None).partition(_ENCODED_TEXT_SLOT)
+            template = self._templates[index] = (head, tail)
+        return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
+
+
+def stream(
+    generation: Generation, context: ResponseContext, include_usage: bool, coalesce_s: float = 0.0
+) -> Iterator[str]:
+    """SSE frames: chunks per choice, one finish_reason each, the usage chunk if asked, then [DONE].
+
+    Everything that arrived for a choice together (the tokens of one engine step, and those of later
+    steps while the previous frame was written or within ``coalesce_s`` of it) goes out as one text
+    chunk, and all chunks of one batch in one write. A finished choice is never held back.
+
+    A client that disconnects makes the WSGI server close this generator (GeneratorExit at a
+    ``yield``) or fails the disconnect poll; either way the ``finally`` aborts the engine requests,
+    which frees their KV blocks.
+    """
+    frames = _ChunkFrames(context, include_usage)
+    chat = frames.chat
     try:
         if chat:
-            for index in range(context.num_choices):
-                yield chunk(index, "", None, role=True)
-        for event in _events(generation, context):
-            if event.error is not None:
-                # A choice's own failure closes it with finish_reason "error"; then the error frame
-                # (which the OpenAI client raises) ends the stream.
-                if event.finish_reason == "error":
-                    yield chunk(event.index, event.text or None, "error")
-                yield sse(failure(event, context.num_choices).body())
+            yield "".join(frames.chunk(index, "", None, role=True) for index in range(context.num_choices))
+        failed = False
+        tail: list[str] = []
+        for events in _batches(generation, context, hold_s=coalesce_s):
+            out: list[str] = []
+            texts: dict[int, list[str]] = {}  # text not yet framed, per choice, in arrival order
+            for event in events:
+                if event.error is not None:
+                    # A choice's own failure closes it with finish_reason "error"; then the error
+                    # frame (which the OpenAI client raises) ends the stream.
+                    out.extend(frames.text(index, "".join(parts)) for index, parts in texts.items())
+                    texts.clear()
+                    if event.finish_reason == "error":
+                        out.append(frames.chunk(event.index, event.text or None, "error"))
+                    out.append(sse(failure(event, context.num_choices).body()))
+                    failed = True
+                    break
+                if event.finish_reason is None:
+                    if event.text:
+                        texts.setdefault(event.index, []).append(event.text)
+                    continue
+                text = "".join(texts.pop(event.index, ())) + event.text
+                if chat:
+                    if text:
+                        out.append(frames.text(event.index, text))
+                    out.append(frames.chunk(event.index, None, event.finish_reason))
+                else:
+                    out.append(frames.chunk(event.index, text, event.finish_reason))
+            out.extend(frames.text(index, "".join(parts)) for index, parts in texts.items())
+            if failed or generation.done:
+                tail = out  # the last frames, the usage chunk and [DONE] go out in one write
                 break
-            if event.finish_reason is None:
-                if event.text:
-                    yield chunk(event.index, event.text, None)
-                continue
-            if chat:
-                if event.text:
-                    yield chunk(event.index, event.text, None)
-                yield chunk(event.index, None, event.finish_reason)
-            else:
-                yield chunk(event.index, event.text, event.finish_reason)
-        else:
-            if include_usage:
-                yield sse({**base, "choices": [], "usage": context.usage(context.num_completion_tokens)})
-        yield sse("[DONE]")
+            if out:
+                yield "".join(out)
+        if not failed and include_usage:
+            tail.append(
+                sse({**frames.base, "choices": [], "usage": context.usage(context.num_completion_tokens)})
+            )
+        tail.append(sse("[DONE]"))
+        yield "".join(tail)
     except ClientGone:
         logger.info("client of %s disconnected; aborting", context.response_id)
     finally:
