@@ -257,3 +257,13 @@ def test_mean_step_cost_uses_every_measured_step() -> None:
     model.record_target_step(5, 0.004, num_sequences=1)  # one slow step: the mean moves, not by much
     assert model.mean_step_cost(0) == pytest.approx(1e-3)
     assert model.mean_step_cost(4) == pytest.approx((20 * 2e-3 + 4e-3) / 21 + 4 * 0.5e-3, rel=0.01)
+
+
+@pytest.mark.parametrize("measured", [TINY, {1: 1.0, 3: 2.0}, {4: 3.0}])
+def test_step_costs_at_once_equal_one_by_one(measured: dict[int, float]) -> None:
+    model = _curve_model(measured, draft_ms=0.3)
+    for n in (2, 7):
+        model.calibrate_target(1, n, 0.0015)
+    for batch_tokens, num_sequences in ((1, 1), (40, 1), (2, 2)):
+        at_once = model.step_costs(8, batch_tokens, num_sequences)
+        assert at_once == pytest.approx([model.step_cost(g, batch_tokens, num_sequences) for g in range(9)])

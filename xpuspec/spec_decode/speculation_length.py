@@ -227,6 +227,21 @@ class CostModel:
             seconds += gamma * self.draft_cost(num_sequences)
         return seconds
 
+    def step_costs(self, max_gamma: int, batch_tokens: int, num_sequences: int) -> list[float]:
+        """:meth:`step_cost` for γ = 0 .. ``max_gamma`` at once (one pass over the curve)."""
+        if batch_tokens != num_sequences:  # a step with prefill work besides the decodes
+            return [self.step_cost(gamma, batch_tokens, num_sequences) for gamma in range(max_gamma + 1)]
+        verify = self.verify.estimates(num_sequences, lambda: self.target.slope * num_sequences)
+        draft = self.draft_cost(num_sequences)
+        costs = []
+        for gamma in range(max_gamma + 1):
+            tokens = 1 + gamma
+            seconds = verify[tokens] if tokens < len(verify) else None
+            if seconds is None:
+                seconds = self.target(tokens * num_sequences)
+            costs.append(seconds + gamma * draft)
+        return costs
+
     def mean_step_cost(self, gamma: int, num_sequences: int = 1) -> float:
         """Like :meth:`step_cost` for a pure decode step, from the means of every measured step (not
         the recent estimates the policy reads): what a report compares a whole run with."""
@@ -345,8 +360,8 @@ class SpeculationLengthPolicy:
         key = (batch_tokens, num_sequences, id(model), model.version, model.verify.version)
         if key != self._costs_key:
             self._costs = [
-                max(model.step_cost(gamma, batch_tokens, num_sequences), 1e-12)
-                for gamma in range(self.max_draft_tokens + 1)
+                max(seconds, 1e-12)
+                for seconds in model.step_costs(self.max_draft_tokens, batch_tokens, num_sequences)
             ]
             self._costs_key = key
         return self._costs

@@ -125,37 +125,46 @@ class VerifyCostCurve:
 
         ``slope`` (seconds per extra token per sequence) extends the table beyond its measured cells.
         """
-        entries = self._buckets.get(batch_bucket(num_sequences))
-        if entries is None or not 1 <= tokens_per_sequence <= self.max_tokens_per_sequence:
+        if not 1 <= tokens_per_sequence <= self.max_tokens_per_sequence:
             return None
-        cell = entries[tokens_per_sequence]
-        if cell.measured is not None:
-            return cell.measured
-        if cell.calibrated is not None:
-            return max(cell.calibrated + self.overhead(num_sequences), 0.0)
-        known = [
-            (n, value)
-            for n in range(1, self.max_tokens_per_sequence + 1)
-            if (value := self._known(entries, n, num_sequences)) is not None
-        ]
-        if not known:
-            return None
-        below = [(n, v) for n, v in known if n < tokens_per_sequence]
-        above = [(n, v) for n, v in known if n > tokens_per_sequence]
-        if below and above:
-            (n0, v0), (n1, v1) = below[-1], above[0]
-            return v0 + (v1 - v0) * (tokens_per_sequence - n0) / (n1 - n0)
-        per_token = slope() if callable(slope) else slope
-        n, value = below[-1] if below else above[0]
-        return max(value + per_token * (tokens_per_sequence - n), 0.0)
+        return self.estimates(num_sequences, slope)[tokens_per_sequence]
 
-    def _known(self, entries: list[_Entry], n: int, num_sequences: int) -> float | None:
-        cell = entries[n]
-        if cell.measured is not None:
-            return cell.measured
-        if cell.calibrated is not None:
-            return max(cell.calibrated + self.overhead(num_sequences), 0.0)
-        return None
+    def estimates(self, num_sequences: int, slope: Callable[[], float] | float = 0.0) -> list[float | None]:
+        """:meth:`estimate` for every number of tokens per sequence at once (index 0 unused), in one
+        pass over the bucket: what the policy reads for every γ of a step."""
+        width = self.max_tokens_per_sequence + 1
+        entries = self._buckets.get(batch_bucket(num_sequences))
+        if entries is None:
+            return [None] * width
+        overhead = self.overhead(num_sequences)
+        values: list[float | None] = [None] * width
+        known: list[int] = []
+        for n in range(1, width):
+            cell = entries[n]
+            if cell.weight > 0:
+                values[n] = cell.total / cell.weight
+            elif cell.calibrated is not None:
+                values[n] = max(cell.calibrated + overhead, 0.0)
+            else:
+                continue
+            known.append(n)
+        if not known or len(known) == width - 1:
+            return values
+        per_token = slope() if callable(slope) else slope
+        first, last = known[0], known[-1]
+        for n in range(1, width):
+            if values[n] is not None:
+                continue
+            if n < first:
+                values[n] = max(values[first] + per_token * (n - first), 0.0)  # type: ignore[operator]
+            elif n > last:
+                values[n] = max(values[last] + per_token * (n - last), 0.0)  # type: ignore[operator]
+            else:
+                below = max(k for k in known if k < n)
+                above = min(k for k in known if k > n)
+                v0, v1 = values[below], values[above]
+                values[n] = v0 + (v1 - v0) * (n - below) / (above - below)  # type: ignore[operator]
+        return values
 
     def table(self, num_sequences: int = 1) -> dict[int, dict[str, float | None]]:
         """Tokens per sequence -> seconds for reports: "measured" (the recent, decayed mean the policy
