@@ -1,4 +1,4 @@
-"""The verification cost table: calibration, online refresh, the overhead over calibration, robustness."""
+"""The verification cost table: calibrated shape, online load scale and corrections, robustness."""
 
 from __future__ import annotations
 
@@ -21,21 +21,48 @@ def test_an_empty_bucket_has_no_estimate() -> None:
     assert curve.estimate(1, 10) is None  # beyond the table
 
 
-def test_measured_cells_win_and_calibrated_cells_carry_the_measured_overhead() -> None:
+def _calibrated(ms_by_size: dict[int, float]) -> VerifyCostCurve:
     curve = VerifyCostCurve(9)
-    for n in range(1, 10):
-        curve.calibrate(1, n, 0.001 + 0.0001 * n)
-    assert curve.estimate(1, 5) == pytest.approx(0.0015)
-    # Online steps at 1 and 2 tokens cost 0.3 ms more than calibration (the engine's own work).
-    for _ in range(20):
-        curve.record(1, 1, 0.0011 + 0.0003)
-        curve.record(1, 2, 0.0012 + 0.0003)
-    assert curve.overhead(1) == pytest.approx(0.0003)
-    assert curve.estimate(1, 1) == pytest.approx(0.0014)
-    assert curve.estimate(1, 9) == pytest.approx(0.0019 + 0.0003)  # never measured online
-    # The calibration keeps its fastest timing (a busy moment of the machine only slows one down).
-    curve.calibrate(1, 9, 0.5)
-    assert curve.estimate(1, 9) == pytest.approx(0.0022)
+    for n, ms in ms_by_size.items():
+        curve.calibrate(1, n, ms / 1000)
+    return curve
+
+
+LINEAR = {n: 1.0 + 0.1 * n for n in range(1, 10)}
+
+
+def test_the_calibrated_shape_is_non_decreasing_and_keeps_the_fastest_timing() -> None:
+    curve = _calibrated({1: 1.0, 2: 1.5, 3: 1.2, 4: 1.6})
+    curve.calibrate(1, 4, 0.5)  # a busy moment of the machine only slows a timing down: kept the min
+    assert curve.estimates(1)[1:5] == pytest.approx([1e-3, 1.35e-3, 1.35e-3, 1.6e-3])
+    assert curve.scale(1) is None  # no online step yet: the calibration itself
+
+
+def test_the_online_load_scales_every_size_alike() -> None:
+    """Steps at one size measure the machine's load and the engine's own work for all sizes: a cell
+    measured a minute ago under another load is not comparable with one measured now."""
+    curve = _calibrated(LINEAR)
+    for _ in range(30):
+        curve.record(1, 5, 2 * 1.5e-3)
+    assert curve.scale(1) == pytest.approx(2.0, rel=0.01)
+    assert curve.estimate(1, 1) == pytest.approx(2 * 1.1e-3, rel=0.01)
+    assert curve.estimate(1, 9) == pytest.approx(2 * 1.9e-3, rel=0.01)
+    # The load triples while the engine verifies 5 tokens: 1 token costs three times more too.
+    for _ in range(60):
+        curve.record(1, 5, 3 * 2 * 1.5e-3)
+    assert curve.estimate(1, 1) > 2.5 * 2 * 1.1e-3
+    assert curve.estimate(1, 1) / curve.estimate(1, 5) == pytest.approx(1.1 / 1.5, rel=0.25)
+
+
+def test_a_size_that_costs_more_than_calibrated_learns_its_correction() -> None:
+    curve = _calibrated(LINEAR)
+    for _ in range(300):
+        curve.record(1, 1, 1.1e-3)
+        curve.record(1, 5, 1.5 * 1.5e-3)  # e.g. the real context makes 5 tokens dearer than at idle
+    assert curve.estimate(1, 5) / curve.estimate(1, 1) == pytest.approx(1.5 * 1.5 / 1.1, rel=0.1)
+    # A size never measured takes the correction interpolated between its measured neighbours.
+    assert curve.estimate(1, 3) / curve.estimate(1, 1) == pytest.approx(1.3 * 1.25 / 1.1, rel=0.05)
+    assert curve.estimate(1, 9) / curve.estimate(1, 5) == pytest.approx(1.9 / 1.5, rel=0.01)
 
 
 def test_cells_neither_measured_nor_calibrated_are_interpolated_and_extrapolated() -> None:

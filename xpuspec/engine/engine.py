@@ -168,7 +168,7 @@ class LLMEngine:
             self.block_manager,
         )
 
-    def calibrate(self, repeats: int = 3) -> None:
+    def calibrate(self, repeats: int = 5) -> None:
         """Time the target and the drafter on dummy steps so the cost model starts from measurements.
 
         Runs before any request holds blocks: the dummy tokens are written into the first blocks

@@ -7,12 +7,18 @@ fitted mostly on single-token steps (and a prior) badly underestimated verifying
 demo pair, so adaptive γ drafted where it did not pay. This table keeps one estimate per (batch
 shape, tokens per sequence) instead:
 
-- ``calibrate`` fills it from timed target passes at idle (device and runner only);
-- every pure decode step of the engine refreshes its entry online with the step's measured time
-  (everything but the draft's passes: the engine's Python per step included);
-- an entry never measured online is its calibrated time plus the batch shape's measured overhead over
-  calibration (the engine's own work per step), or, when not calibrated either, interpolated between
-  the nearest measured entries (extrapolated beyond them with the caller's per-token slope).
+- ``calibrate`` fills its shape from timed target passes at idle (device and runner only; sizes
+  interleaved, the fastest of the repeats kept, made non-decreasing in the tokens: verifying more
+  never costs less);
+- every pure decode step of the engine refreshes it online. A shared machine's load changes from
+  one moment to the next and slows every size alike, so cells measured at different moments are
+  not comparable; the online model is therefore ``scale · calibrated(n) · correction(n)``: one
+  ``scale`` per batch shape, refreshed by every step whatever its size (the load and the engine's
+  own work per step), and a slowly learned ``correction(n)`` per size for what calibration missed
+  (the real context length, the Python per verified token), each step judged against the current
+  scale so that load changes do not leak into it;
+- sizes never calibrated fall back to their measured mean, else are interpolated between the
+  nearest known sizes (extrapolated beyond them with the caller's per-token slope).
 
 Batch shapes are bucketed by the number of sequences (1, 2, 3-4, 5-8, ...): within a bucket the cost
 is assumed to depend on the tokens per sequence only.
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+CORRECTION_DECAY = 0.98  # a size's correction to the calibrated shape: a memory of ~50 of its steps
 
 
 def batch_bucket(num_sequences: int) -> int:
@@ -40,6 +48,7 @@ class _Entry:
     calibrated: float | None = None
     steps: int = 0  # every measured step, undecayed and unclipped: for reports
     all_seconds: float = 0.0
+    correction: float = 1.0  # measured over scale x calibrated shape, learned slowly
 
     @property
     def measured(self) -> float | None:
@@ -67,8 +76,10 @@ class VerifyCostCurve:
         self.decay = decay
         self.outlier_factor = outlier_factor
         self._buckets: dict[int, list[_Entry]] = {}
-        # Per bucket: decayed mean of (measured - calibrated) over online steps at calibrated cells.
-        self._overhead: dict[int, tuple[float, float]] = {}
+        # Per bucket: decayed mean of measured / (calibrated shape x correction) over online steps.
+        self._scale: dict[int, tuple[float, float]] = {}
+        self._shapes: dict[int, tuple[int, list[float | None]]] = {}  # bucket -> (calibrations, shape)
+        self._calibrations = 0
         self.version = 0  # bumped on every change, so callers can cache what they derive from it
 
     def _entries(self, bucket: int) -> list[_Entry]:
@@ -89,6 +100,7 @@ class VerifyCostCurve:
         if cell is None:
             return
         cell.calibrated = seconds if cell.calibrated is None else min(cell.calibrated, seconds)
+        self._calibrations += 1
         self.version += 1
 
     def record(self, num_sequences: int, tokens_per_sequence: int, seconds: float) -> None:
@@ -104,19 +116,46 @@ class VerifyCostCurve:
             seconds = self.outlier_factor * current
         cell.weight = self.decay * cell.weight + 1.0
         cell.total = self.decay * cell.total + seconds
-        if cell.calibrated is not None:
-            bucket = batch_bucket(num_sequences)
-            weight, total = self._overhead.get(bucket, (0.0, 0.0))
-            self._overhead[bucket] = (
-                self.decay * weight + 1.0,
-                self.decay * total + seconds - cell.calibrated,
-            )
+        bucket = batch_bucket(num_sequences)
+        shape = self._shape(bucket)[tokens_per_sequence]
+        if shape is not None:
+            scale = self.scale(num_sequences)
+            ratio = seconds / (shape * cell.correction)
+            if scale is not None and ratio > self.outlier_factor * scale:
+                ratio = self.outlier_factor * scale
+            weight, total = self._scale.get(bucket, (0.0, 0.0))
+            self._scale[bucket] = (self.decay * weight + 1.0, self.decay * total + ratio)
+            if scale is not None:  # the size's own deviation from the shape, judged at the current scale
+                deviation = min(max(seconds / (scale * shape), 0.5), 2.0)
+                cell.correction = CORRECTION_DECAY * cell.correction + (1 - CORRECTION_DECAY) * deviation
         self.version += 1
 
-    def overhead(self, num_sequences: int) -> float:
-        """Measured online minus calibrated seconds per step in this bucket (0 before any)."""
-        weight, total = self._overhead.get(batch_bucket(num_sequences), (0.0, 0.0))
-        return total / weight if weight > 0 else 0.0
+    def _shape(self, bucket: int) -> list[float | None]:
+        """The calibrated seconds by size, made non-decreasing (pool adjacent violators)."""
+        cached = self._shapes.get(bucket)
+        if cached is not None and cached[0] == self._calibrations:
+            return cached[1]
+        entries = self._buckets.get(bucket)
+        shape: list[float | None] = [None] * (self.max_tokens_per_sequence + 1)
+        if entries is not None:
+            sizes = [n for n in range(1, len(entries)) if entries[n].calibrated is not None]
+            blocks: list[list[float]] = []  # [sum, count] of pooled runs
+            for n in sizes:
+                blocks.append([entries[n].calibrated, 1.0])  # type: ignore[list-item]
+                while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                    total, count = blocks.pop()
+                    blocks[-1][0] += total
+                    blocks[-1][1] += count
+            values = [total / count for total, count in blocks for _ in range(int(count))]
+            for n, value in zip(sizes, values, strict=True):
+                shape[n] = value
+        self._shapes[bucket] = (self._calibrations, shape)
+        return shape
+
+    def scale(self, num_sequences: int) -> float | None:
+        """Measured over calibrated seconds in this bucket, recently (None before any online step)."""
+        weight, total = self._scale.get(batch_bucket(num_sequences), (0.0, 0.0))
+        return total / weight if weight > 0 else None
 
     def estimate(
         self, num_sequences: int, tokens_per_sequence: int, slope: Callable[[], float] | float = 0.0
@@ -136,15 +175,18 @@ class VerifyCostCurve:
         entries = self._buckets.get(batch_bucket(num_sequences))
         if entries is None:
             return [None] * width
-        overhead = self.overhead(num_sequences)
+        shape = self._shape(batch_bucket(num_sequences))
+        scale = self.scale(num_sequences) or 1.0
         values: list[float | None] = [None] * width
         known: list[int] = []
+        corrections = _corrections(entries, shape)
         for n in range(1, width):
             cell = entries[n]
-            if cell.weight > 0:
+            calibrated = shape[n]
+            if calibrated is not None:
+                values[n] = scale * calibrated * corrections[n]
+            elif cell.weight > 0:
                 values[n] = cell.total / cell.weight
-            elif cell.calibrated is not None:
-                values[n] = max(cell.calibrated + overhead, 0.0)
             else:
                 continue
             known.append(n)
@@ -182,6 +224,28 @@ class VerifyCostCurve:
             }
             for n in range(1, self.max_tokens_per_sequence + 1)
         }
+
+
+def _corrections(entries: list[_Entry], shape: list[float | None]) -> list[float]:
+    """Each calibrated size's correction; a size never measured online takes the one interpolated
+    between the nearest measured sizes (the nearest beyond them): scale and corrections are only
+    known up to a common factor, which the measured sizes pin down for their neighbours."""
+    measured = [n for n in range(1, len(entries)) if entries[n].steps and shape[n] is not None]
+    corrections = [entries[n].correction for n in range(len(entries))]
+    if not measured:
+        return corrections
+    for n in range(1, len(entries)):
+        if entries[n].steps or shape[n] is None:
+            continue
+        below = [k for k in measured if k < n]
+        above = [k for k in measured if k > n]
+        if below and above:
+            k0, k1 = below[-1], above[0]
+            c0, c1 = corrections[k0], corrections[k1]
+            corrections[n] = c0 + (c1 - c0) * (n - k0) / (k1 - k0)
+        else:
+            corrections[n] = corrections[below[-1] if below else above[0]]
+    return corrections
 
 
 def _check_seconds(seconds: float) -> None:
