@@ -267,3 +267,17 @@ def test_step_costs_at_once_equal_one_by_one(measured: dict[int, float]) -> None
     for batch_tokens, num_sequences in ((1, 1), (40, 1), (2, 2)):
         at_once = model.step_costs(8, batch_tokens, num_sequences)
         assert at_once == pytest.approx([model.step_cost(g, batch_tokens, num_sequences) for g in range(9)])
+
+
+def test_new_sequences_start_from_the_pooled_acceptance_unless_asked_for_the_fixed_prior() -> None:
+    rates = AcceptanceRates(prior=0.6)
+    for index in range(30):
+        rates.update(f"old-{index}", 4, 0)  # a draft that is never accepted
+        rates.update(f"old-{index}", 0, 0)  # steps without drafts leave the pool alone
+        rates.forget(f"old-{index}")
+    assert rates.pool.rate < 0.1
+    assert rates.rate("new", pooled_prior=True) < 0.1
+    assert rates.rate("seeded") == pytest.approx(0.6)  # the fixed prior: repeatable
+    policy = SpeculationLengthPolicy(8, _curve_model({n: 20.0 + 0.2 * n for n in range(1, 10)}, draft_ms=1.0))
+    assert policy.choose(rates.rate("another", pooled_prior=True), 1, 1) == 0
+    assert policy.choose(rates.rate("seeded"), 1, 1) > 0

@@ -448,7 +448,7 @@ class LLMEngine:
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
             return min(fixed, self.config.max_draft_tokens)
-        rate = self.acceptance.rate(sequence.request_id)
+        rate = self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
         if sequence.params.seed is not None:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.

@@ -303,23 +303,38 @@ class AcceptanceTracker:
 
 
 class AcceptanceRates:
-    """One :class:`AcceptanceTracker` per sequence, keyed by request id (created on first use)."""
+    """One :class:`AcceptanceTracker` per sequence, keyed by request id (created on first use).
 
-    def __init__(self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9) -> None:
+    A pool of every sequence's drafts (decaying slowly) gives new sequences their starting point on
+    request (``pooled_prior``): with a draft that is rarely accepted, each new request would otherwise
+    start from the optimistic fixed prior and draft for its first steps, a loss repeated for every
+    request. Seeded requests keep the fixed prior, so their drafting repeats run for run.
+    """
+
+    def __init__(
+        self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9, pool_decay: float = 0.99
+    ) -> None:
         AcceptanceTracker(prior, prior_weight, decay)  # validates the settings once, up front
         self._settings = (prior, prior_weight, decay)
         self._trackers: dict[str, AcceptanceTracker] = {}
+        self.pool = AcceptanceTracker(prior, prior_weight, pool_decay)
 
-    def tracker(self, request_id: str) -> AcceptanceTracker:
-        if request_id not in self._trackers:
-            self._trackers[request_id] = AcceptanceTracker(*self._settings)
-        return self._trackers[request_id]
+    def tracker(self, request_id: str, pooled_prior: bool = False) -> AcceptanceTracker:
+        tracker = self._trackers.get(request_id)
+        if tracker is None:
+            prior, prior_weight, decay = self._settings
+            if pooled_prior:
+                prior = self.pool.rate
+            tracker = self._trackers[request_id] = AcceptanceTracker(prior, prior_weight, decay)
+        return tracker
 
-    def rate(self, request_id: str) -> float:
-        return self.tracker(request_id).rate
+    def rate(self, request_id: str, pooled_prior: bool = False) -> float:
+        return self.tracker(request_id, pooled_prior).rate
 
     def update(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         self.tracker(request_id).update(num_drafted, num_accepted)
+        if num_drafted:  # steps without drafts say nothing about the draft
+            self.pool.update(num_drafted, num_accepted)
 
     def forget(self, request_id: str) -> None:
         self._trackers.pop(request_id, None)
