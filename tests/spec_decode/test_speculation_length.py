@@ -276,6 +276,7 @@ def test_new_sequences_start_from_the_pooled_acceptance_unless_asked_for_the_fix
         rates.update(f"old-{index}", 0, 0)  # steps without drafts leave the pool alone
         rates.forget(f"old-{index}")
     assert rates.pool.rate < 0.1
+    rates.update("new", 0, 0)  # its prefill step, before it ever chose γ
     assert rates.rate("new", pooled_prior=True) < 0.1
     assert rates.rate("seeded") == pytest.approx(0.6)  # the fixed prior: repeatable
     policy = SpeculationLengthPolicy(8, _curve_model({n: 20.0 + 0.2 * n for n in range(1, 10)}, draft_ms=1.0))

@@ -98,3 +98,11 @@ def test_every_change_bumps_the_version_and_bad_input_is_refused() -> None:
         curve.record(1, 2, float("nan"))
     with pytest.raises(ValueError, match="decay"):
         VerifyCostCurve(4, decay=1.0)
+
+
+def test_estimates_never_decrease_with_the_tokens_verified() -> None:
+    curve = VerifyCostCurve(5)
+    curve.record(1, 1, 0.003)
+    curve.record(1, 2, 0.002)  # noise: two tokens measured cheaper than one
+    curve.record(1, 4, 0.004)
+    assert curve.estimates(1)[1:] == pytest.approx([0.003, 0.003, 0.003, 0.004, 0.004])

@@ -332,6 +332,10 @@ class AcceptanceRates:
         return self.tracker(request_id, pooled_prior).rate
 
     def update(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        if not num_drafted and request_id not in self._trackers:
+            # A step without drafts before the sequence ever chose γ (its prefill): nothing to
+            # decay, and creating the tracker here would fix its prior before the choice does.
+            return
         self.tracker(request_id).update(num_drafted, num_accepted)
         if num_drafted:  # steps without drafts say nothing about the draft
             self.pool.update(num_drafted, num_accepted)

@@ -190,8 +190,10 @@ class VerifyCostCurve:
             else:
                 continue
             known.append(n)
-        if not known or len(known) == width - 1:
+        if not known:
             return values
+        if len(known) == width - 1:
+            return _non_decreasing(values)
         per_token = slope() if callable(slope) else slope
         first, last = known[0], known[-1]
         for n in range(1, width):
@@ -206,7 +208,7 @@ class VerifyCostCurve:
                 above = min(k for k in known if k > n)
                 v0, v1 = values[below], values[above]
                 values[n] = v0 + (v1 - v0) * (n - below) / (above - below)  # type: ignore[operator]
-        return values
+        return _non_decreasing(values)
 
     def table(self, num_sequences: int = 1) -> dict[int, dict[str, float | None]]:
         """Tokens per sequence -> seconds for reports: "measured" (the recent, decayed mean the policy
@@ -246,6 +248,17 @@ def _corrections(entries: list[_Entry], shape: list[float | None]) -> list[float
         else:
             corrections[n] = corrections[below[-1] if below else above[0]]
     return corrections
+
+
+def _non_decreasing(values: list[float | None]) -> list[float | None]:
+    """Verifying more tokens never costs less: a size's estimate is at least every smaller one's (the
+    per-size corrections are noisy, and a γ must not look cheaper than γ = 0 by noise)."""
+    highest = 0.0
+    for n, value in enumerate(values):
+        if value is not None:
+            highest = max(highest, value)
+            values[n] = highest
+    return values
 
 
 def _check_seconds(seconds: float) -> None:
