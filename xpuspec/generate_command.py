@@ -162,17 +162,19 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
 
 
 def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
-    """The cost model's case against drafting: measured draft/target step costs and the acceptance it used."""
-    from xpuspec.spec_decode.speculation_length import AcceptanceTracker, expected_speedup
+    """The cost model's case against drafting: measured step costs and the acceptance it used."""
+    from xpuspec.spec_decode.speculation_length import AcceptanceTracker
 
     policy = pipe.engine.length_policy
     costs = policy.cost_model
-    target_s, draft_s = costs.target_cost(1), costs.draft_cost(1)
-    ratio = draft_s / max(target_s, 1e-12)
+    target_s, draft_s = costs.target_cost(1, num_sequences=1), costs.draft_cost(1)
     alpha = acceptance if acceptance is not None else AcceptanceTracker().prior
-    best = max(expected_speedup(alpha, gamma, ratio) for gamma in range(1, policy.max_draft_tokens + 1))
+    gamma = max(range(1, policy.max_draft_tokens + 1), key=lambda g: costs.predicted_speedup(alpha, g))
+    best = costs.predicted_speedup(alpha, gamma)
+    verify_s = costs.target_cost(1 + gamma, num_sequences=1)
     return (
-        f"adaptive γ kept drafting off: draft step {draft_s * 1000:.1f} ms / target step "
-        f"{target_s * 1000:.1f} ms = cost ratio {ratio:.2f}, acceptance {alpha:.2f}, best predicted "
+        f"adaptive γ kept drafting off: draft step {draft_s * 1000:.2f} ms / target step "
+        f"{target_s * 1000:.2f} ms = cost ratio {draft_s / max(target_s, 1e-12):.2f} "
+        f"({verify_s * 1000:.2f} ms verifying {gamma + 1} tokens), acceptance {alpha:.2f}, best predicted "
         f"speed-up {best:.2f}x < {policy.min_speedup:.2f}x needed"
     )

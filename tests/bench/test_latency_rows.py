@@ -52,3 +52,42 @@ def test_genai_defaults_are_explicit_cpu_plugin_defaults():
     assert properties["INFERENCE_PRECISION_HINT"] in ("bf16", "f16", "f32")
     assert properties["KV_CACHE_PRECISION"] != "u8"  # GenAI's cache ports follow the compute precision
     assert isinstance(properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"], int)
+
+
+def _timed(engine: str, length, tokens: int, tpot_s: float, drafted=0, accepted=0, tested=0):
+    result = LatencyResult(_label(engine, length), engine, length)
+    timing = RequestTiming(3, list(range(tokens)), tokens * tpot_s, tpot_s, tpot_s)
+    if drafted:
+        timing.drafted, timing.accepted, timing.tested = drafted, accepted, tested
+    result.record_round([timing])
+    return result
+
+
+def test_fixed_gamma_rows_carry_leviathans_prediction_from_the_measured_cost_curve():
+    from xpuspec.bench.figures import add_speedups
+    from xpuspec.bench.latency import cost_curve, median_curve
+    from xpuspec.spec_decode.speculation_length import CostModel, expected_tokens_per_step
+
+    model = CostModel()
+    for _ in range(10):
+        model.record_target_step(1, 0.001, num_sequences=1)
+        model.record_target_step(5, 0.002, num_sequences=1)
+        model.record_drafting([(1, 0.0002)] * 4, 0.0008)
+    curves = median_curve([cost_curve(model, 4), cost_curve(model, 4)])
+    assert curves["step_ms"][4] == 2.0 + 4 * 0.2 and curves["verify_steps"] == {1: 10, 5: 10}
+    alpha = 0.8  # 8 accepted of 10 tested
+    results = [
+        _timed(XPUSPEC, None, 64, 0.001),
+        _timed(XPUSPEC, 4, 64, 0.0009, drafted=16, accepted=8, tested=10),
+        _timed(GENAI, None, 64, 0.001),
+        _timed(GENAI, 4, 64, 0.0008, drafted=16, accepted=8, tested=10),
+    ]
+    summaries = {r.name: r.summary() for r in results}
+    add_speedups(results, summaries, {XPUSPEC: {g: ms / 1000 for g, ms in curves["step_ms"].items()}})
+    row = summaries["xpuspec speculative (γ=4)"]
+    predicted = expected_tokens_per_step(alpha, 4) * 1.0 / 2.8
+    assert row["predicted_speedup"] == predicted
+    assert row["decode_speedup"] == 1.0 / 0.9
+    assert row["measured_over_predicted"] == (1.0 / 0.9) / predicted
+    assert summaries["OpenVINO GenAI speculative (γ=4)"]["predicted_speedup"] is None  # no cost curve
+    assert summaries["xpuspec target-only"]["predicted_speedup"] is None

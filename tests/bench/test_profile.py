@@ -63,3 +63,11 @@ def test_profile_command_streams_through_a_real_server(capsys: pytest.CaptureFix
     assert profile.main(["--prompts", "1", "--max-tokens", "8", "--draft-lengths", "0", "--http"]) == 0
     out = capsys.readouterr().out
     assert "HTTP, one streaming client" in out and "tokens/s in-process" in out
+
+
+def test_draft_lengths_take_integers_and_adaptive() -> None:
+    from xpuspec.bench.profile import _draft_length
+
+    assert [_draft_length(v) for v in ("0", "4", "a", " adaptive")] == [0, 4, None, None]
+    with pytest.raises(SystemExit, match="'x'"):
+        _draft_length("x")

@@ -183,3 +183,102 @@ def test_choose_without_timing_ignores_measurements() -> None:
     assert untimed == sorted(untimed) and untimed[-1] > 0
     assert policy.choose(0.9, 1, 1) != untimed[-1]  # the measured costs would choose differently
     assert [policy.choose_without_timing(alpha) for alpha in (0.2, 0.6, 0.9)] == untimed
+
+
+def _curve_model(verify_ms: dict[int, float], draft_ms: float, python_ms: float = 0.0) -> CostModel:
+    """A cost model measured online: decode steps verifying n tokens, plain single-token draft passes."""
+    model = CostModel()
+    for _ in range(20):
+        for n, ms in verify_ms.items():
+            model.record_target_step(n, ms / 1000, num_sequences=1)
+        passes = [(1, draft_ms / 1000)] * 4
+        model.record_drafting(passes, 4 * (draft_ms + python_ms) / 1000)
+    return model
+
+
+# A tiny pair (the demo's shape): one token 1.0 ms, any multi-token verification >= 1.65 ms, and a
+# draft pass almost half a target step. Single-token costs alone (c = 0.45) predict 1.5x at α = 0.83.
+TINY = {1: 1.0, **{n: 1.6 + 0.05 * n for n in range(2, 10)}}
+
+
+def test_the_policy_reads_the_verification_cost_by_tokens_and_does_not_draft_where_it_loses() -> None:
+    model = _curve_model(TINY, draft_ms=0.45)
+    assert model.target_cost(5, num_sequences=1) == pytest.approx(1.85e-3)
+    assert model.step_cost(4, batch_tokens=1, num_sequences=1) == pytest.approx(1.85e-3 + 4 * 0.45e-3)
+    assert expected_speedup(0.83, 4, 0.45) > 1.0  # the single-token view would draft
+    policy = SpeculationLengthPolicy(8, model)
+    assert policy.choose(0.83, batch_tokens=1, num_sequences=1) == 0
+    for gamma in range(1, 9):
+        assert model.predicted_speedup(0.83, gamma) < 1.0
+    # Near-certain acceptance pays even here.
+    assert policy.choose(0.99, batch_tokens=1, num_sequences=1) > 0
+
+
+def test_a_flat_verification_curve_drafts_long() -> None:
+    """A large target (memory bound): verifying 9 tokens costs little more than one; cheap draft."""
+    model = _curve_model({n: 20.0 + 0.2 * n for n in range(1, 10)}, draft_ms=1.0)
+    policy = SpeculationLengthPolicy(8, model)
+    gamma = policy.choose(0.8, batch_tokens=1, num_sequences=1)
+    assert gamma >= 4
+    costs = policy.step_costs(1, 1)
+    rates = [expected_tokens_per_step(0.8, g) / costs[g] for g in range(9)]
+    assert gamma == int(np.argmax(rates))
+
+
+def test_the_draft_loops_python_counts_per_drafted_token() -> None:
+    lean = _curve_model(TINY, draft_ms=0.1)
+    slow = _curve_model(TINY, draft_ms=0.1, python_ms=0.5)
+    assert lean.draft_python == pytest.approx(0.0, abs=1e-9)
+    assert slow.draft_python == pytest.approx(0.5e-3, rel=0.2)
+    assert slow.draft_cost(1) == pytest.approx(lean.draft_cost(1) + slow.draft_python)
+    lean_gamma = SpeculationLengthPolicy(8, lean).choose(0.9, 1, 1)
+    assert lean_gamma > 0 and SpeculationLengthPolicy(8, slow).choose(0.9, 1, 1) < lean_gamma
+
+
+def test_catch_up_passes_do_not_count_as_drafting_steps() -> None:
+    model = CostModel()
+    model.calibrate_draft(0.0004)
+    model.record_drafting([(200, 0.02), (1, 0.0004), (1, 0.0004)], 0.0208)  # a 200-token catch-up first
+    assert model.draft_passes.table(1)[1]["steps"] == 2
+    assert model.draft_cost(1) == pytest.approx(0.0004, rel=0.01)
+
+
+def test_policy_costs_are_cached_until_a_measurement_changes_them() -> None:
+    model = _curve_model(TINY, draft_ms=0.45)
+    policy = SpeculationLengthPolicy(8, model)
+    first = policy.step_costs(1, 1)
+    assert policy.step_costs(1, 1) is first
+    model.record_target_step(2, 0.0001, num_sequences=1)
+    assert policy.step_costs(1, 1) is not first
+
+
+def test_mean_step_cost_uses_every_measured_step() -> None:
+    model = _curve_model({1: 1.0, 5: 2.0}, draft_ms=0.5)
+    model.record_target_step(5, 0.004, num_sequences=1)  # one slow step: the mean moves, not by much
+    assert model.mean_step_cost(0) == pytest.approx(1e-3)
+    assert model.mean_step_cost(4) == pytest.approx((20 * 2e-3 + 4e-3) / 21 + 4 * 0.5e-3, rel=0.01)
+
+
+@pytest.mark.parametrize("measured", [TINY, {1: 1.0, 3: 2.0}, {4: 3.0}])
+def test_step_costs_at_once_equal_one_by_one(measured: dict[int, float]) -> None:
+    model = _curve_model(measured, draft_ms=0.3)
+    for n in (2, 7):
+        model.calibrate_target(1, n, 0.0015)
+    for batch_tokens, num_sequences in ((1, 1), (40, 1), (2, 2)):
+        at_once = model.step_costs(8, batch_tokens, num_sequences)
+        assert at_once == pytest.approx([model.step_cost(g, batch_tokens, num_sequences) for g in range(9)])
+
+
+def test_new_sequences_start_from_the_pooled_acceptance_unless_asked_for_the_fixed_prior() -> None:
+    rates = AcceptanceRates(prior=0.6)
+    for index in range(30):
+        rates.update(f"old-{index}", 4, 0)  # a draft that is never accepted
+        rates.update(f"old-{index}", 0, 0)  # steps without drafts leave the pool alone
+        rates.forget(f"old-{index}")
+    assert rates.pool.rate < 0.1
+    rates.update("new", 0, 0)  # its prefill step, before it ever chose γ
+    assert rates.rate("new", pooled_prior=True) < 0.1
+    assert rates.rate("seeded") == pytest.approx(0.6)  # the fixed prior: repeatable
+    policy = SpeculationLengthPolicy(8, _curve_model({n: 20.0 + 0.2 * n for n in range(1, 10)}, draft_ms=1.0))
+    assert policy.choose(rates.rate("another", pooled_prior=True), 1, 1) == 0
+    assert policy.choose(rates.rate("seeded"), 1, 1) > 0

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from xpuspec.spec_decode.speculation_length import expected_speedup
+from xpuspec.spec_decode.speculation_length import expected_tokens_per_step
 
 OK = "ok"
 SKIPPED = "skipped"
@@ -104,31 +104,38 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def add_speedups(
-    results: list[LatencyResult], summaries: dict[str, dict[str, Any]], cost_ratio: float | None
+    results: list[LatencyResult],
+    summaries: dict[str, dict[str, Any]],
+    step_costs: dict[str, dict[int, float]] | None = None,
 ) -> None:
-    """Speed-up of each configuration over its engine's target-only run, and the predicted one.
+    """Speed-up of each configuration over its engine's target-only run, and Leviathan's prediction.
 
-    The prediction is Leviathan et al.'s formula at the measured α, the (mean) draft length and the
-    measured draft/target cost ratio: the gap to the measured speed-up is engine overhead (and the
-    target's verification of γ + 1 tokens costing more than one token).
+    ``step_costs`` maps an engine to its measured mean seconds of a decode step by γ (γ drafting
+    passes plus verifying γ + 1 tokens, the engine's Python included; from its cost curve). For a
+    fixed-γ row the prediction is ``(1 − α^(γ+1)) / (1 − α) · TPOT(target-only) / step(γ)`` at the
+    row's measured α, compared with the measured decode speed-up ``TPOT(target-only) / TPOT(γ)``
+    (TPOT: time per output token after the first, so prefill is left out of both).
     """
-    baselines = {
-        r.engine: summaries[r.name].get("tokens_per_s")
-        for r in results
-        if r.draft_length is None and r.status == OK
-    }
+    baselines = {r.engine: summaries[r.name] for r in results if r.draft_length is None and r.status == OK}
     for result in results:
         summary = summaries[result.name]
         if result.status != OK:
             continue
-        baseline = baselines.get(result.engine)
-        rate = summary.get("tokens_per_s")
-        summary["speedup"] = rate / baseline if rate and baseline else None
-        alpha, gamma = summary.get("alpha"), summary.get("mean_draft_length")
-        if result.draft_length is None or alpha is None or gamma is None or cost_ratio is None:
-            summary["predicted_speedup"] = None
+        baseline = baselines.get(result.engine, {})
+        rate, base_rate = summary.get("tokens_per_s"), baseline.get("tokens_per_s")
+        summary["speedup"] = rate / base_rate if rate and base_rate else None
+        summary["predicted_speedup"] = summary["decode_speedup"] = summary["measured_over_predicted"] = None
+        base_tpot, tpot = baseline.get("tpot_ms"), summary.get("tpot_ms")
+        if result.draft_length is None or not base_tpot or not tpot:
             continue
-        summary["predicted_speedup"] = expected_speedup(alpha, max(1, round(gamma)), cost_ratio)
+        summary["decode_speedup"] = base_tpot / tpot
+        alpha = summary.get("alpha")
+        step_ms = 1000.0 * (step_costs or {}).get(result.engine, {}).get(result.draft_length, 0.0)
+        if not isinstance(result.draft_length, int) or alpha is None or not step_ms:
+            continue
+        predicted = expected_tokens_per_step(alpha, result.draft_length) * base_tpot / step_ms
+        summary["predicted_speedup"] = predicted
+        summary["measured_over_predicted"] = summary["decode_speedup"] / predicted
 
 
 @dataclass

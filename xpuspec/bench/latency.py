@@ -41,6 +41,7 @@ from xpuspec.bench.progress import Progress
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.speculation_length import CostModel
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,45 @@ def measure_step_costs(pipeline: Any, repeats: int = 7) -> dict[str, float]:
         draft_seconds.append(pipeline.engine.proposer.measure_step_seconds())
     target, draft = statistics.median(target_seconds), statistics.median(draft_seconds)
     return {"target_step_ms": target * 1000, "draft_step_ms": draft * 1000, "cost_ratio": draft / target}
+
+
+def cost_curve(model: CostModel, max_gamma: int) -> dict[str, Any]:
+    """An engine's measured costs after a round, in ms: the mean decode step by γ (drafting plus
+    verification, what Leviathan's prediction divides by), the verification step by tokens per
+    sequence with its number of steps, and a drafting pass (device and the loop's Python)."""
+    verify = model.verify.table(1)
+    drafts = model.draft_passes.table(1).get(1, {})
+    return {
+        "step_ms": {gamma: 1000 * model.mean_step_cost(gamma) for gamma in range(max_gamma + 1)},
+        "verify_ms": {n: _ms(cell["mean"]) for n, cell in verify.items() if cell["steps"]},
+        "verify_steps": {n: cell["steps"] for n, cell in verify.items() if cell["steps"]},
+        "verify_calibrated_ms": {
+            n: _ms(cell["calibrated"]) for n, cell in verify.items() if cell["calibrated"]
+        },
+        "draft_pass_ms": _ms(drafts.get("mean") or drafts.get("calibrated")),
+        "draft_python_ms": 1000 * model.draft_python,
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
+def median_curve(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over rounds of every figure of :func:`cost_curve`."""
+    merged: dict[str, Any] = {}
+    for key, first in rounds[0].items():
+        if isinstance(first, dict):
+            cells = {k for curve in rounds for k in curve[key]}
+            merged[key] = {
+                k: statistics.median(v)
+                for k in sorted(cells)
+                if (v := [curve[key][k] for curve in rounds if curve[key].get(k) is not None])
+            }
+        else:
+            values = [curve[key] for curve in rounds if curve[key] is not None]
+            merged[key] = statistics.median(values) if values else None
+    return merged
 
 
 SAME, DEFAULT, EXACT = "same properties", "default", "exact"
@@ -257,7 +297,7 @@ def run_latency(
     active = [c for c in configs if c.engine_key is not None]
     progress = Progress("latency", config.rounds * (len(engines) + len(active)))
     costs: dict[str, float] | None = None
-    cost_model: dict[str, float] | None = None
+    curves: dict[str, list[dict[str, Any]]] = {}  # engine -> its cost curve, one per round
     kept: dict[str, Any] = {}  # engines built once (fresh_per_round False)
     compile_order: list[list[str]] = []
     for round_index in range(config.rounds):
@@ -309,17 +349,23 @@ def run_latency(
             _guarded(entry, one_round)
             seconds = entry.result.round_seconds[-1] if entry.engine_key else float("nan")
             progress.advance(f"round {round_index + 1}/{config.rounds} {entry.result.name}: {seconds:.2f} s")
-        if f"{XPUSPEC}/draft" in built:
-            model = built[f"{XPUSPEC}/draft"].pipeline.engine.cost_model
-            cost_model = {
-                "target_step_ms": model.target_cost(1) * 1000,
-                "draft_step_ms": model.draft_cost(1) * 1000,
-            }
+        for label in (XPUSPEC, XPUSPEC_DEFAULT):
+            if f"{label}/draft" in built:
+                model = built[f"{label}/draft"].pipeline.engine.cost_model
+                curves.setdefault(label, []).append(cost_curve(model, max(config.draft_lengths, default=0)))
         del built
 
     results = [c.result for c in configs]
     summaries = {r.name: r.summary() for r in results}
-    add_speedups(results, summaries, costs["cost_ratio"] if costs else None)
+    cost_model = {label: median_curve(rounds) for label, rounds in curves.items()}
+    add_speedups(
+        results,
+        summaries,
+        {
+            label: {int(g): ms / 1000 for g, ms in curve["step_ms"].items()}
+            for label, curve in cost_model.items()
+        },
+    )
     _compare_tokens(results, summaries)
     _peer_ratios(results, summaries)
     section: dict[str, Any] = {
@@ -337,7 +383,7 @@ def run_latency(
             for r in results
         ],
     }
-    if cost_model is not None:
+    if cost_model:
         section["engine_cost_model"] = cost_model
     return section
 

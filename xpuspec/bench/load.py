@@ -46,6 +46,10 @@ def _speculation_delta(before: dict[str, float], after: dict[str, float]) -> dic
             if name.startswith(prefix):
                 position = int(name.split('position="')[1].split('"')[0])
                 per_position.setdefault(position, [0.0, 0.0])[index] = value
+    # The server's counters list every position any earlier configuration drafted (adaptive γ may
+    # reach 8): the level's own positions are those it drafted.
+    while per_position and per_position[max(per_position)][0] == 0:
+        del per_position[max(per_position)]
     return {
         "drafted": int(drafted),
         "accepted": int(accepted),

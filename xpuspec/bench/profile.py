@@ -291,11 +291,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bundle", type=Path, default=None, help="bundle folder (default: the demo pair)")
     parser.add_argument("--prompts", type=int, default=6, help="requests, run one at a time")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per request")
-    parser.add_argument("--draft-lengths", default="0,4", help="γ values to profile; 0 is target-only")
+    parser.add_argument(
+        "--draft-lengths", default="0,4", help="γ values to profile; 0 is target-only, a is adaptive γ"
+    )
     parser.add_argument("--property", action="append", default=[], help="compile property KEY=VALUE")
     parser.add_argument("--layers", action="store_true", help="also OpenVINO per-layer counters (PERF_COUNT)")
     parser.add_argument("--http", action="store_true", help="also stream through a real `xpuspec serve`")
     return parser.parse_args(argv)
+
+
+def _draft_length(value: str) -> int | None:
+    """A --draft-lengths entry: an integer γ (0: target-only) or "a"/"adaptive" (None)."""
+    value = value.strip()
+    if value in ("a", "adaptive"):
+        return None
+    if not value.isdigit():
+        raise SystemExit(f"--draft-lengths takes integers and 'a' (adaptive), got {value!r}")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,13 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     properties = dict(item.split("=", 1) for item in args.property) or None
     prompts = [prompt.text for prompt in heldout_code_prompts(args.prompts)]
-    gammas = [int(value) for value in args.draft_lengths.split(",") if value.strip()]
+    gammas = [_draft_length(value) for value in args.draft_lengths.split(",") if value.strip()]
     pipelines: dict[str, Any] = {}
     for gamma in gammas:
         drafter = "none" if gamma == 0 else "draft"
         if drafter not in pipelines:
             pipelines[drafter] = Pipeline(args.bundle, drafter=drafter, properties=properties)
-        label = "target-only" if gamma == 0 else f"γ = {gamma}"
+        label = {0: "target-only", None: "adaptive γ"}.get(gamma, f"γ = {gamma}")
         profile = profile_configuration(pipelines[drafter], prompts, args.max_tokens, gamma or None, label)
         if args.layers:
             counted = Pipeline(
@@ -320,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
             profile.layers = layer_times(counted, prompts, args.max_tokens, gamma or None)
             del counted
         print(profile.table())
-        if args.http:
+        if args.http and gamma is None:
+            print("  HTTP: not measured for adaptive γ (the comparison fixes γ)")
+        elif args.http:
             local, http = http_profile(pipelines[drafter], args.bundle, prompts, args.max_tokens, gamma)
             print(
                 f"  HTTP, one streaming client (best of 3 rounds alternating with in-process): "

@@ -15,7 +15,9 @@ LATENCY_COLUMNS = (
     "α",
     "accepted/step",
     "speed-up",
+    "decode speed-up",
     "predicted",
+    "÷ predicted",
     "÷ GenAI",
     "÷ transformers",
     "= exact",
@@ -70,7 +72,9 @@ def latency_table(section: dict[str, Any]) -> list[str]:
                     _number(row.get("alpha"), 2),
                     _number(row.get("mean_accepted_per_step"), 2),
                     _number(row.get("speedup"), 2, "×"),
+                    _number(row.get("decode_speedup"), 2, "×"),
                     _number(row.get("predicted_speedup"), 2, "×"),
+                    _number(row.get("measured_over_predicted"), 2),
                     _number(ratios.get("OpenVINO GenAI"), 2),
                     _number(ratios.get("transformers"), 2),
                     row.get("same_tokens_as_exact", ""),
@@ -135,15 +139,26 @@ def markdown(report: dict[str, Any]) -> str:
             "whose tokens equal those of xpuspec target-only in exact mode (f32 compute, f32 KV cache, "
             "no dynamic quantisation). TTFT/TPOT are medians over prompts. "
             "α is Leviathan et al.'s per-token acceptance (accepted / tested drafts); acceptance is "
-            "accepted / drafted. Speed-up is over the same engine's target-only run; *predicted* is "
-            "(1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the measured α and draft/target cost ratio "
-            f"c = {_number(costs.get('cost_ratio'), 3)} (single-token forwards: target "
-            f"{_number(costs.get('target_step_ms'), 2)} ms, "
-            f"draft {_number(costs.get('draft_step_ms'), 2)} ms); "
-            "the gap between predicted and measured is engine overhead plus the cost of verifying γ + 1 "
-            "tokens. ÷ peer is xpuspec tokens/s over the peer's at the same draft length and properties "
-            "(the adaptive row: over GenAI's best fixed-γ row).",
+            "accepted / drafted. Speed-up is tokens/s over the same engine's target-only run; *decode "
+            "speed-up* is its TPOT over this row's (prefill left out); *predicted* is Leviathan et al.'s "
+            "(1 − α^(γ+1)) / (1 − α) × TPOT(target-only) / step(γ) at the row's measured α, where "
+            "step(γ) = γ·c_draft + c_verify(γ + 1) is the engine's measured mean decode step at γ (its "
+            "cost curve below: the draft's passes and the verification of γ + 1 tokens, the engine's "
+            "Python included); *÷ predicted* is decode speed-up over predicted. ÷ peer is xpuspec "
+            "tokens/s over the peer's at the same draft length and properties (the adaptive row: over "
+            "GenAI's best fixed-γ row).",
         ]
+        for engine, curve in (latency.get("engine_cost_model") or {}).items():
+            steps = ", ".join(f"γ={g}: {_number(ms, 3)}" for g, ms in curve.get("step_ms", {}).items())
+            verify = ", ".join(f"{n}: {_number(ms, 3)}" for n, ms in curve.get("verify_ms", {}).items())
+            lines += [
+                "",
+                f"{engine} cost curve (ms, median over rounds): decode step by γ {steps}; verification "
+                f"by tokens per sequence {verify}; drafting pass {_number(curve.get('draft_pass_ms'), 3)} "
+                f"+ {_number(curve.get('draft_python_ms'), 3)} Python. Single-token forwards at idle: "
+                f"target {_number(costs.get('target_step_ms'), 3)}, "
+                f"draft {_number(costs.get('draft_step_ms'), 3)}.",
+            ]
     if "load" in report:
         lines += ["", "## Throughput under load", ""]
         lines += load_table(report["load"])

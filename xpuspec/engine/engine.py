@@ -148,6 +148,7 @@ class LLMEngine:
         self.cost_model = CostModel()
         self.acceptance = AcceptanceRates()
         self._steps_without_drafting = 0
+        self._drafting_seconds = 0.0  # wall time of the last drafting phase
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._sequences: dict[str, Sequence] = {}
         self._states: dict[str, _RequestState] = {}
@@ -167,7 +168,7 @@ class LLMEngine:
             self.block_manager,
         )
 
-    def calibrate(self, repeats: int = 3) -> None:
+    def calibrate(self, repeats: int = 5) -> None:
         """Time the target and the drafter on dummy steps so the cost model starts from measurements.
 
         Runs before any request holds blocks: the dummy tokens are written into the first blocks
@@ -175,20 +176,30 @@ class LLMEngine:
         """
         if self.num_requests:
             raise RuntimeError("calibrate() runs only while no request is in flight")
-        for num_tokens in (1, 1 + self.config.max_draft_tokens):
-            block_table = list(range(self.block_manager.blocks_needed(num_tokens)))
-            chunk = SequenceChunk(
-                token_ids=[0] * num_tokens, past_length=0, block_table=block_table, num_logits=1
+        # Verification by tokens per sequence, 1 .. 1 + γ_max: its cost is far from linear on
+        # small models, and adaptive γ reads it per γ (spec_decode.verify_costs). Sizes are
+        # interleaved, so a busy moment of the machine does not land on one size alone.
+        sizes = range(1, 2 + self.config.max_draft_tokens if self.proposer is not None else 2)
+        chunks = {
+            n: SequenceChunk(
+                token_ids=[0] * n,
+                past_length=0,
+                block_table=list(range(self.block_manager.blocks_needed(n))),
+                num_logits=n,
             )
+            for n in sizes
+        }
+        for chunk in chunks.values():
             self.target.forward([chunk])  # the first inference of a shape compiles kernels: not timed
-            for _ in range(repeats):
+        for _ in range(repeats):
+            for n, chunk in chunks.items():
                 started = self.clock()
                 self.target.forward([chunk])
-                self.cost_model.record_target_step(num_tokens, self.clock() - started)
+                self.cost_model.calibrate_target(1, n, self.clock() - started)
         if self.proposer is not None:
             self.proposer.measure_step_seconds()  # warm-up, not timed
             for _ in range(repeats):
-                self.cost_model.record_draft_step(1, self.proposer.measure_step_seconds())
+                self.cost_model.calibrate_draft(self.proposer.measure_step_seconds())
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -284,7 +295,7 @@ class LLMEngine:
         if not chunks:
             return
         proposals = self._propose(chunks)
-        drafting_seconds = sum(seconds for _, seconds in self.proposer.step_timings) if proposals else 0.0
+        drafting_seconds = self._drafting_seconds if proposals else 0.0
         chunks = self._drop_failed_proposals(chunks, proposals)
         if not chunks:
             return
@@ -297,7 +308,9 @@ class LLMEngine:
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.
             self.cost_model.record_target_step(
-                sum(len(c.token_ids) for c in runner_chunks), self.clock() - started - drafting_seconds
+                sum(len(c.token_ids) for c in runner_chunks),
+                self.clock() - started - drafting_seconds,
+                num_sequences=_decode_sequences(runner_chunks),
             )
 
     def recover(self, error: BaseException) -> list[StepOutput]:
@@ -435,7 +448,7 @@ class LLMEngine:
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
             return min(fixed, self.config.max_draft_tokens)
-        rate = self.acceptance.rate(sequence.request_id)
+        rate = self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
         if sequence.params.seed is not None:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
@@ -460,11 +473,13 @@ class LLMEngine:
             self._steps_without_drafting += 1
             return {}
         self._steps_without_drafting = 0
+        started = self.clock()
         proposals = self.proposer.propose(wanted, self._draw)
+        self._drafting_seconds = self.clock() - started
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
-        # tokens and must not read as an expensive single-token draft step.
-        for num_tokens, seconds in self.proposer.step_timings:
-            self.cost_model.record_draft_step(num_tokens, seconds)
+        # tokens and must not read as an expensive single-token draft step. The wall time beyond
+        # the passes is the draft loop's Python, which each drafted token also costs.
+        self.cost_model.record_drafting(self.proposer.step_timings, self._drafting_seconds, len(wanted))
         return proposals
 
     def _draw(self, request_id: str, position: int, probs_row: np.ndarray) -> int:
@@ -557,3 +572,12 @@ class LLMEngine:
         self._sequences.pop(sequence.request_id, None)
         self.acceptance.forget(sequence.request_id)
         self._release_kv(sequence.request_id)
+
+
+def _decode_sequences(chunks: list[SequenceChunk]) -> int | None:
+    """The number of sequences when every chunk is a decode verifying all its tokens (a step the
+    verification cost curve describes), else None (a prefill is in the step)."""
+    for chunk in chunks:
+        if chunk.num_logits != len(chunk.token_ids):
+            return None
+    return len(chunks) or None

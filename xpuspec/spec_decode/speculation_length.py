@@ -10,8 +10,10 @@ Pieces:
 
 - :class:`LinearCostFit`: online least squares of ``seconds ≈ a + b * size`` with a prior and
   exponential forgetting, so the fit follows the current operating point;
-- :class:`CostModel`: one fit for the target step (size = tokens in the step), one for a draft
-  step (size = sequences drafting);
+- :class:`CostModel`: the verification step's cost by tokens verified per sequence and batch shape
+  (:mod:`xpuspec.spec_decode.verify_costs`; a table, since verifying γ + 1 tokens costs neither
+  γ + 1 single-token steps nor one), a line over the tokens of any step as its fallback, and a draft
+  pass's cost (device plus the draft loop's Python);
 - :class:`AcceptanceTracker`: one sequence's acceptance rate;
 - :class:`SpeculationLengthPolicy`: picks γ.
 """
@@ -22,6 +24,8 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from xpuspec.spec_decode.verify_costs import VerifyCostCurve
 
 logger = logging.getLogger(__name__)
 
@@ -122,32 +126,142 @@ class LinearCostFit:
         return self.intercept + self.slope * size
 
 
+#: Verification steps hold at most 1 + 16 tokens per sequence (EngineConfig caps γ at 16).
+MAX_TOKENS_PER_SEQUENCE = 17
+
+
 @dataclass
 class CostModel:
-    """Measured step costs: target step vs tokens in it, draft step vs sequences drafting.
+    """Measured step costs: verification by tokens per sequence, drafting by passes.
 
-    The priors (before any measurement) describe a CPU-like regime: a target step of ~40 ms
-    growing 0.5 ms per token, a draft step ~15% of it. Real measurements replace them within a
-    few dozen steps.
+    - ``verify``: a decode step's time (everything but the draft's passes) by batch shape and tokens
+      verified per sequence (:class:`~xpuspec.spec_decode.verify_costs.VerifyCostCurve`), calibrated
+      at idle and refreshed from every pure decode step;
+    - ``target``: a straight line over the tokens in any step (prefills included), the fallback for
+      batch shapes the curve has not seen and the slope beyond its cells;
+    - ``draft``: one drafting pass by the tokens it computed (one per sequence in a plain pass),
+      plus ``draft_python``: the draft loop's own Python per pass (sampling the draft token, building
+      the next pass), measured as the drafting wall time not spent in the passes.
+
+    The priors (before any measurement) describe a CPU-like regime: a target step of ~40 ms growing
+    0.5 ms per token, a draft step ~15% of it. Real measurements replace them within a few steps.
     """
 
     target: LinearCostFit = field(default_factory=lambda: LinearCostFit(0.040, 0.0005))
     draft: LinearCostFit = field(default_factory=lambda: LinearCostFit(0.006, 0.0005))
+    verify: VerifyCostCurve = field(default_factory=lambda: VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE))
+    # Plain drafting passes (one token per sequence), by batch shape: the catch-up pass that follows
+    # a stretch of γ = 0 computes many tokens and goes to the line ``draft`` only.
+    draft_passes: VerifyCostCurve = field(default_factory=lambda: VerifyCostCurve(1))
+    draft_python: float = 0.0
+    draft_python_decay: float = 0.9
+    version: int = 0  # bumped by every record, so derived costs can be cached
 
-    def record_target_step(self, num_tokens: int, seconds: float) -> None:
+    def record_target_step(self, num_tokens: int, seconds: float, num_sequences: int | None = None) -> None:
+        """A target step over ``num_tokens`` tokens; ``num_sequences`` is given for pure decode steps
+        (every sequence verifying its own tokens, no prefill), which also refresh the curve."""
         self.target.record(num_tokens, seconds)
+        self.version += 1
+        if num_sequences:
+            self.verify.record(num_sequences, round(num_tokens / num_sequences), seconds)
 
-    def record_draft_step(self, num_tokens: int, seconds: float) -> None:
-        """One drafting pass that computed ``num_tokens`` tokens (one per sequence in a plain
-        drafting step; more in a pass that catches the draft's KV cache up)."""
+    def calibrate_target(self, num_sequences: int, tokens_per_sequence: int, seconds: float) -> None:
+        """An idle timing of the target alone over ``tokens_per_sequence`` tokens for each sequence."""
+        self.target.record(num_sequences * tokens_per_sequence, seconds)
+        self.version += 1
+        self.verify.calibrate(num_sequences, tokens_per_sequence, seconds)
+
+    def calibrate_draft(self, seconds: float) -> None:
+        """An idle timing of one single-token drafting pass."""
+        self.draft.record(1, seconds)
+        self.version += 1
+        self.draft_passes.calibrate(1, 1, seconds)
+
+    def record_draft_step(self, num_tokens: int, seconds: float, num_sequences: int | None = None) -> None:
+        """One drafting pass that computed ``num_tokens`` tokens for ``num_sequences`` sequences (one
+        sequence if not given). A pass of one token per sequence is a plain drafting step; more is a
+        pass that catches the draft's KV cache up."""
         self.draft.record(num_tokens, seconds)
+        self.version += 1
+        num_sequences = num_sequences or 1
+        if num_tokens == num_sequences:
+            self.draft_passes.record(num_sequences, 1, seconds)
 
-    def target_cost(self, num_tokens: int) -> float:
+    def record_drafting(
+        self, passes: list[tuple[int, float]], wall_seconds: float, num_sequences: int = 1
+    ) -> None:
+        """One drafting phase for ``num_sequences`` sequences: its passes (tokens computed, seconds)
+        and its whole wall time, of which the rest is the draft loop's Python."""
+        for index, (num_tokens, seconds) in enumerate(passes):
+            # Later passes may hold fewer sequences (those still drafting): one token each.
+            self.record_draft_step(num_tokens, seconds, num_sequences if index == 0 else num_tokens)
+        if passes:
+            python = max(wall_seconds - sum(seconds for _, seconds in passes), 0.0) / len(passes)
+            decay = self.draft_python_decay
+            self.draft_python = decay * self.draft_python + (1.0 - decay) * python
+        self.version += 1
+
+    def target_cost(self, num_tokens: int, num_sequences: int | None = None) -> float:
+        """Seconds of a target step over ``num_tokens`` tokens; with ``num_sequences``, a decode step
+        of ``num_tokens / num_sequences`` tokens per sequence read from the curve where it can."""
+        if num_sequences:
+            per_sequence, remainder = divmod(num_tokens, num_sequences)
+            if remainder == 0:
+                estimate = self.verify.estimate(
+                    num_sequences, per_sequence, lambda: self.target.slope * num_sequences
+                )
+                if estimate is not None:
+                    return estimate
         return self.target(num_tokens)
 
     def draft_cost(self, num_sequences: int) -> float:
         """Seconds of one drafting step: one token for each of ``num_sequences`` sequences."""
-        return self.draft(num_sequences)
+        estimate = self.draft_passes.estimate(num_sequences, 1)
+        return (estimate if estimate is not None else self.draft(num_sequences)) + self.draft_python
+
+    def step_cost(self, gamma: int, batch_tokens: int, num_sequences: int) -> float:
+        """Seconds of a step in which ``num_sequences`` sequences each draft and verify ``gamma`` tokens:
+        ``γ·c_draft + c_verify(batch_tokens + γ·num_sequences)``."""
+        seconds = self.target_cost(batch_tokens + gamma * num_sequences, num_sequences)
+        if gamma > 0:
+            seconds += gamma * self.draft_cost(num_sequences)
+        return seconds
+
+    def step_costs(self, max_gamma: int, batch_tokens: int, num_sequences: int) -> list[float]:
+        """:meth:`step_cost` for γ = 0 .. ``max_gamma`` at once (one pass over the curve)."""
+        if batch_tokens != num_sequences:  # a step with prefill work besides the decodes
+            return [self.step_cost(gamma, batch_tokens, num_sequences) for gamma in range(max_gamma + 1)]
+        verify = self.verify.estimates(num_sequences, lambda: self.target.slope * num_sequences)
+        draft = self.draft_cost(num_sequences)
+        costs = []
+        for gamma in range(max_gamma + 1):
+            tokens = 1 + gamma
+            seconds = verify[tokens] if tokens < len(verify) else None
+            if seconds is None:
+                seconds = self.target(tokens * num_sequences)
+            costs.append(seconds + gamma * draft)
+        return costs
+
+    def mean_step_cost(self, gamma: int, num_sequences: int = 1) -> float:
+        """Like :meth:`step_cost` for a pure decode step, from the means of every measured step (not
+        the recent estimates the policy reads): what a report compares a whole run with."""
+        verify = self.verify.table(num_sequences).get(gamma + 1, {})
+        verify_s = verify.get("mean") or self.target_cost((gamma + 1) * num_sequences, num_sequences)
+        if gamma == 0:
+            return verify_s
+        draft = self.draft_passes.table(num_sequences).get(1, {})
+        draft_s = draft.get("mean") or self.draft_cost(num_sequences) - self.draft_python
+        return verify_s + gamma * (draft_s + self.draft_python)
+
+    def predicted_speedup(self, alpha: float, gamma: int, num_sequences: int = 1) -> float:
+        """Leviathan et al.'s walltime improvement with the measured costs: tokens per second at ``gamma``
+        over tokens per second without drafting (``num_sequences`` decoding, one token each)."""
+        plain = self.step_cost(0, num_sequences, num_sequences)
+        return (
+            expected_tokens_per_step(alpha, gamma)
+            * plain
+            / self.step_cost(gamma, num_sequences, num_sequences)
+        )
 
 
 class AcceptanceTracker:
@@ -189,23 +303,42 @@ class AcceptanceTracker:
 
 
 class AcceptanceRates:
-    """One :class:`AcceptanceTracker` per sequence, keyed by request id (created on first use)."""
+    """One :class:`AcceptanceTracker` per sequence, keyed by request id (created on first use).
 
-    def __init__(self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9) -> None:
+    A pool of every sequence's drafts (decaying slowly) gives new sequences their starting point on
+    request (``pooled_prior``): with a draft that is rarely accepted, each new request would otherwise
+    start from the optimistic fixed prior and draft for its first steps, a loss repeated for every
+    request. Seeded requests keep the fixed prior, so their drafting repeats run for run.
+    """
+
+    def __init__(
+        self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9, pool_decay: float = 0.99
+    ) -> None:
         AcceptanceTracker(prior, prior_weight, decay)  # validates the settings once, up front
         self._settings = (prior, prior_weight, decay)
         self._trackers: dict[str, AcceptanceTracker] = {}
+        self.pool = AcceptanceTracker(prior, prior_weight, pool_decay)
 
-    def tracker(self, request_id: str) -> AcceptanceTracker:
-        if request_id not in self._trackers:
-            self._trackers[request_id] = AcceptanceTracker(*self._settings)
-        return self._trackers[request_id]
+    def tracker(self, request_id: str, pooled_prior: bool = False) -> AcceptanceTracker:
+        tracker = self._trackers.get(request_id)
+        if tracker is None:
+            prior, prior_weight, decay = self._settings
+            if pooled_prior:
+                prior = self.pool.rate
+            tracker = self._trackers[request_id] = AcceptanceTracker(prior, prior_weight, decay)
+        return tracker
 
-    def rate(self, request_id: str) -> float:
-        return self.tracker(request_id).rate
+    def rate(self, request_id: str, pooled_prior: bool = False) -> float:
+        return self.tracker(request_id, pooled_prior).rate
 
     def update(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        if not num_drafted and request_id not in self._trackers:
+            # A step without drafts before the sequence ever chose γ (its prefill): nothing to
+            # decay, and creating the tracker here would fix its prior before the choice does.
+            return
         self.tracker(request_id).update(num_drafted, num_accepted)
+        if num_drafted:  # steps without drafts say nothing about the draft
+            self.pool.update(num_drafted, num_accepted)
 
     def forget(self, request_id: str) -> None:
         self._trackers.pop(request_id, None)
@@ -216,13 +349,13 @@ class SpeculationLengthPolicy:
 
     For a sequence with acceptance rate α in a step whose target pass would hold ``batch_tokens``
     tokens without drafts, and ``num_sequences`` sequences speculating (each assumed to use the
-    same γ, as the engine's step does), the rate of γ is::
+    same γ, as the engine's step does), the rate of γ is Leviathan et al.'s::
 
-        expected_tokens_per_step(α, γ)
-        / (target_cost(batch_tokens + γ·num_sequences) + γ·draft_cost(num_sequences))
+        expected_tokens_per_step(α, γ) / (γ·c_draft(num_sequences) + c_verify(γ + 1 tokens each))
 
-    γ > 0 is chosen only if its predicted rate beats plain decoding by ``min_speedup`` (the costs
-    are estimates; a marginal predicted gain is not worth the draft's KV memory).
+    with both costs measured (:class:`CostModel`). γ > 0 is chosen only if its predicted rate beats
+    plain decoding by ``min_speedup`` (the costs are estimates; a marginal predicted gain is not worth
+    the draft's KV memory).
     """
 
     def __init__(
@@ -235,26 +368,45 @@ class SpeculationLengthPolicy:
         self.max_draft_tokens = max_draft_tokens
         self.cost_model = cost_model if cost_model is not None else CostModel()
         self.min_speedup = min_speedup
+        # Step costs for every γ depend on the batch shape and the measurements, not on the
+        # sequence: computed once per step shape, and again only after new measurements.
+        self._costs_key: tuple[int, int, int, int, int] | None = None
+        self._costs: list[float] = []
+
+    def step_costs(self, batch_tokens: int, num_sequences: int) -> list[float]:
+        """Predicted seconds of the step for γ = 0 .. max_draft_tokens."""
+        model = self.cost_model
+        key = (batch_tokens, num_sequences, id(model), model.version, model.verify.version)
+        if key != self._costs_key:
+            self._costs = [
+                max(seconds, 1e-12)
+                for seconds in model.step_costs(self.max_draft_tokens, batch_tokens, num_sequences)
+            ]
+            self._costs_key = key
+        return self._costs
 
     def tokens_per_second(
         self, acceptance_rate: float, gamma: int, batch_tokens: int, num_sequences: int
     ) -> float:
         """Predicted emitted tokens per second for one sequence if the step uses ``gamma``."""
-        seconds = self.cost_model.target_cost(batch_tokens + gamma * num_sequences)
-        if gamma > 0:
-            seconds += gamma * self.cost_model.draft_cost(num_sequences)
+        seconds = self.cost_model.step_cost(gamma, batch_tokens, num_sequences)
         return expected_tokens_per_step(acceptance_rate, gamma) / max(seconds, 1e-12)
 
     def choose(self, acceptance_rate: float, batch_tokens: int, num_sequences: int) -> int:
         if not 0.0 <= acceptance_rate <= 1.0:
             raise ValueError(f"acceptance_rate must be in [0, 1], got {acceptance_rate}")
         num_sequences = max(num_sequences, 1)
-        rates = [
-            self.tokens_per_second(acceptance_rate, gamma, batch_tokens, num_sequences)
-            for gamma in range(self.max_draft_tokens + 1)
-        ]
-        best = int(np.argmax(rates))  # the smallest γ among equal rates
-        return best if rates[best] >= self.min_speedup * rates[0] else 0
+        costs = self.step_costs(batch_tokens, num_sequences)
+        plain_rate = 1.0 / costs[0]
+        best, best_rate = 0, plain_rate
+        expected, power = 1.0, 1.0
+        for gamma in range(1, len(costs)):
+            power *= acceptance_rate
+            expected += power  # 1 + α + ... + α^γ
+            rate = expected / costs[gamma]
+            if rate > best_rate:  # strictly: the smallest γ among equal rates
+                best, best_rate = gamma, rate
+        return best if best_rate >= self.min_speedup * plain_rate else 0
 
     def choose_without_timing(self, acceptance_rate: float) -> int:
         """γ for a single sequence from the prior costs only: a pure function of the acceptance rate.
