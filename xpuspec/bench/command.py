@@ -142,7 +142,8 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     bundle = ModelBundle.open(config.bundle)
     config.out.mkdir(parents=True, exist_ok=True)
     prompts = load_workload(config.workload, config.num_prompts, config.prompt_chars)
-    engine_config = EngineConfig(max_model_len=bundle.max_context)
+    # GenAI runs with prefix caching off here and rounds repeat prompts: xpuspec too (see multiturn).
+    engine_config = EngineConfig(max_model_len=bundle.max_context, enable_prefix_caching=False)
     # Batch 1 needs one sequence's KV: a small cache keeps memory low beside the peers.
     num_kv_blocks = 4 * -(-bundle.max_context // 16)
 
