@@ -163,6 +163,13 @@ def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
     except ImportError:
         logger.warning("openvino_genai is not installed: no GenAI column")
     encode = runners[ENGINES[0]].encode
+    # A small model's context (the demo pair: 512) bounds the prompts: keep 32 tokens of room.
+    room = runners[ENGINES[0]].pipeline.max_model_len - 32
+    probe = build_prompts(encode, config, config.rounds)
+    config.history_tokens -= max(0, len(probe["conversation"][-1]) - room)
+    config.system_tokens -= max(0, max(len(p) for p in probe["users"]) - room)
+    if min(config.history_tokens, config.system_tokens) < 1:
+        raise ValueError(f"the model's context ({room + 32} tokens) is too short for {config.turns} turns")
     # One warm-up request per engine: the first inference of a shape compiles kernels.
     warm = build_prompts(encode, config, -1)
     for runner in runners.values():
