@@ -10,7 +10,8 @@ Each step has a budget of ``max_num_batched_tokens`` target tokens. The policy, 
 3. Waiting sequences, strictly first come first served (no skipping, so no starvation), while the
    budget, ``max_num_seqs`` and free blocks allow. Admission allocates blocks for all known tokens at
    once, so an admitted prefill never has to preempt to continue. Nothing is admitted in a step
-   that preempted: memory is short.
+   that preempted: memory is short. With prefix caching (``PrefixCachingBlockManager``) admission
+   shares the longest cached prefix and the prefill starts at the first uncached token.
 
 When a running sequence needs a block and none is free, the most recently arrived running
 sequence is preempted by recomputation: its blocks are freed, its KV counters reset and it goes to
