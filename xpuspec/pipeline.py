@@ -71,6 +71,7 @@ class Pipeline:
         num_kv_blocks: int | None = None,
         use_placement: bool = True,
         overlap: bool | None = None,
+        enable_prefix_caching: bool = True,
     ):
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
@@ -124,6 +125,8 @@ class Pipeline:
             ChatTemplate(template, facts.get("bos_token"), facts.get("eos_token")) if template else None
         )
         config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
+        if not enable_prefix_caching:  # either switch turns it off
+            config = dataclasses.replace(config, enable_prefix_caching=False)
         runner_limits = {
             "max_draft_tokens": config.max_draft_tokens,
             "max_sequences": config.max_num_seqs,

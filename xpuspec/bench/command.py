@@ -51,7 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workload", default="code", help="code, chat, or FILE.jsonl with 'prompt' or 'messages' per line"
     )
-    parser.add_argument("--mode", choices=["latency", "load", "all"], default="all")
+    parser.add_argument(
+        "--mode",
+        choices=["latency", "load", "all", "multiturn"],
+        default="all",
+        help="multiturn: TTFT per turn with and without prefix caching, beside GenAI's (not in all)",
+    )
+    parser.add_argument("--turns", type=int, default=4, help="multiturn: turns of the conversation")
     parser.add_argument("--quick", action="store_true", help="a short run (about a minute on the demo pair)")
     parser.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder")
     parser.add_argument(
@@ -114,6 +120,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "multiturn":
+        return _run_multiturn(args)
     try:
         config = config_from_args(args)
     except ValueError as error:
@@ -126,6 +134,33 @@ def run(args: argparse.Namespace) -> int:
     json_path, markdown_path = write_report(report, config.out)
     print(markdown_path.read_text(encoding="utf-8"))
     print(f"xpuspec bench: wrote {json_path}, {markdown_path} and plots to {config.out}", file=sys.stderr)
+    return 0
+
+
+def _run_multiturn(args: argparse.Namespace) -> int:
+    import json
+
+    from xpuspec.bench.multiturn import MultiturnConfig, markdown, run_multiturn
+    from xpuspec.devices.properties import EXACT_PROPERTIES
+    from xpuspec.model_bundle import ModelBundle
+
+    try:
+        config = MultiturnConfig(
+            bundle=args.bundle,
+            turns=args.turns,
+            rounds=args.rounds or 3,
+            properties=dict(EXACT_PROPERTIES) if args.exact else None,
+        )
+    except ValueError as error:
+        raise CommandError(f"{error}; see `xpuspec bench --help`") from error
+    ModelBundle.open(config.bundle)
+    result = run_multiturn(config)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "multiturn.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    text = markdown(result)
+    (args.out / "multiturn.md").write_text(text, encoding="utf-8")
+    print(text)
+    print(f"xpuspec bench: wrote {args.out / 'multiturn.json'} and multiturn.md", file=sys.stderr)
     return 0
 
 
@@ -142,7 +177,8 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     bundle = ModelBundle.open(config.bundle)
     config.out.mkdir(parents=True, exist_ok=True)
     prompts = load_workload(config.workload, config.num_prompts, config.prompt_chars)
-    engine_config = EngineConfig(max_model_len=bundle.max_context)
+    # GenAI runs with prefix caching off here and rounds repeat prompts: xpuspec too (see multiturn).
+    engine_config = EngineConfig(max_model_len=bundle.max_context, enable_prefix_caching=False)
     # Batch 1 needs one sequence's KV: a small cache keeps memory low beside the peers.
     num_kv_blocks = 4 * -(-bundle.max_context // 16)
 

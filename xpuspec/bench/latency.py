@@ -117,6 +117,7 @@ def measure_step_costs(pipeline: Any, repeats: int = 7) -> dict[str, float]:
         pipeline.target_runner.forward([chunk])
         target_seconds.append(time.perf_counter() - started)
         draft_seconds.append(pipeline.engine.proposer.measure_step_seconds())
+    pipeline.engine.reset_prefix_cache()  # block 0 may have named a cached prefix
     target, draft = statistics.median(target_seconds), statistics.median(draft_seconds)
     return {"target_step_ms": target * 1000, "draft_step_ms": draft * 1000, "cost_ratio": draft / target}
 

@@ -48,6 +48,8 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.command = [sys.executable, "-m", "xpuspec.cli", "serve", "--port", str(self.port)]
         self.command += ["--host", "127.0.0.1", "--drafter", drafter]
+        # The peers run with prefix caching off and the load prompts repeat: compare like with like.
+        self.command += ["--no-prefix-caching"]
         if bundle is not None:
             self.command += ["--bundle", str(bundle)]
         for key, value in (properties or {}).items():

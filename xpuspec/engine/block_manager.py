@@ -66,7 +66,14 @@ class BlockManager:
         self._holders[seq] = None
         return True
 
-    def free_sequence(self, seq: Sequence) -> None:
+    def admit(self, seq: Sequence) -> bool:
+        """Blocks for all of a waiting ``seq``'s tokens; all or nothing (no prefix caching here)."""
+        return self.ensure_capacity(seq, seq.num_tokens)
+
+    def commit(self, seq: Sequence) -> None:
+        """Nothing to register without prefix caching (see ``PrefixCachingBlockManager.commit``)."""
+
+    def free_sequence(self, seq: Sequence, reusable: bool = True) -> None:
         """Return all of ``seq``'s blocks to the free list and empty its table."""
         for block in reversed(seq.block_table):
             self._block_owner[block] = None

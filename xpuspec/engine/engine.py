@@ -35,6 +35,7 @@ import numpy as np
 
 from xpuspec.engine.block_manager import BlockManager
 from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.engine.prefix_cache import PrefixCachingBlockManager
 from xpuspec.engine.request_stats import RequestStats
 from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.engine.sequence import Sequence, SequenceStatus
@@ -83,6 +84,8 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_model_len: int = 2048
     max_draft_tokens: int = 8
+    # Reuse the KV of full blocks of earlier requests (xpuspec.engine.prefix_cache); paged targets only.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
@@ -157,8 +160,22 @@ class LLMEngine:
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether prefixes are cached: asked for, and the target keeps its KV in the shared blocks
+        (a stateful executor, one with ``release``, keeps each sequence's KV to itself)."""
+        return self.config.enable_prefix_caching and not hasattr(self.target, "release")
+
     def _build_scheduler(self) -> None:
-        self.block_manager = BlockManager(self.target.num_blocks, self.target.block_size)
+        if self.prefix_caching:
+            draft_runner = getattr(self.proposer, "runner", None)
+            self.block_manager: BlockManager | PrefixCachingBlockManager = PrefixCachingBlockManager(
+                self.target.num_blocks,
+                self.target.block_size,
+                cache_draft=draft_runner is not None and not hasattr(draft_runner, "release"),
+            )
+        else:
+            self.block_manager = BlockManager(self.target.num_blocks, self.target.block_size)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
@@ -200,6 +217,13 @@ class LLMEngine:
             self.proposer.measure_step_seconds()  # warm-up, not timed
             for _ in range(repeats):
                 self.cost_model.calibrate_draft(self.proposer.measure_step_seconds())
+        self.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
+
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefixes no request holds (after writing KV outside the block manager's
+        view, e.g. timing a forward in block 0); return how many blocks were dropped."""
+        reset = getattr(self.block_manager, "reset_cache", None)
+        return reset() if reset is not None else 0
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -397,6 +421,11 @@ class LLMEngine:
         for sequence in scheduled.preempted:
             self._states[sequence.request_id].stats.num_preemptions += 1
             self._on_preempted(sequence)
+        for sequence in scheduled.admitted:
+            stats = self._states[sequence.request_id].stats
+            if stats.cached_tokens is None:  # the first admission: what the prompt found cached
+                stats.cached_tokens = sequence.num_computed_tokens
+                stats.cached_draft_tokens = sequence.num_draft_computed_tokens
         for sequence in scheduled.finished:
             # Ended by the scheduler: it can grow no further in this KV cache or context.
             state = self._states[sequence.request_id]
@@ -429,6 +458,10 @@ class LLMEngine:
                 self._fail_request(sequence, f"sampling failed: {error}")
                 continue
             self._step_outputs.append(output)
+        for chunk in chunks:
+            if not chunk.sequence.is_finished:
+                # Verified: blocks now full of accepted tokens become reusable prefixes.
+                self.block_manager.commit(chunk.sequence)
 
     def _on_preempted(self, sequence: Sequence) -> None:
         """A preempted sequence restarts from position 0: executors may drop its KV now."""

@@ -18,6 +18,9 @@ class RequestStats:
     accepted: int = 0
     verification_steps: int = 0
     num_preemptions: int = 0
+    # Prompt tokens whose target (draft) KV came from the prefix cache; None until admitted.
+    cached_tokens: int | None = None
+    cached_draft_tokens: int | None = None
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
 
@@ -78,6 +81,8 @@ class RequestStats:
             "verification_steps": self.verification_steps,
             "num_output_tokens": self.num_output_tokens,
             "num_preemptions": self.num_preemptions,
+            "cached_tokens": self.cached_tokens or 0,
+            "cached_draft_tokens": self.cached_draft_tokens or 0,
             "ttft_s": self.ttft_s,
             "tokens_per_s": self.tokens_per_s,
         }

@@ -10,7 +10,8 @@ Each step has a budget of ``max_num_batched_tokens`` target tokens. The policy, 
 3. Waiting sequences, strictly first come first served (no skipping, so no starvation), while the
    budget, ``max_num_seqs`` and free blocks allow. Admission allocates blocks for all known tokens at
    once, so an admitted prefill never has to preempt to continue. Nothing is admitted in a step
-   that preempted: memory is short.
+   that preempted: memory is short. With prefix caching (``PrefixCachingBlockManager``) admission
+   shares the longest cached prefix and the prefill starts at the first uncached token.
 
 When a running sequence needs a block and none is free, the most recently arrived running
 sequence is preempted by recomputation: its blocks are freed, its KV counters reset and it goes to
@@ -96,6 +97,8 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     # Finished by the scheduler itself (FINISHED_LENGTH): the engine still reports them.
     finished: list[Sequence] = field(default_factory=list)
+    # Admitted this step; num_computed_tokens is their cached prefix until the step runs.
+    admitted: list[Sequence] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -108,6 +111,7 @@ class _Step:
     chunks: dict[Sequence, ScheduledChunk] = field(default_factory=dict)
     preempted: list[Sequence] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
     # Decodes not scheduled yet; each keeps one token of the budget in reserve.
     pending_decodes: dict[Sequence, None] = field(default_factory=dict)
 
@@ -219,7 +223,10 @@ class Scheduler:
         if not step.preempted:
             self._admit_waiting(step)
         return SchedulerOutput(
-            chunks=list(step.chunks.values()), preempted=step.preempted, finished=step.finished
+            chunks=list(step.chunks.values()),
+            preempted=step.preempted,
+            finished=step.finished,
+            admitted=step.admitted,
         )
 
     def check_invariants(self) -> None:
@@ -287,13 +294,17 @@ class Scheduler:
                 continue
             if not self.config.enable_chunked_prefill and seq.num_tokens > step.budget:
                 return
-            if not self.block_manager.ensure_capacity(seq, seq.num_tokens):
+            # With prefix caching, admit() shares the longest cached prefix and sets
+            # num_computed_tokens past it (always leaving at least the last token to compute).
+            if not self.block_manager.admit(seq):
                 return  # FCFS: later arrivals wait too, so the front one cannot starve
             self._waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self._running.append(seq)
-            num_tokens = min(seq.num_tokens, step.budget)
-            step.emit(ScheduledChunk(seq, num_tokens, 0, samples=num_tokens == seq.num_tokens))
+            step.admitted.append(seq)
+            first = seq.num_computed_tokens
+            num_tokens = min(seq.num_tokens - first, step.budget)
+            step.emit(ScheduledChunk(seq, num_tokens, 0, samples=first + num_tokens == seq.num_tokens))
 
     def _reserve_blocks(self, seq: Sequence, min_tokens: int, max_tokens: int, step: _Step) -> int | None:
         """Cover positions ``[0, n)`` for the largest ``n <= max_tokens`` that fits, at least ``min_tokens``.
@@ -344,7 +355,8 @@ class Scheduler:
         step.finished.append(seq)
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        self.block_manager.free_sequence(seq)
+        # A failed request's KV may hold NaN: nothing of it stays cached for others.
+        self.block_manager.free_sequence(seq, reusable=status is not SequenceStatus.FINISHED_ERROR)
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
         else:

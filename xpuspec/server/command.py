@@ -68,6 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-device", default="CPU")
     parser.add_argument("--drafter", choices=["auto", "draft", "ngram", "none"], default="auto")
     parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="recompute every prompt (default: reuse the KV of prompt prefixes seen before)",
+    )
+    parser.add_argument(
         "--property",
         action="append",
         default=[],
@@ -175,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             drafter=args.drafter,
             properties=properties,
             num_kv_blocks=args.num_kv_blocks,
+            enable_prefix_caching=not args.no_prefix_caching,
         )
         # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
         # reach, before the first request: otherwise a full collection walks it all, stalling every

@@ -89,6 +89,7 @@ class EngineSnapshot:
     num_waiting: int = 0
     engine_failures: int = 0  # engine steps that failed as a whole (the engine recovered)
     requests_failed: int = 0  # choices ended with an error: their own or an engine failure
+    prefix_cached_blocks: int = 0  # KV blocks holding a reusable prompt prefix
 
 
 class Generation:
@@ -424,4 +425,5 @@ class EngineLoop:
             num_waiting=engine.scheduler.num_waiting,
             engine_failures=engine.num_engine_failures,
             requests_failed=self._requests_failed,
+            prefix_cached_blocks=getattr(engine.block_manager, "num_cached_blocks", 0),
         )

@@ -86,6 +86,24 @@ class ServerMetrics:
             lambda: snapshot().kv_blocks_used / max(1, snapshot().kv_blocks_total),
         )
 
+        gauge(
+            "xpuspec_prefix_cache_blocks",
+            "KV-cache blocks holding a reusable prompt prefix (held or free)",
+            lambda: snapshot().prefix_cached_blocks,
+        )
+        self.cached_prompt_tokens = Counter(
+            "xpuspec_prefix_cache_hit_tokens",
+            "Prompt tokens of finished requests whose KV came from the prefix cache",
+            registry=registry,
+        )
+        gauge(
+            "xpuspec_prefix_cache_hit_rate",
+            "Cached / all prompt tokens of finished requests since start",
+            lambda: self._cached_prompt_total / self._prompt_total if self._prompt_total else 0.0,
+        )
+        self._prompt_total = 0
+        self._cached_prompt_total = 0
+
         registry.register(_EngineFailures(snapshot))
 
     def _acceptance_rate(self) -> float:
@@ -95,6 +113,10 @@ class ServerMetrics:
         """Called by the engine loop thread when a choice ends."""
         self.finished_requests.labels(finish_reason).inc()
         self.prompt_tokens.inc(num_prompt_tokens)
+        cached = min(stats.cached_tokens or 0, num_prompt_tokens)
+        self.cached_prompt_tokens.inc(cached)
+        self._prompt_total += num_prompt_tokens
+        self._cached_prompt_total += cached
         self.generation_tokens.inc(stats.num_output_tokens)
         if stats.ttft_s is not None:
             self.time_to_first_token.observe(stats.ttft_s)

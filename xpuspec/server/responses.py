@@ -38,16 +38,18 @@ class ResponseContext:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     num_completion_tokens: int = 0  # so far; read by the access log when the response closes
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the most of any choice)
 
     @property
     def response_id(self) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.id
 
-    def usage(self, num_completion_tokens: int) -> dict[str, int]:
+    def usage(self, num_completion_tokens: int) -> dict[str, object]:
         return {
             "prompt_tokens": self.num_prompt_tokens,
             "completion_tokens": num_completion_tokens,
             "total_tokens": self.num_prompt_tokens + num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
         }
 
 
@@ -77,6 +79,8 @@ def _batches(
             for event in events:
                 if event.finish_reason is not None and event.stats is not None:
                     context.num_completion_tokens += event.stats.num_output_tokens
+                    if event.stats.cached_tokens:
+                        context.num_cached_tokens = max(context.num_cached_tokens, event.stats.cached_tokens)
             yield events
             if hold_s > 0.0:
                 hold_until = time.monotonic() + hold_s

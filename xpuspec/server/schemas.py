@@ -196,10 +196,15 @@ class ChatCompletionRequest(GenerationFields):
 
 
 # ------------------------------------------------------------------ responses (for the OpenAPI document)
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens whose KV came from the prefix cache")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionChoice(BaseModel):
