@@ -101,6 +101,7 @@ class GuidedRequest:
         num_words = (max(compiler.tokenizer.vocab_size, compiler.vocab_size) + 31) // 32
         self._bitmask = np.zeros(num_words, dtype=np.int32)
         self._lookahead = 0  # tokens consumed ahead of the committed state while drafting
+        self._drafted = 0  # draft tokens seen while drafting (an end-of-sequence one is not consumed)
         self._prepared: tuple[tuple[int, ...], np.ndarray] | None = None
 
     # ------------------------------------------------------------------ masks
@@ -133,9 +134,7 @@ class GuidedRequest:
                 masks[row] = self.allowed()
                 if row == len(draft_ids) or not masks[row][draft_ids[row]]:
                     break
-                if not self.matcher.consume_token(draft_ids[row]):
-                    raise ValueError(f"the grammar matcher failed: {self.matcher.get_error()}")
-                consumed += 1
+                consumed += self._consume(draft_ids[row])
         finally:
             self._rollback(consumed)
         return masks
@@ -150,19 +149,16 @@ class GuidedRequest:
 
         ``logits``: [1, draft vocab] (the draft's vocabulary may be smaller than the target's).
         """
-        for token in drafted[self._lookahead :]:
-            if not self.matcher.consume_token(token):
-                raise ValueError(
-                    f"the grammar matcher failed on draft token {token}: {self.matcher.get_error()}"
-                )
-            self._lookahead += 1
+        for token in drafted[self._drafted :]:
+            self._lookahead += self._consume(token)
+            self._drafted += 1
         mask = self.allowed()[: logits.shape[-1]]
         return np.where(mask, logits, -np.inf).astype(logits.dtype, copy=False)
 
     def end_drafting(self) -> None:
         """Roll the lookahead of :meth:`mask_draft_logits` back to the committed state."""
         self._rollback(self._lookahead)
-        self._lookahead = 0
+        self._lookahead = self._drafted = 0
 
     def valid_prefix(self, token_ids: list[int]) -> int:
         """How many of ``token_ids`` the grammar allows in a row from the committed state."""
@@ -176,17 +172,16 @@ class GuidedRequest:
         are accepted with certainty (jump-forward without a drafter's pass).
         """
         forced: list[int] = []
+        consumed = 0
         try:
-            while len(forced) < limit:
+            while len(forced) < limit and not self.matcher.is_stopped():
                 allowed = np.flatnonzero(self.allowed())
                 if len(allowed) != 1 or int(allowed[0]) in self.compiler.eos_token_ids:
                     break
-                token = int(allowed[0])
-                if not self.matcher.consume_token(token):
-                    break
-                forced.append(token)
+                consumed += self._consume(int(allowed[0]))
+                forced.append(int(allowed[0]))
         finally:
-            self._rollback(len(forced))
+            self._rollback(consumed)
         return forced
 
     # --------------------------------------------------------------- committing
@@ -194,13 +189,20 @@ class GuidedRequest:
         """Consume the tokens a step emitted; ValueError if the grammar forbids one (a bug)."""
         self._prepared = None
         for token in token_ids:
-            if self.matcher.is_stopped() and token in self.compiler.eos_token_ids:
-                continue
-            if not self.matcher.consume_token(token):
-                raise ValueError(f"token {token} broke the output constraint: {self.matcher.get_error()}")
+            self._consume(token)
 
     def is_accepting(self) -> bool:
         return self.matcher.is_accepting()
+
+    def _consume(self, token: int) -> int:
+        """Consume one token; return how many entered the matcher's history (rollback counts them).
+
+        A stopped matcher (grammar complete) takes end-of-sequence without recording it.
+        """
+        stopped = self.matcher.is_stopped()
+        if not self.matcher.consume_token(token):
+            raise ValueError(f"token {token} breaks the output constraint: {self.matcher.get_error()}")
+        return 0 if stopped else 1
 
     def _rollback(self, num_tokens: int) -> None:
         if num_tokens and not self.matcher.rollback(num_tokens):
