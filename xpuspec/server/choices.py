@@ -73,6 +73,9 @@ def sampling_params(
         stop=body.stop_list,
         ignore_eos=bool(body.ignore_eos),
         num_draft_tokens=num_draft_tokens,
+        response_format=body.response_format,
+        guided_regex=body.guided_regex,
+        guided_grammar=body.guided_grammar,
     )
 
 
@@ -114,6 +117,31 @@ def _expand(
     return PreparedRequest(choices, sum(len(p) for p in prompts), n)
 
 
+def check_constraint(body: GenerationFields, pipeline: Pipeline) -> None:
+    """A 400 with the grammar engine's message for a constraint it cannot compile (checked once here,
+    on the request's thread, rather than as a failed choice on the engine's)."""
+    param = next(
+        (name for name in ("response_format", "guided_regex", "guided_grammar") if getattr(body, name)),
+        None,
+    )
+    if param is None:
+        return
+    try:
+        constraint = SamplingParams(
+            response_format=body.response_format,
+            guided_regex=body.guided_regex,
+            guided_grammar=body.guided_grammar,
+        ).constraint()
+        if constraint is None:
+            return
+        grammar = pipeline.engine.grammar
+        if grammar is None:
+            raise ValueError("this model has no tokenizer.json, so its output cannot be constrained")
+        grammar.compile(constraint)
+    except ValueError as error:
+        raise APIError(400, str(error), param=param, code="invalid_value") from None
+
+
 def _check_common(body: GenerationFields) -> None:
     if body.stream_options is not None and not body.stream:
         raise APIError(
@@ -126,6 +154,7 @@ def _check_common(body: GenerationFields) -> None:
 
 def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
     _check_common(body)
+    check_constraint(body, pipeline)
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     prompt = body.prompt
     vocab_size = pipeline.vocab_size
@@ -157,6 +186,7 @@ def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_draft
 
 def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
     _check_common(body)
+    check_constraint(body, pipeline)
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     if pipeline.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")

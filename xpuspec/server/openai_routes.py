@@ -96,6 +96,7 @@ def _generate(
         num_choices=len(prepared.choices),
         client_disconnected=request.environ.get("waitress.client_disconnected"),
         id=request_id(request.environ),
+        constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
     )
     request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
     state.response_opened()

@@ -20,6 +20,12 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25
 
 Kind = Literal["completion", "chat"]
+# Said in a constrained choice (response_format, guided_*) that ran out of tokens: its text is cut
+# short of what the constraint requires, so it does not parse.
+CONSTRAINT_INCOMPLETE = (
+    "the output constraint was not complete within max_tokens: the text is cut short and does not "
+    "satisfy it; raise max_tokens"
+)
 
 
 class ClientGone(Exception):
@@ -38,6 +44,13 @@ class ResponseContext:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     num_completion_tokens: int = 0  # so far; read by the access log when the response closes
+    constrained: bool = False  # the output is constrained (a "length" finish then says so)
+
+    def note(self, finish_reason: str | None) -> dict[str, str]:
+        """The choice's extra field saying a constrained output was cut short, if it was."""
+        if self.constrained and finish_reason == "length":
+            return {"xpuspec_note": CONSTRAINT_INCOMPLETE}
+        return {}
 
     @property
     def response_id(self) -> str:
@@ -95,12 +108,13 @@ def collect(generation: Generation, context: ResponseContext) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": reason,
+                **context.note(reason),
             }
             for index, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
     else:
         choices = [
-            {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+            {"index": index, "text": text, "logprobs": None, "finish_reason": reason, **context.note(reason)}
             for index, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
     return {
@@ -146,6 +160,7 @@ def stream(generation: Generation, context: ResponseContext, include_usage: bool
             choice = {"index": index, "text": text or ""}
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
+        choice.update(context.note(finish_reason))
         return sse({**base, "choices": [choice], **extra})
 
     try:

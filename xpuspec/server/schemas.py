@@ -73,6 +73,13 @@ class GenerationFields(BaseModel):
         None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
     )
     ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}, "strict": true}}: the output is constrained to parse',
+    )
+    guided_regex: str | None = Field(None, description="xpuspec: constrain the output to this regex")
+    guided_grammar: str | None = Field(None, description="xpuspec: constrain the output to this Lark grammar")
 
     @field_validator("temperature")
     @classmethod
