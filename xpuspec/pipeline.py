@@ -166,7 +166,10 @@ class Pipeline:
         engine_class = OverlappedEngine if self.overlap else LLMEngine
         self.engine = engine_class(self.target_runner, proposer, config, self.bundle.eos_token_ids)
         self.engine.grammar = grammar_compiler(
-            self.bundle.target.path, self.vocab_size, self.bundle.eos_token_ids
+            self.tokenizer,
+            [m.path for m in (self.bundle.target, self.bundle.draft) if m is not None],
+            self.vocab_size,
+            self.bundle.eos_token_ids,
         )
         self.engine.calibrate()
         self._request_counter = itertools.count()

@@ -17,22 +17,31 @@ Both p and q are masked with the same mask before the same transform (temperatur
 so the rejection rule reproduces the masked target distribution; greedy decoding takes the argmax
 of the masked target row. A draft token the mask forbids has p = 0 and is always rejected.
 
-The tokenizer is llguidance's, built from the bundle's ``tokenizer.json`` (the same vocabulary as
-the OpenVINO tokenizer IRs); masks are as wide as the model's vocabulary: model ids beyond the
-tokenizer's are never allowed.
+The grammar engine's tokenizer comes from the bundle's ``tokenizer.json``. A byte-level BPE vocabulary
+(GPT-2, Llama 3, Qwen, SmolLM2) is read entry by entry, each token's bytes from the byte-level
+alphabet, with the model's OpenVINO tokenizer for encoding: a converted file's decoder section may
+be wrong (the default draft's describes SmolLM2's vocabulary as SentencePiece pieces, which would
+make ``Ċ`` a letter instead of a newline), the vocabulary itself is what the model saw. Masks are
+as wide as the model's vocabulary: model ids beyond the tokenizer's are never allowed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from xpuspec.structured.constraint import Constraint
+
+if TYPE_CHECKING:
+    from xpuspec.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +51,8 @@ TOKENIZER_FILE = "tokenizer.json"
 class GrammarCompiler:
     """Engine-wide: the llguidance tokenizer of a model (loaded on first use) and grammar compilation."""
 
-    def __init__(self, tokenizer_json: str | Path, vocab_size: int, eos_token_ids: list[int]):
-        self.tokenizer_json = Path(tokenizer_json)
-        if not self.tokenizer_json.is_file():
-            raise ValueError(
-                f"structured output needs the model's {TOKENIZER_FILE}, not found at {self.tokenizer_json}"
-            )
+    def __init__(self, load_tokenizer: Callable[[], LLTokenizer], vocab_size: int, eos_token_ids: list[int]):
+        self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self._tokenizer: LLTokenizer | None = None
@@ -61,7 +66,7 @@ class GrammarCompiler:
         with self._lock:  # the server compiles on request threads
             if self._tokenizer is None:
                 started = time.perf_counter()
-                self._tokenizer = LLTokenizer(str(self.tokenizer_json), eos_token=self.eos_token_ids or None)
+                self._tokenizer = self._load_tokenizer()
                 logger.info(
                     "grammar tokenizer of %d tokens loaded in %.2f s",
                     self._tokenizer.vocab_size,
@@ -209,12 +214,88 @@ class GuidedRequest:
             raise ValueError(f"the grammar matcher could not roll back: {self.matcher.get_error()}")
 
 
-def grammar_compiler(
-    model_dir: str | Path, vocab_size: int, eos_token_ids: list[int]
-) -> GrammarCompiler | None:
-    """The grammar compiler of a model folder, or None (logged) if it has no ``tokenizer.json``."""
-    path = Path(model_dir) / TOKENIZER_FILE
-    if not path.is_file():
-        logger.info("%s has no %s: structured output is off", model_dir, TOKENIZER_FILE)
+def _byte_level_unicode() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte, inverted."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    )
+    chars = {byte: byte for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = 256 + extra
+            extra += 1
+    return {chr(code): byte for byte, code in chars.items()}
+
+
+def byte_level_vocabulary(tokenizer_json: Path) -> tuple[list[bytes], list[int]] | None:
+    """The bytes of every token of a byte-level BPE ``tokenizer.json`` and its special ids, or None.
+
+    Read from the vocabulary itself (``Ġ`` is a space, ``Ċ`` a newline), not from the file's decoder
+    section, which conversions get wrong. None if some vocabulary entry is not byte-level text.
+    """
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    vocab = data.get("model", {}).get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
         return None
-    return GrammarCompiler(path, vocab_size, eos_token_ids)
+    alphabet = _byte_level_unicode()
+    added = {entry["id"]: entry["content"] for entry in data.get("added_tokens", [])}
+    size = max(max(vocab.values()), max(added, default=-1)) + 1
+    tokens = [b""] * size
+    for text, token_id in vocab.items():
+        if token_id in added:
+            continue
+        if any(char not in alphabet for char in text):
+            return None
+        tokens[token_id] = bytes(alphabet[char] for char in text)
+    special = [entry["id"] for entry in data.get("added_tokens", []) if entry.get("special")]
+    for token_id, content in added.items():
+        tokens[token_id] = content.encode("utf-8")
+    return tokens, special
+
+
+class _VocabularyTokenizer:
+    """What llguidance's ``TokenizerWrapper`` reads: token bytes, special ids, and an encoder."""
+
+    def __init__(
+        self, tokens: list[bytes], special_ids: list[int], tokenizer: Tokenizer, eos_token_ids: list[int]
+    ):
+        self.tokens = tokens
+        self.special_token_ids = special_ids
+        self.eos_token_id = eos_token_ids[0] if eos_token_ids else None
+        self.bos_token_id = None
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def _load_tokenizer(path: Path, tokenizer: Tokenizer, eos_token_ids: list[int]) -> LLTokenizer:
+    eos = list(eos_token_ids) or None
+    vocabulary = byte_level_vocabulary(path)
+    if vocabulary is None:
+        return LLTokenizer(str(path), eos_token=eos)
+    return LLTokenizer(
+        TokenizerWrapper(_VocabularyTokenizer(*vocabulary, tokenizer, list(eos_token_ids))), eos_token=eos
+    )
+
+
+def grammar_compiler(
+    tokenizer: Tokenizer, model_dirs: list[Path], vocab_size: int, eos_token_ids: list[int]
+) -> GrammarCompiler | None:
+    """The grammar compiler of a model, from the first ``tokenizer.json`` in ``model_dirs`` (the
+    target's, then the draft's: a pair shares its vocabulary); None (logged) when there is none.
+
+    A byte-level BPE vocabulary is read token by token (with the model's OpenVINO tokenizer for
+    encoding); any other is left to llguidance's own reading of the file.
+    """
+    for model_dir in model_dirs:
+        path = Path(model_dir) / TOKENIZER_FILE
+        if path.is_file():
+            return GrammarCompiler(
+                lambda path=path: _load_tokenizer(path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
+            )
+    logger.info("no %s in %s: structured output is off", TOKENIZER_FILE, [str(d) for d in model_dirs])
+    return None
