@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.server import tools
 from xpuspec.server.engine_loop import ChoiceRequest
 from xpuspec.server.errors import APIError
 from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, CompletionRequest, GenerationFields
+from xpuspec.structured.constraint import Constraint
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline
@@ -22,6 +24,7 @@ class PreparedRequest:
     choices: list[ChoiceRequest]
     num_prompt_tokens: int  # each distinct prompt once, as OpenAI counts usage
     num_choices_per_prompt: int
+    tools: tools.ToolRequest | None = None  # chat with tools: calls are parsed out of the replies
 
 
 def check_model(body: GenerationFields, model_names: tuple[str, ...]) -> None:
@@ -190,9 +193,18 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     if pipeline.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    messages = [message.template_message() for message in body.messages]
+    tool_request = tools.parse_tools(body.tools, body.tool_choice, pipeline.chat_template.template)
+    if tool_request is not None and tool_request.mode != "auto" and body.response_format is not None:
+        message = "response_format cannot be combined with a required or named tool_choice"
+        raise APIError(400, message, param="tool_choice")
+    native = tools.template_uses_tools(pipeline.chat_template.template)
+    messages = tools.prompt_messages([m.template_message() for m in body.messages], tool_request, native)
     try:
-        rendered = pipeline.apply_chat_template(messages)
+        rendered = pipeline.chat_template.render(
+            messages,
+            add_generation_prompt=True,
+            **({"tools": [t.openai() for t in tool_request.tools]} if tool_request and native else {}),
+        )
     except ValueError as error:  # the template itself may reject a conversation (raise_exception)
         raise APIError(400, str(error), param="messages", code="invalid_value") from None
     token_ids = pipeline.tokenizer.encode(rendered, add_special_tokens=False)
@@ -209,4 +221,17 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     else:
         _check_context(len(token_ids), requested, context, param)
         max_tokens = requested
-    return _expand(body, [token_ids], [max_tokens], num_draft_tokens)
+    prepared = _expand(body, [token_ids], [max_tokens], num_draft_tokens)
+    grammar = tool_request.forced_grammar() if tool_request is not None else None
+    if grammar is not None:
+        compiler = pipeline.engine.grammar
+        if compiler is None:
+            raise APIError(400, "this model cannot force tool calls (no tokenizer.json)", param="tool_choice")
+        try:
+            compiler.compile(Constraint("lark", grammar))
+        except ValueError as error:  # a tool's parameters schema the grammar engine cannot take
+            raise APIError(400, f"tools: {error}", param="tools", code="invalid_value") from None
+        for choice in prepared.choices:
+            choice.params.guided_grammar = grammar
+    prepared.tools = tool_request
+    return prepared

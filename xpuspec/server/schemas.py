@@ -200,6 +200,10 @@ class ChatCompletionRequest(GenerationFields):
     max_tokens: int | None = Field(None, ge=1, description="deprecated name of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, description="default: the rest of the context")
     logprobs: bool | None = Field(False, description="not supported: must be false")
+    tools: list[dict[str, Any]] | None = Field(None, description='function tools: {"type": "function", ...}')
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description='"none", "auto" (default with tools), "required" or {"type": "function", ...}'
+    )
 
 
 # ------------------------------------------------------------------ responses (for the OpenAPI document)

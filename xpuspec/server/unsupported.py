@@ -65,8 +65,6 @@ CHAT: dict[str, Check] = {
     **SHARED,
     "logprobs": (lambda v: v is None or v is False, "omit it or send false"),
     "top_logprobs": (_zero, "omit it"),
-    "tools": (_absent, "omit it (tool calls in earlier messages are fine)"),
-    "tool_choice": (_no_tool_choice, 'omit it or send "none"'),
     "parallel_tool_calls": (lambda v: v is None, "omit it"),
     "functions": (_absent, "omit it"),
     "function_call": (_no_tool_choice, "omit it"),
