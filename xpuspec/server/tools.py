@@ -158,8 +158,12 @@ def template_uses_tools(template_source: str) -> bool:
 
 
 def prompt_messages(messages: list[dict[str, Any]], request: ToolRequest | None, native: bool) -> list[dict]:
-    """The messages to render. ``native``: the template renders tools and calls itself."""
-    if native:
+    """The messages to render. ``native``: the template renders tools and calls itself.
+
+    Without tools in the request the history goes to the template as it is (calls are dropped by a
+    template that does not know them, as before tools were supported).
+    """
+    if native or request is None:
         return messages
     rendered = []
     for message in messages:
