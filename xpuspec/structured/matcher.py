@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
+COMPILED_CACHE_SIZE = 64  # compiled grammars kept per engine
 
 
 class GrammarCompiler:
@@ -56,6 +57,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self._tokenizer: LLTokenizer | None = None
+        self._compiled: dict[str, LLMatcher] = {}  # grammar -> fresh matcher, least recently used first
         self._lock = threading.Lock()
         # Seconds spent computing masks and how many: the per-token mask cost `xpuspec bench` reports.
         self.mask_seconds = 0.0
@@ -80,14 +82,25 @@ class GrammarCompiler:
             grammar = constraint.grammar()
         except ValueError as error:
             raise ValueError(f"invalid {_describe(constraint)}: {error}") from error
-        tokenizer = self.tokenizer
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-        if is_error:
-            raise ValueError(f"invalid {_describe(constraint)}: {messages[0] if messages else 'rejected'}")
-        matcher = LLMatcher(tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise ValueError(f"invalid {_describe(constraint)}: {matcher.get_error()}")
-        return GuidedRequest(matcher, self)
+        with self._lock:
+            template = self._compiled.pop(grammar, None)
+        if template is None:
+            tokenizer = self.tokenizer
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+            if is_error:
+                raise ValueError(
+                    f"invalid {_describe(constraint)}: {messages[0] if messages else 'rejected'}"
+                )
+            template = LLMatcher(tokenizer, grammar, log_level=0)
+            if template.is_error():
+                raise ValueError(f"invalid {_describe(constraint)}: {template.get_error()}")
+        with self._lock:  # most recently used last; the oldest goes beyond the cache's size
+            self._compiled[grammar] = template
+            while len(self._compiled) > COMPILED_CACHE_SIZE:
+                self._compiled.pop(next(iter(self._compiled)))
+        # A copy of a compiled matcher shares its lexer states, built lazily as masks are computed:
+        # requests with the same constraint (n choices, a schema reused) skip the warm-up.
+        return GuidedRequest(template.deep_copy(), self)
 
 
 def _describe(constraint: Constraint) -> str:
@@ -114,12 +127,12 @@ class GuidedRequest:
         """The tokens allowed at the matcher's current state: [vocab] bool."""
         started = time.perf_counter()
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
-        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size]
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size].view(bool)
         self.compiler.mask_seconds += time.perf_counter() - started
         self.compiler.num_masks += 1
         if self.matcher.is_error():
             raise ValueError(f"the grammar matcher failed: {self.matcher.get_error()}")
-        return bits.astype(bool)
+        return bits
 
     def verification_masks(self, draft_ids: list[int]) -> np.ndarray:
         """Masks of the 1 + γ target rows: [1 + γ, vocab] bool (prepared ones are reused).
