@@ -144,6 +144,11 @@ def markdown(report: dict[str, Any]) -> str:
             "tokens. ÷ peer is xpuspec tokens/s over the peer's at the same draft length and properties "
             "(the adaptive row: over GenAI's best fixed-γ row).",
         ]
+    if "structured" in report:
+        from xpuspec.bench.structured import structured_table
+
+        lines += ["", "## Structured output (batch 1, JSON Schema vs unconstrained)", ""]
+        lines += structured_table(report["structured"])
     if "load" in report:
         lines += ["", "## Throughput under load", ""]
         lines += load_table(report["load"])
