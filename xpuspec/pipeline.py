@@ -32,6 +32,7 @@ from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
+from xpuspec.structured.matcher import grammar_compiler
 from xpuspec.text import ChatTemplate, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,12 @@ class Pipeline:
         self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
         engine_class = OverlappedEngine if self.overlap else LLMEngine
         self.engine = engine_class(self.target_runner, proposer, config, self.bundle.eos_token_ids)
+        self.engine.grammar = grammar_compiler(
+            self.tokenizer,
+            [m.path for m in (self.bundle.target, self.bundle.draft) if m is not None],
+            self.vocab_size,
+            self.bundle.eos_token_ids,
+        )
         self.engine.calibrate()
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).

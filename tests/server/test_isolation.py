@@ -88,26 +88,6 @@ def test_hostile_json_is_400_not_500(
         ("logprobs", lambda c, m: c.completions.create(model=m, prompt="x", logprobs=2)),
         ("presence_penalty", lambda c, m: c.completions.create(model=m, prompt="x", presence_penalty=1.0)),
         (
-            "response_format",
-            lambda c, m: c.chat.completions.create(
-                model=m, messages=[{"role": "user", "content": "x"}], response_format={"type": "json_object"}
-            ),
-        ),
-        (
-            "tools",
-            lambda c, m: c.chat.completions.create(
-                model=m,
-                messages=[{"role": "user", "content": "x"}],
-                tools=[{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
-            ),
-        ),
-        (
-            "tool_choice",
-            lambda c, m: c.chat.completions.create(
-                model=m, messages=[{"role": "user", "content": "x"}], tool_choice="required"
-            ),
-        ),
-        (
             "logprobs",
             lambda c, m: c.chat.completions.create(
                 model=m, messages=[{"role": "user", "content": "x"}], logprobs=True

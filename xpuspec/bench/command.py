@@ -222,6 +222,15 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         report["latency"] = run_latency(
             config, bundle, pipeline, token_prompts, same_properties, default_properties
         )
+    if config.runs_latency:
+        from xpuspec.bench.structured import run_structured
+
+        report["structured"] = run_structured(
+            lambda drafter: pipeline(drafter, *default_properties),
+            token_prompts,
+            config.max_tokens,
+            config.rounds,
+        )
     if config.runs_load:
         report["load"] = run_load(config, bundle, token_prompts)
     report["plots"] = write_plots(report, config.out)

@@ -159,6 +159,11 @@ def markdown(report: dict[str, Any]) -> str:
                 f"target {_number(costs.get('target_step_ms'), 3)}, "
                 f"draft {_number(costs.get('draft_step_ms'), 3)}.",
             ]
+    if "structured" in report:
+        from xpuspec.bench.structured import structured_table
+
+        lines += ["", "## Structured output (batch 1, JSON Schema vs unconstrained)", ""]
+        lines += structured_table(report["structured"])
     if "load" in report:
         lines += ["", "## Throughput under load", ""]
         lines += load_table(report["load"])

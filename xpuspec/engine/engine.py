@@ -44,6 +44,8 @@ from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
+from xpuspec.structured import speculation as structured
+from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ class _RequestState:
     stats: RequestStats
     eos_token_ids: frozenset[int]
     seed: int | None
+    guide: GuidedRequest | None = None  # the output constraint's matcher (xpuspec.structured)
 
 
 class LLMEngine:
@@ -159,6 +162,11 @@ class LLMEngine:
         self._step_outputs: list[StepOutput] = []
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
+        # Compiles output constraints (response_format, guided_regex, guided_grammar); set by the
+        # pipeline from the bundle's tokenizer.json. None: constrained requests are refused.
+        self.grammar: GrammarCompiler | None = None
+        if proposer is not None and hasattr(proposer, "constrain_logits"):
+            proposer.constrain_logits = self._constrain_draft_logits
 
     @property
     def prefix_caching(self) -> bool:
@@ -246,16 +254,55 @@ class LLMEngine:
                 f"together more than the context of {self.config.max_model_len} tokens; "
                 "shorten the prompt or lower max_tokens"
             )
+        guide = self._compile_constraint(params)
         sequence = Sequence(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
         state = _RequestState(
             rng=make_generator(params.seed),
             stats=RequestStats(arrival_time=self.clock(), max_draft_tokens=self.config.max_draft_tokens),
             eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
             seed=params.seed if not params.greedy else None,
+            guide=guide,
         )
         self.scheduler.add(sequence)  # the last check (the KV cache), and the first insertion
         self._sequences[request_id] = sequence
         self._states[request_id] = state
+
+    def _compile_constraint(self, params: SamplingParams) -> GuidedRequest | None:
+        constraint = params.constraint()
+        if constraint is None:
+            return None
+        if self.grammar is None:
+            raise ValueError(
+                "this engine has no grammar support (no tokenizer.json in the model folder), so it "
+                "cannot constrain output; drop response_format / guided_regex / guided_grammar"
+            )
+        return self.grammar.compile(constraint)
+
+    def _guides(self, chunks: list[ScheduledChunk]) -> dict[str, GuidedRequest]:
+        """The matchers of the constrained requests among ``chunks``."""
+        guides = {}
+        for chunk in chunks:
+            state = self._states.get(chunk.sequence.request_id)
+            if state is not None and state.guide is not None:
+                guides[chunk.sequence.request_id] = state.guide
+        return guides
+
+    def _forward(
+        self, chunks: list[ScheduledChunk], runner_chunks: list[SequenceChunk], proposals: dict[str, Proposal]
+    ) -> np.ndarray:
+        """The target's logits of ``runner_chunks``; constrained requests' masks are computed meanwhile."""
+        guides = self._guides(chunks)
+        if not guides or not hasattr(self.target, "start"):
+            return self.target.forward(runner_chunks)
+        self.target.start(runner_chunks)
+        self._prepare_masks(guides, proposals)
+        return self.target.wait()
+
+    @staticmethod
+    def _prepare_masks(guides: dict[str, GuidedRequest], proposals: dict[str, Proposal]) -> None:
+        structured.prepare_masks(
+            guides, {rid: proposals[rid].token_ids for rid in guides if rid in proposals}
+        )
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> None:
         if not isinstance(prompt_token_ids, (list, tuple, np.ndarray)) or len(prompt_token_ids) == 0:
@@ -326,7 +373,7 @@ class LLMEngine:
         runner_chunks = [
             self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
-        logits = self.target.forward(runner_chunks)  # [sum num_logits, vocab]
+        logits = self._forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
         self._accept_all(chunks, runner_chunks, logits, proposals)
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
@@ -506,14 +553,34 @@ class LLMEngine:
             self._steps_without_drafting += 1
             return {}
         self._steps_without_drafting = 0
+        guides = self._guides(wanted)
+        forced = structured.forced_proposals(
+            guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
+        )
+        drafting = [c for c in wanted if c.sequence.request_id not in forced]
+        self.proposer.step_timings = []
         started = self.clock()
-        proposals = self.proposer.propose(wanted, self._draw)
-        self._drafting_seconds = self.clock() - started
+        try:
+            proposals = self.proposer.propose(drafting, self._draw) if drafting else {}
+        finally:
+            self._drafting_seconds = self.clock() - started
+            for guide in guides.values():
+                guide.end_drafting()  # back to the committed state, whatever the draft did
+        if guides:
+            structured.constrain_proposals(proposals, guides)  # n-gram drafts the grammar forbids
+            proposals.update(forced)
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
         # tokens and must not read as an expensive single-token draft step. The wall time beyond
         # the passes is the draft loop's Python, which each drafted token also costs.
-        self.cost_model.record_drafting(self.proposer.step_timings, self._drafting_seconds, len(wanted))
+        self.cost_model.record_drafting(self.proposer.step_timings, self._drafting_seconds, len(drafting))
         return proposals
+
+    def _constrain_draft_logits(self, request_id: str, drafted: list[int], logits: np.ndarray) -> np.ndarray:
+        """A draft row ([1, draft vocab]) masked by the request's grammar after ``drafted`` drafts."""
+        state = self._states.get(request_id)
+        if state is None or state.guide is None:
+            return logits
+        return state.guide.mask_draft_logits(drafted, logits)
 
     def _draw(self, request_id: str, position: int, probs_row: np.ndarray) -> int:
         """Sample a draft token at a sequence position: seeded requests race their position's noise."""
@@ -544,6 +611,8 @@ class LLMEngine:
         if not np.all(np.isfinite(rows.max(axis=-1))):  # max propagates NaN
             raise ValueError("the target's logits for this request hold NaN or infinity")
         draft_ids = proposal.token_ids if proposal is not None else []
+        if state.guide is not None:
+            rows = structured.mask_target_rows(rows, state.guide, draft_ids)
         if params.greedy:
             result = self.rejection_sampler.verify_greedy(draft_ids, rows)
         elif state.seed is not None:
@@ -572,6 +641,8 @@ class LLMEngine:
             self.acceptance.update(sequence.request_id, 0, 0)
 
         new_tokens, status = self._truncate(sequence, result.token_ids, state)
+        if state.guide is not None:
+            state.guide.advance(new_tokens)
         sequence.append_tokens(new_tokens)
         now = self.clock()
         state.stats.record_tokens(len(new_tokens), now)

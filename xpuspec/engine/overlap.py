@@ -79,6 +79,7 @@ class OverlappedEngine(LLMEngine):
         if runner_chunks:
             started = self.clock()
             self.target.start(runner_chunks)
+            self._prepare_masks(self._guides(target_work), proposals)  # while the target runs
         drafter_work = draft
         if drafter_work:
             drafted = self._propose(drafter_work)

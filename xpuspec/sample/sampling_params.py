@@ -30,6 +30,10 @@ class SamplingParams:
     integer in [0, 2**64)) makes a sampled request repeatable whatever else runs beside it.
     ``num_draft_tokens`` fixes the speculation length γ for this request; ``None`` lets the
     engine's cost model choose it per step.
+
+    At most one output constraint: ``response_format`` (OpenAI's shapes: ``{"type": "text"}``,
+    ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
+    ``guided_regex`` or ``guided_grammar`` (Lark); see :mod:`xpuspec.structured`.
     """
 
     max_tokens: int = 128
@@ -40,6 +44,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     num_draft_tokens: int | None = None
+    response_format: dict | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -80,3 +87,12 @@ class SamplingParams:
                 f"num_draft_tokens must be None (adaptive) or an integer in [0, {MAX_DRAFT_TOKENS}], "
                 f"got {self.num_draft_tokens!r}"
             )
+        self.constraint()  # raises for a bad shape; the grammar itself is checked by the engine
+
+    def constraint(self):
+        """The output constraint (``xpuspec.structured.Constraint``) or None."""
+        if self.response_format is None and self.guided_regex is None and self.guided_grammar is None:
+            return None
+        from xpuspec.structured.constraint import constraint_of  # llguidance only when used
+
+        return constraint_of(self.response_format, self.guided_regex, self.guided_grammar)

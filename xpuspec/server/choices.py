@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.server import tools
 from xpuspec.server.engine_loop import ChoiceRequest
 from xpuspec.server.errors import APIError
 from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, CompletionRequest, GenerationFields
+from xpuspec.structured.constraint import Constraint
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline
@@ -22,6 +24,7 @@ class PreparedRequest:
     choices: list[ChoiceRequest]
     num_prompt_tokens: int  # each distinct prompt once, as OpenAI counts usage
     num_choices_per_prompt: int
+    tools: tools.ToolRequest | None = None  # chat with tools: calls are parsed out of the replies
 
 
 def check_model(body: GenerationFields, model_names: tuple[str, ...]) -> None:
@@ -73,6 +76,9 @@ def sampling_params(
         stop=body.stop_list,
         ignore_eos=bool(body.ignore_eos),
         num_draft_tokens=num_draft_tokens,
+        response_format=body.response_format,
+        guided_regex=body.guided_regex,
+        guided_grammar=body.guided_grammar,
     )
 
 
@@ -114,6 +120,31 @@ def _expand(
     return PreparedRequest(choices, sum(len(p) for p in prompts), n)
 
 
+def check_constraint(body: GenerationFields, pipeline: Pipeline) -> None:
+    """A 400 with the grammar engine's message for a constraint it cannot compile (checked once here,
+    on the request's thread, rather than as a failed choice on the engine's)."""
+    param = next(
+        (name for name in ("response_format", "guided_regex", "guided_grammar") if getattr(body, name)),
+        None,
+    )
+    if param is None:
+        return
+    try:
+        constraint = SamplingParams(
+            response_format=body.response_format,
+            guided_regex=body.guided_regex,
+            guided_grammar=body.guided_grammar,
+        ).constraint()
+        if constraint is None:
+            return
+        grammar = pipeline.engine.grammar
+        if grammar is None:
+            raise ValueError("this model has no tokenizer.json, so its output cannot be constrained")
+        grammar.compile(constraint)
+    except ValueError as error:
+        raise APIError(400, str(error), param=param, code="invalid_value") from None
+
+
 def _check_common(body: GenerationFields) -> None:
     if body.stream_options is not None and not body.stream:
         raise APIError(
@@ -126,6 +157,7 @@ def _check_common(body: GenerationFields) -> None:
 
 def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
     _check_common(body)
+    check_constraint(body, pipeline)
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     prompt = body.prompt
     vocab_size = pipeline.vocab_size
@@ -157,12 +189,22 @@ def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_draft
 
 def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
     _check_common(body)
+    check_constraint(body, pipeline)
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     if pipeline.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    messages = [message.template_message() for message in body.messages]
+    tool_request = tools.parse_tools(body.tools, body.tool_choice, pipeline.chat_template.template)
+    if tool_request is not None and tool_request.mode != "auto" and body.response_format is not None:
+        message = "response_format cannot be combined with a required or named tool_choice"
+        raise APIError(400, message, param="tool_choice")
+    native = tools.template_uses_tools(pipeline.chat_template.template)
+    messages = tools.prompt_messages([m.template_message() for m in body.messages], tool_request, native)
     try:
-        rendered = pipeline.apply_chat_template(messages)
+        rendered = pipeline.chat_template.render(
+            messages,
+            add_generation_prompt=True,
+            **({"tools": [t.openai() for t in tool_request.tools]} if tool_request and native else {}),
+        )
     except ValueError as error:  # the template itself may reject a conversation (raise_exception)
         raise APIError(400, str(error), param="messages", code="invalid_value") from None
     token_ids = pipeline.tokenizer.encode(rendered, add_special_tokens=False)
@@ -179,4 +221,17 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     else:
         _check_context(len(token_ids), requested, context, param)
         max_tokens = requested
-    return _expand(body, [token_ids], [max_tokens], num_draft_tokens)
+    prepared = _expand(body, [token_ids], [max_tokens], num_draft_tokens)
+    grammar = tool_request.forced_grammar() if tool_request is not None else None
+    if grammar is not None:
+        compiler = pipeline.engine.grammar
+        if compiler is None:
+            raise APIError(400, "this model cannot force tool calls (no tokenizer.json)", param="tool_choice")
+        try:
+            compiler.compile(Constraint("lark", grammar))
+        except ValueError as error:  # a tool's parameters schema the grammar engine cannot take
+            raise APIError(400, f"tools: {error}", param="tools", code="invalid_value") from None
+        for choice in prepared.choices:
+            choice.params.guided_grammar = grammar
+    prepared.tools = tool_request
+    return prepared

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from xpuspec.server import unsupported
+from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
 from xpuspec.server.engine_loop import NotAcceptingError, QueueFullError
@@ -96,22 +96,24 @@ def _generate(
         num_choices=len(prepared.choices),
         client_disconnected=request.environ.get("waitress.client_disconnected"),
         id=request_id(request.environ),
+        constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
     )
     request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
     state.response_opened()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames = TrackedStream(
-            stream(generation, context, include_usage, state.config.stream_interval_s),
-            state.response_closed,
-        )
+        frames_of = stream(generation, context, include_usage, state.config.stream_interval_s)
+        if prepared.tools is not None:
+            frames_of = tools.rewrite_stream(frames_of)
+        frames = TrackedStream(frames_of, state.response_closed)
         return Response(
             frames,  # type: ignore[arg-type]
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
-        return jsonify(collect(generation, context))
+        body_out = collect(generation, context)
+        return jsonify(tools.rewrite_body(body_out) if prepared.tools is not None else body_out)
     except ClientGone:
         return Response(status=CLIENT_CLOSED_REQUEST)
     finally:

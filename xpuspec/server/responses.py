@@ -20,6 +20,12 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25
 
 Kind = Literal["completion", "chat"]
+# Said in a constrained choice (response_format, guided_*) that ran out of tokens: its text is cut
+# short of what the constraint requires, so it does not parse.
+CONSTRAINT_INCOMPLETE = (
+    "the output constraint was not complete within max_tokens: the text is cut short and does not "
+    "satisfy it; raise max_tokens"
+)
 
 
 class ClientGone(Exception):
@@ -39,6 +45,13 @@ class ResponseContext:
     created: int = field(default_factory=lambda: int(time.time()))
     num_completion_tokens: int = 0  # so far; read by the access log when the response closes
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the most of any choice)
+    constrained: bool = False  # the output is constrained (a "length" finish then says so)
+
+    def note(self, finish_reason: str | None) -> dict[str, str]:
+        """The choice's extra field saying a constrained output was cut short, if it was."""
+        if self.constrained and finish_reason == "length":
+            return {"xpuspec_note": CONSTRAINT_INCOMPLETE}
+        return {}
 
     @property
     def response_id(self) -> str:
@@ -116,12 +129,13 @@ def collect(generation: Generation, context: ResponseContext) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": reason,
+                **context.note(reason),
             }
             for index, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
     else:
         choices = [
-            {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+            {"index": index, "text": text, "logprobs": None, "finish_reason": reason, **context.note(reason)}
             for index, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
     return {
@@ -152,6 +166,7 @@ class _ChunkFrames:
     """
 
     def __init__(self, context: ResponseContext, include_usage: bool) -> None:
+        self.context = context
         self.chat = context.kind == "chat"
         self.base = {
             "id": context.response_id,
@@ -174,6 +189,7 @@ class _ChunkFrames:
             choice = {"index": index, "text": text or ""}
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
+        choice.update(self.context.note(finish_reason))
         return sse({**self.base, "choices": [choice], **self.extra})
 
     def text(self, index: int, text: str) -> str:

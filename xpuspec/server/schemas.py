@@ -73,6 +73,13 @@ class GenerationFields(BaseModel):
         None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
     )
     ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}, "strict": true}}: the output is constrained to parse',
+    )
+    guided_regex: str | None = Field(None, description="xpuspec: constrain the output to this regex")
+    guided_grammar: str | None = Field(None, description="xpuspec: constrain the output to this Lark grammar")
 
     @field_validator("temperature")
     @classmethod
@@ -193,6 +200,10 @@ class ChatCompletionRequest(GenerationFields):
     max_tokens: int | None = Field(None, ge=1, description="deprecated name of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, description="default: the rest of the context")
     logprobs: bool | None = Field(False, description="not supported: must be false")
+    tools: list[dict[str, Any]] | None = Field(None, description='function tools: {"type": "function", ...}')
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description='"none", "auto" (default with tools), "required" or {"type": "function", ...}'
+    )
 
 
 # ------------------------------------------------------------------ responses (for the OpenAPI document)

@@ -31,10 +31,6 @@ def _zero(value: Any) -> bool:
     return value is None or (type(value) in (int, float) and value == 0)
 
 
-def _text_format(value: Any) -> bool:
-    return value is None or value == {"type": "text"}
-
-
 def _no_tool_choice(value: Any) -> bool:
     # "auto" and "none" mean "no tool call" when no tools are given (tools themselves are refused).
     return value is None or value in ("none", "auto")
@@ -54,9 +50,7 @@ SHARED: dict[str, Check] = {
     "repetition_penalty": (lambda v: v is None or v == 1, "omit it or send 1"),
     "min_p": (_zero, "omit it or send 0"),
     "guided_json": (_absent, "omit it"),
-    "guided_regex": (_absent, "omit it"),
     "guided_choice": (_absent, "omit it"),
-    "guided_grammar": (_absent, "omit it"),
 }
 
 COMPLETION: dict[str, Check] = {
@@ -71,9 +65,6 @@ CHAT: dict[str, Check] = {
     **SHARED,
     "logprobs": (lambda v: v is None or v is False, "omit it or send false"),
     "top_logprobs": (_zero, "omit it"),
-    "response_format": (_text_format, 'omit it or send {"type": "text"}'),
-    "tools": (_absent, "omit it (tool calls in earlier messages are fine)"),
-    "tool_choice": (_no_tool_choice, 'omit it or send "none"'),
     "parallel_tool_calls": (lambda v: v is None, "omit it"),
     "functions": (_absent, "omit it"),
     "function_call": (_no_tool_choice, "omit it"),

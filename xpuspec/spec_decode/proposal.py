@@ -119,6 +119,9 @@ class DraftModelProposer:
         # cannot produce), so the rejection sampler compares rows of one size.
         self.target_vocab_size = target_vocab_size
         self.step_timings: list[tuple[int, float]] = []
+        # (request_id, tokens drafted so far this step, logits [1, draft vocab]) -> logits with the
+        # tokens the request's output constraint forbids at -inf; set by the engine.
+        self.constrain_logits: Callable[[str, list[int], np.ndarray], np.ndarray] | None = None
 
     def release(self, sequence_id: str) -> None:
         # A paged draft cache is freed with the shared block table; a stateful one holds a request.
@@ -199,7 +202,10 @@ class DraftModelProposer:
             for row, chunk in enumerate(active):
                 request_id = chunk.sequence.request_id
                 try:
-                    token, row_probs = self._draft_token(chunk, step, logits[row : row + 1], draw)
+                    row_logits = logits[row : row + 1]  # [1, draft vocab]
+                    if self.constrain_logits is not None:
+                        row_logits = self.constrain_logits(request_id, token_ids[request_id], row_logits)
+                    token, row_probs = self._draft_token(chunk, step, row_logits, draw)
                 except Exception as error:  # this sequence's row alone (e.g. NaN in its logits)
                     logger.warning("drafting failed for %s: %s", request_id, error)
                     errors[request_id] = f"drafting failed: {error}"

@@ -1,0 +1,364 @@
+"""Tool calling on /v1/chat/completions: tools into the prompt, calls out of the model's text.
+
+**Prompt.** A chat template that uses ``tools`` (Qwen, Llama 3.1, Hermes-style templates) renders
+them itself. Otherwise the tools go into the system message in the default Hermes format below
+(:data:`DEFAULT_TOOL_PROMPT`); earlier calls and tool results in the history are written the same way
+(``<tool_call>`` and ``<tool_response>`` blocks), so the model sees one format throughout.
+
+**Formats parsed.** Hermes: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, any
+number, text around them is the message content. Llama 3: the whole reply is one JSON object
+``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``), or several separated
+by ``;``.
+
+**tool_choice.** ``none``: no tools in the prompt, nothing parsed. ``auto``: the model chooses.
+``required`` / a named function: a grammar forces one or more valid calls (one for a named function)
+whose arguments follow the function's parameter schema.
+
+**Responses.** Calls become ``message.tool_calls`` with ``finish_reason: "tool_calls"``; streamed
+replies hold back text that may start a call and send each parsed call as one ``tool_calls`` delta
+when the choice ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from xpuspec.server.errors import APIError
+from xpuspec.structured.constraint import JSON_DEFAULTS
+
+logger = logging.getLogger(__name__)
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+MAX_FORCED_CALLS = 4  # calls in one reply under tool_choice "required"
+DEFAULT_TOOL_PROMPT = (
+    "You may call functions to answer. The functions:\n<tools>\n{tools}\n</tools>\n"
+    "To call one, reply with a JSON object of its name and arguments within tool_call tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"name": self.name}
+        if self.description:
+            function["description"] = self.description
+        return {"type": "function", "function": {**function, "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """The tools of one request and what ``tool_choice`` asks: mode "auto", "required" or "named"."""
+
+    tools: tuple[Tool, ...]
+    mode: str
+    named: str | None = None
+    llama_format: bool = False  # the template's own format is Llama 3 JSON, not Hermes tags
+
+    def forced_grammar(self) -> str | None:
+        """The Lark grammar that forces valid calls (``required`` / named), or None for ``auto``."""
+        if self.mode == "auto":
+            return None
+        tools = [t for t in self.tools if self.named is None or t.name == self.named]
+        key = "parameters" if self.llama_format else "arguments"
+        schema = {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, key: t.parameters or {"type": "object"}},
+                    "required": ["name", key],
+                    "additionalProperties": False,
+                }
+                for t in tools
+            ],
+            "x-guidance": JSON_DEFAULTS,  # no free whitespace, as for response_format
+        }
+        call = f"%json {json.dumps(schema)}"
+        if not self.llama_format:
+            call = f"{json.dumps(CALL_OPEN + chr(10))} {call} {json.dumps(chr(10) + CALL_CLOSE)}"
+        if self.named is not None:
+            return f"start: call\ncall: {call}\n"
+        separator = json.dumps("; " if self.llama_format else "\n")
+        # At most MAX_FORCED_CALLS: an unbounded repetition lets a sampled reply call until max_tokens.
+        more = ""
+        for _ in range(MAX_FORCED_CALLS - 1):
+            more = f" ({separator} call{more})?"
+        return f"start: call{more}\ncall: {call}\n"
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def parse_tools(raw_tools: Any, tool_choice: Any, template_source: str) -> ToolRequest | None:
+    """The request's tools and tool_choice, checked (400s name the field); None when tools are off."""
+    if tool_choice is None:
+        tool_choice = "auto" if raw_tools else "none"
+    if not raw_tools:
+        if tool_choice in ("none", "auto"):
+            return None
+        raise _bad("tool_choice needs tools", "tool_choice")
+    if not isinstance(raw_tools, list):
+        raise _bad("tools must be a list of function tools", "tools")
+    tools = []
+    for index, entry in enumerate(raw_tools):
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if (
+            not isinstance(entry, dict)
+            or entry.get("type", "function") != "function"
+            or not isinstance(function, dict)
+        ):
+            raise _bad(
+                f'tools[{index}] must be {{"type": "function", "function": {{...}}}}', f"tools.{index}"
+            )
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"tools[{index}].function.name must be a non-empty string", f"tools.{index}")
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise _bad(f"tools[{index}].function.parameters must be a JSON schema object", f"tools.{index}")
+        description = function.get("description") or ""
+        tools.append(Tool(name, str(description), parameters))
+    if len({t.name for t in tools}) != len(tools):
+        raise _bad("tool names must be distinct", "tools")
+    named = None
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+        if tool_choice.get("type") != "function" or not isinstance(named, str):
+            raise _bad(
+                'a named tool_choice is {"type": "function", "function": {"name": ...}}', "tool_choice"
+            )
+        if named not in {t.name for t in tools}:
+            raise _bad(f"tool_choice names {named!r}, which is not among the tools", "tool_choice")
+        mode = "named"
+    elif tool_choice in ("auto", "required"):
+        mode = tool_choice
+    elif tool_choice == "none":
+        return None
+    else:
+        raise _bad('tool_choice is "none", "auto", "required" or a named function', "tool_choice")
+    llama_format = PYTHON_TAG in template_source or "ipython" in template_source
+    return ToolRequest(tuple(tools), mode, named, llama_format)
+
+
+def template_uses_tools(template_source: str) -> bool:
+    return "tools" in template_source
+
+
+def prompt_messages(messages: list[dict[str, Any]], request: ToolRequest | None, native: bool) -> list[dict]:
+    """The messages to render. ``native``: the template renders tools and calls itself.
+
+    Without tools in the request the history goes to the template as it is (calls are dropped by a
+    template that does not know them, as before tools were supported).
+    """
+    if native or request is None:
+        return messages
+    rendered = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            calls = "\n".join(
+                f"{CALL_OPEN}\n"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}
+                )
+                + f"\n{CALL_CLOSE}"
+                for c in message.pop("tool_calls")
+            )
+            message["content"] = (message.get("content") or "") + calls
+        if message.get("role") == "tool":
+            message = {
+                "role": "user",
+                "content": f"<tool_response>\n{message.get('content', '')}\n</tool_response>",
+            }
+        rendered.append(message)
+    if request is not None:
+        tools = "\n".join(json.dumps(t.openai(), separators=(",", ":")) for t in request.tools)
+        prompt = DEFAULT_TOOL_PROMPT.format(tools=tools)
+        if rendered and rendered[0].get("role") == "system":
+            rendered[0] = {**rendered[0], "content": f"{rendered[0]['content']}\n\n{prompt}"}
+        else:
+            rendered.insert(0, {"role": "system", "content": prompt})
+    return rendered
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+# ------------------------------------------------------------------------ parsing
+def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) of a reply: Hermes ``<tool_call>`` blocks or Llama 3 JSON; else (text, [])."""
+    calls: list[dict[str, Any]] = []
+    if CALL_OPEN in text:
+        content_parts = []
+        rest = text
+        while CALL_OPEN in rest:
+            before, _, after = rest.partition(CALL_OPEN)
+            body, closed, rest = after.partition(CALL_CLOSE)
+            call = _call_of(body)
+            if call is None:  # not a call after all: keep the text as it was
+                content_parts.append(before + CALL_OPEN + body + closed)
+                continue
+            content_parts.append(before)
+            calls.append(call)
+        content_parts.append(rest)
+        content = "".join(content_parts).strip()
+        return (content or None) if calls else text, calls
+    stripped = text.strip()
+    if stripped.startswith(PYTHON_TAG):
+        stripped = stripped[len(PYTHON_TAG) :].strip()
+    if stripped.startswith("{"):
+        for part in _split_json_objects(stripped):
+            call = _call_of(part)
+            if call is None:
+                return text, []
+            calls.append(call)
+        return None, calls
+    return text, []
+
+
+def _split_json_objects(text: str) -> list[str]:
+    decoder = json.JSONDecoder()
+    parts, index = [], 0
+    while index < len(text):
+        try:
+            _, end = decoder.raw_decode(text, index)
+        except json.JSONDecodeError:
+            return [text]  # not a sequence of objects: _call_of rejects it
+        parts.append(text[index:end])
+        index = end
+        while index < len(text) and text[index] in " ;\n\t":
+            index += 1
+    return parts
+
+
+def _call_of(body: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments_text = arguments
+    else:
+        arguments_text = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": value["name"], "arguments": arguments_text},
+    }
+
+
+# ---------------------------------------------------------------------- responses
+def rewrite_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A non-streamed chat completion with the calls of each choice parsed into ``tool_calls``."""
+    for choice in body.get("choices", []):
+        message = choice.get("message", {})
+        content, calls = parse_calls(message.get("content") or "")
+        if calls:
+            message["content"] = content
+            message["tool_calls"] = calls
+            if choice.get("finish_reason") == "stop":
+                choice["finish_reason"] = "tool_calls"
+    return body
+
+
+class _ChoiceStream:
+    """One streamed choice: text is passed on unless it may be (part of) a call."""
+
+    def __init__(self) -> None:
+        self.text = ""  # everything the model wrote
+        self.sent = 0  # how much of it went out as content
+        self.holding = False  # a call may have started: hold everything until the end
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if not self.holding:
+            stripped = self.text.lstrip()
+            if CALL_OPEN in self.text[self.sent :] or stripped.startswith(("{", PYTHON_TAG[:1])):
+                self.holding = True
+        if self.holding:
+            return ""
+        # Keep back a tail that could be the start of "<tool_call>".
+        keep = next(
+            (
+                n
+                for n in range(min(len(CALL_OPEN) - 1, len(self.text)), 0, -1)
+                if CALL_OPEN.startswith(self.text[-n:])
+            ),
+            0,
+        )
+        out = self.text[self.sent : len(self.text) - keep]
+        self.sent += len(out)
+        return out
+
+
+def rewrite_stream(frames: Iterator[str]) -> Iterator[str]:
+    """SSE frames of a chat completion with calls sent as ``tool_calls`` deltas (see module doc)."""
+    choices: dict[int, _ChoiceStream] = {}
+    for frame in frames:
+        if not frame.startswith("data: {"):
+            yield frame
+            continue
+        payload = json.loads(frame[len("data: ") :])
+        if not payload.get("choices"):
+            yield frame
+            continue
+        choice = payload["choices"][0]
+        state = choices.setdefault(choice["index"], _ChoiceStream())
+        delta = choice.get("delta", {})
+        finish = choice.get("finish_reason")
+        if delta.get("content"):
+            delta["content"] = state.feed(delta["content"])
+            if not delta["content"] and finish is None and "role" not in delta:
+                continue
+        if finish is None:
+            yield _frame(payload)
+            continue
+        content, calls = parse_calls(state.text)
+        if calls:
+            already = state.text[: state.sent].strip()
+            leftover = (content or "")[len(already) :] if (content or "").startswith(already) else ""
+            if leftover:
+                yield _frame(
+                    _with_choice(payload, {"index": choice["index"], "delta": {"content": leftover}})
+                )
+            for number, call in enumerate(calls):
+                tool_delta = {"tool_calls": [{"index": number, **call}]}
+                yield _frame(_with_choice(payload, {"index": choice["index"], "delta": tool_delta}))
+            if finish == "stop":
+                finish = "tool_calls"
+        else:
+            rest = state.text[state.sent :]
+            if rest:
+                yield _frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": rest}}))
+            state.sent = len(state.text)
+        choice["delta"] = {}
+        choice["finish_reason"] = finish
+        yield _frame(payload)
+
+
+def _with_choice(payload: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "choices": [{**choice, "logprobs": None, "finish_reason": None}]}
+
+
+def _frame(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

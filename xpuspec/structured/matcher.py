@@ -1,0 +1,314 @@
+"""Per-request grammar matchers: token masks for every verified and every drafted position.
+
+The engine keeps one :class:`GuidedRequest` per constrained request. Its matcher has consumed
+exactly the request's output tokens (the committed state). Speculation looks ahead of it and comes
+back:
+
+* **drafting**: the draft model's logits at draft step ``s`` are masked with the state after the
+  ``s`` tokens drafted before it (:meth:`GuidedRequest.mask_draft_logits`), so the draft proposes
+  from the masked, renormalised q; :meth:`GuidedRequest.end_drafting` rolls the lookahead back;
+* **n-gram proposals** are cut at the first token the grammar forbids (:meth:`valid_prefix`);
+* **verification**: masks of the ``1 + γ`` target rows (:meth:`verification_masks`) are the states
+  after 0..γ drafts, computed ahead by consuming the drafts and rolled back; they can be prepared
+  while the target runs (:meth:`prepare`), since the drafts are known before its inference starts;
+* **acceptance**: the matcher consumes the tokens the step emitted (:meth:`advance`).
+
+Both p and q are masked with the same mask before the same transform (temperature, top-k, top-p),
+so the rejection rule reproduces the masked target distribution; greedy decoding takes the argmax
+of the masked target row. A draft token the mask forbids has p = 0 and is always rejected.
+
+The grammar engine's tokenizer comes from the bundle's ``tokenizer.json``. A byte-level BPE vocabulary
+(GPT-2, Llama 3, Qwen, SmolLM2) is read entry by entry, each token's bytes from the byte-level
+alphabet, with the model's OpenVINO tokenizer for encoding: a converted file's decoder section may
+be wrong (the default draft's describes SmolLM2's vocabulary as SentencePiece pieces, which would
+make ``Ċ`` a letter instead of a newline), the vocabulary itself is what the model saw. Masks are
+as wide as the model's vocabulary: model ids beyond the tokenizer's are never allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+
+from xpuspec.structured.constraint import Constraint
+
+if TYPE_CHECKING:
+    from xpuspec.text.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+COMPILED_CACHE_SIZE = 64  # compiled grammars kept per engine
+
+
+class GrammarCompiler:
+    """Engine-wide: the llguidance tokenizer of a model (loaded on first use) and grammar compilation."""
+
+    def __init__(self, load_tokenizer: Callable[[], LLTokenizer], vocab_size: int, eos_token_ids: list[int]):
+        self._load_tokenizer = load_tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self._tokenizer: LLTokenizer | None = None
+        self._compiled: dict[str, LLMatcher] = {}  # grammar -> fresh matcher, least recently used first
+        self._lock = threading.Lock()
+        # Seconds spent computing masks and how many: the per-token mask cost `xpuspec bench` reports.
+        self.mask_seconds = 0.0
+        self.num_masks = 0
+
+    @property
+    def tokenizer(self) -> LLTokenizer:
+        with self._lock:  # the server compiles on request threads
+            if self._tokenizer is None:
+                started = time.perf_counter()
+                self._tokenizer = self._load_tokenizer()
+                logger.info(
+                    "grammar tokenizer of %d tokens loaded in %.2f s",
+                    self._tokenizer.vocab_size,
+                    time.perf_counter() - started,
+                )
+            return self._tokenizer
+
+    def compile(self, constraint: Constraint) -> GuidedRequest:
+        """A fresh matcher for one request; ValueError with llguidance's message for a bad grammar."""
+        try:
+            grammar = constraint.grammar()
+        except ValueError as error:
+            raise ValueError(f"invalid {_describe(constraint)}: {error}") from error
+        with self._lock:
+            template = self._compiled.pop(grammar, None)
+        if template is None:
+            tokenizer = self.tokenizer
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+            if is_error:
+                raise ValueError(
+                    f"invalid {_describe(constraint)}: {messages[0] if messages else 'rejected'}"
+                )
+            template = LLMatcher(tokenizer, grammar, log_level=0)
+            if template.is_error():
+                raise ValueError(f"invalid {_describe(constraint)}: {template.get_error()}")
+        with self._lock:  # most recently used last; the oldest goes beyond the cache's size
+            self._compiled[grammar] = template
+            while len(self._compiled) > COMPILED_CACHE_SIZE:
+                self._compiled.pop(next(iter(self._compiled)))
+        # A copy of a compiled matcher shares its lexer states, built lazily as masks are computed:
+        # requests with the same constraint (n choices, a schema reused) skip the warm-up.
+        return GuidedRequest(template.deep_copy(), self)
+
+
+def _describe(constraint: Constraint) -> str:
+    what = {"json_schema": "JSON schema", "regex": "regular expression", "lark": "Lark grammar"}
+    name = f" {constraint.name!r}" if constraint.name else ""
+    return f"{what.get(constraint.kind, constraint.kind)}{name}"
+
+
+class GuidedRequest:
+    """One request's matcher and the masks of the positions a step samples."""
+
+    def __init__(self, matcher: LLMatcher, compiler: GrammarCompiler):
+        self.matcher = matcher
+        self.compiler = compiler
+        self.vocab_size = compiler.vocab_size
+        num_words = (max(compiler.tokenizer.vocab_size, compiler.vocab_size) + 31) // 32
+        self._bitmask = np.zeros(num_words, dtype=np.int32)
+        self._lookahead = 0  # tokens consumed ahead of the committed state while drafting
+        self._drafted = 0  # draft tokens seen while drafting (an end-of-sequence one is not consumed)
+        self._prepared: tuple[tuple[int, ...], np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ masks
+    def allowed(self) -> np.ndarray:
+        """The tokens allowed at the matcher's current state: [vocab] bool."""
+        started = time.perf_counter()
+        self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size].view(bool)
+        self.compiler.mask_seconds += time.perf_counter() - started
+        self.compiler.num_masks += 1
+        if self.matcher.is_error():
+            raise ValueError(f"the grammar matcher failed: {self.matcher.get_error()}")
+        return bits
+
+    def verification_masks(self, draft_ids: list[int]) -> np.ndarray:
+        """Masks of the 1 + γ target rows: [1 + γ, vocab] bool (prepared ones are reused).
+
+        Row i is the state after drafts 0..i-1. After a forbidden draft the later rows are never
+        read (that draft is rejected), so they are left all-allowed.
+        """
+        if self._prepared is not None and self._prepared[0] == tuple(draft_ids):
+            masks = self._prepared[1]
+            self._prepared = None
+            return masks
+        self._prepared = None
+        masks = np.ones((1 + len(draft_ids), self.vocab_size), dtype=bool)
+        consumed = 0
+        try:
+            for row in range(1 + len(draft_ids)):
+                masks[row] = self.allowed()
+                if row == len(draft_ids) or not masks[row][draft_ids[row]]:
+                    break
+                consumed += self._consume(draft_ids[row])
+        finally:
+            self._rollback(consumed)
+        return masks
+
+    def prepare(self, draft_ids: list[int]) -> None:
+        """Compute the verification masks ahead (while the target runs)."""
+        self._prepared = (tuple(draft_ids), self.verification_masks(draft_ids))
+
+    # ---------------------------------------------------------------- drafting
+    def mask_draft_logits(self, drafted: list[int], logits: np.ndarray) -> np.ndarray:
+        """The draft's logits at the step after ``drafted`` with forbidden tokens at -inf.
+
+        ``logits``: [1, draft vocab] (the draft's vocabulary may be smaller than the target's).
+        """
+        for token in drafted[self._drafted :]:
+            self._lookahead += self._consume(token)
+            self._drafted += 1
+        mask = self.allowed()[: logits.shape[-1]]
+        return np.where(mask, logits, -np.inf).astype(logits.dtype, copy=False)
+
+    def end_drafting(self) -> None:
+        """Roll the lookahead of :meth:`mask_draft_logits` back to the committed state."""
+        self._rollback(self._lookahead)
+        self._lookahead = self._drafted = 0
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids`` the grammar allows in a row from the committed state."""
+        return self.matcher.validate_tokens(list(token_ids)) if token_ids else 0
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens in a row that are each the only one the grammar allows.
+
+        A masked target row with one allowed token is one-hot on it whatever the logits, so these
+        tokens are what the target produces through the mask: proposing them is exact and they
+        are accepted with certainty (jump-forward without a drafter's pass).
+        """
+        forced: list[int] = []
+        consumed = 0
+        try:
+            while len(forced) < limit and not self.matcher.is_stopped():
+                allowed = np.flatnonzero(self.allowed())
+                if len(allowed) != 1 or int(allowed[0]) in self.compiler.eos_token_ids:
+                    break
+                consumed += self._consume(int(allowed[0]))
+                forced.append(int(allowed[0]))
+        finally:
+            self._rollback(consumed)
+        return forced
+
+    # --------------------------------------------------------------- committing
+    def advance(self, token_ids: list[int]) -> None:
+        """Consume the tokens a step emitted; ValueError if the grammar forbids one (a bug)."""
+        self._prepared = None
+        for token in token_ids:
+            self._consume(token)
+
+    def is_accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+    def _consume(self, token: int) -> int:
+        """Consume one token; return how many entered the matcher's history (rollback counts them).
+
+        A stopped matcher (grammar complete) takes end-of-sequence without recording it.
+        """
+        stopped = self.matcher.is_stopped()
+        if not self.matcher.consume_token(token):
+            raise ValueError(f"token {token} breaks the output constraint: {self.matcher.get_error()}")
+        return 0 if stopped else 1
+
+    def _rollback(self, num_tokens: int) -> None:
+        if num_tokens and not self.matcher.rollback(num_tokens):
+            raise ValueError(f"the grammar matcher could not roll back: {self.matcher.get_error()}")
+
+
+def _byte_level_unicode() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte, inverted."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    )
+    chars = {byte: byte for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = 256 + extra
+            extra += 1
+    return {chr(code): byte for byte, code in chars.items()}
+
+
+def byte_level_vocabulary(tokenizer_json: Path) -> tuple[list[bytes], list[int]] | None:
+    """The bytes of every token of a byte-level BPE ``tokenizer.json`` and its special ids, or None.
+
+    Read from the vocabulary itself (``Ġ`` is a space, ``Ċ`` a newline), not from the file's decoder
+    section, which conversions get wrong. None if some vocabulary entry is not byte-level text.
+    """
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    vocab = data.get("model", {}).get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        return None
+    alphabet = _byte_level_unicode()
+    added = {entry["id"]: entry["content"] for entry in data.get("added_tokens", [])}
+    size = max(max(vocab.values()), max(added, default=-1)) + 1
+    tokens = [b""] * size
+    for text, token_id in vocab.items():
+        if token_id in added:
+            continue
+        if any(char not in alphabet for char in text):
+            return None
+        tokens[token_id] = bytes(alphabet[char] for char in text)
+    special = [entry["id"] for entry in data.get("added_tokens", []) if entry.get("special")]
+    for token_id, content in added.items():
+        tokens[token_id] = content.encode("utf-8")
+    return tokens, special
+
+
+class _VocabularyTokenizer:
+    """What llguidance's ``TokenizerWrapper`` reads: token bytes, special ids, and an encoder."""
+
+    def __init__(
+        self, tokens: list[bytes], special_ids: list[int], tokenizer: Tokenizer, eos_token_ids: list[int]
+    ):
+        self.tokens = tokens
+        self.special_token_ids = special_ids
+        self.eos_token_id = eos_token_ids[0] if eos_token_ids else None
+        self.bos_token_id = None
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def _load_tokenizer(path: Path, tokenizer: Tokenizer, eos_token_ids: list[int]) -> LLTokenizer:
+    eos = list(eos_token_ids) or None
+    vocabulary = byte_level_vocabulary(path)
+    if vocabulary is None:
+        return LLTokenizer(str(path), eos_token=eos)
+    return LLTokenizer(
+        TokenizerWrapper(_VocabularyTokenizer(*vocabulary, tokenizer, list(eos_token_ids))), eos_token=eos
+    )
+
+
+def grammar_compiler(
+    tokenizer: Tokenizer, model_dirs: list[Path], vocab_size: int, eos_token_ids: list[int]
+) -> GrammarCompiler | None:
+    """The grammar compiler of a model, from the first ``tokenizer.json`` in ``model_dirs`` (the
+    target's, then the draft's: a pair shares its vocabulary); None (logged) when there is none.
+
+    A byte-level BPE vocabulary is read token by token (with the model's OpenVINO tokenizer for
+    encoding); any other is left to llguidance's own reading of the file.
+    """
+    for model_dir in model_dirs:
+        path = Path(model_dir) / TOKENIZER_FILE
+        if path.is_file():
+            return GrammarCompiler(
+                lambda path=path: _load_tokenizer(path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
+            )
+    logger.info("no %s in %s: structured output is off", TOKENIZER_FILE, [str(d) for d in model_dirs])
+    return None
