@@ -32,6 +32,7 @@ from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
+from xpuspec.spec_decode.tree import parse_draft_tree
 from xpuspec.text import ChatTemplate, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -71,11 +72,14 @@ class Pipeline:
         num_kv_blocks: int | None = None,
         use_placement: bool = True,
         overlap: bool | None = None,
+        draft_tree: object = None,
     ):
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         # "exact" (f32 compute, f32 KV cache, no activation quantisation) or a dict of OpenVINO properties.
         properties = resolve_properties(properties)
+        # The tree shape of requests that leave SamplingParams.draft_tree unset (None: chains).
+        self.default_draft_tree = parse_draft_tree(draft_tree)
         draft_properties = resolve_properties(draft_properties)
         import openvino as ov
 
@@ -262,6 +266,8 @@ class Pipeline:
         request_id = f"pipe-{next(self._request_counter)}"
         if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
             params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
+        if params.draft_tree is None and self.default_draft_tree is not None:
+            params = dataclasses.replace(params, draft_tree=self.default_draft_tree)
         self.engine.add_request(request_id, self.encode(prompt), params)
         return request_id
 

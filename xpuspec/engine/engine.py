@@ -43,6 +43,9 @@ from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
+from xpuspec.spec_decode.tree import DraftTree, TreeShape, auto_tree_shape
+from xpuspec.spec_decode.tree_acceptance import TreeAcceptance, TreeVerification
+from xpuspec.spec_decode.tree_proposer import TreeDrafter
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +152,28 @@ class LLMEngine:
         self.acceptance = AcceptanceRates()
         self._steps_without_drafting = 0
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
+        self._init_trees()
         self._sequences: dict[str, Sequence] = {}
         self._states: dict[str, _RequestState] = {}
         # Outputs of the step in progress: kept here so a step that fails still reports them.
         self._step_outputs: list[StepOutput] = []
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
+
+    def _init_trees(self) -> None:
+        """Tree speculation (``SamplingParams.draft_tree``) needs a draft model and tree-capable
+        runners; the overlapped engine verifies drafts a step later and keeps chains."""
+        draft_runner = getattr(self.proposer, "runner", None)
+        self.tree_drafter: TreeDrafter | None = None
+        if (
+            getattr(self.target, "supports_trees", False)
+            and getattr(draft_runner, "supports_trees", False)
+            and type(self)._step is LLMEngine._step
+        ):
+            self.tree_drafter = TreeDrafter(draft_runner, self.target.vocab_size)
+        self.tree_acceptance = TreeAcceptance()
+        self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
+        self._draft_timings: list[tuple[int, float]] = []  # the drafting passes of this step
 
     def _build_scheduler(self) -> None:
         self.block_manager = BlockManager(self.target.num_blocks, self.target.block_size)
@@ -284,7 +303,7 @@ class LLMEngine:
         if not chunks:
             return
         proposals = self._propose(chunks)
-        drafting_seconds = sum(seconds for _, seconds in self.proposer.step_timings) if proposals else 0.0
+        drafting_seconds = sum(seconds for _, seconds in self._draft_timings) if proposals else 0.0
         chunks = self._drop_failed_proposals(chunks, proposals)
         if not chunks:
             return
@@ -380,6 +399,7 @@ class LLMEngine:
     # (shared with xpuspec.engine.overlap, which runs them in another order)
     def _schedule(self) -> list[ScheduledChunk]:
         """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
+        self._step_trees = {}
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
             self._states[sequence.request_id].stats.num_preemptions += 1
@@ -430,8 +450,27 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- internals
     def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
+        """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
         if self.proposer is None:
             return 0
+        shape = self._tree_shape(sequence)
+        if shape is not None:
+            self._step_trees[sequence.request_id] = shape
+            return shape.nodes
+        return self._choose_chain_length(sequence)
+
+    def _tree_shape(self, sequence: Sequence) -> TreeShape | None:
+        """The tree this sequence drafts this step, or None for a chain (or no drafting)."""
+        wanted = sequence.params.draft_tree
+        if wanted is None or self.tree_drafter is None or sequence.params.seed is not None:
+            return None  # seeded requests keep coupled chain verification (tree_acceptance)
+        if isinstance(wanted, TreeShape):
+            return wanted if not wanted.is_chain else None
+        return auto_tree_shape(
+            self._choose_chain_length(sequence), self.scheduler.num_running, self.config.max_draft_tokens
+        )
+
+    def _choose_chain_length(self, sequence: Sequence) -> int:
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
             return min(fixed, self.config.max_draft_tokens)
@@ -460,10 +499,25 @@ class LLMEngine:
             self._steps_without_drafting += 1
             return {}
         self._steps_without_drafting = 0
-        proposals = self.proposer.propose(wanted, self._draw)
+        trees = [c for c in wanted if c.sequence.request_id in self._step_trees]
+        chains = [c for c in wanted if c.sequence.request_id not in self._step_trees]
+        proposals: dict[str, Proposal] = {}
+        self._draft_timings = []
+        if chains:
+            proposals = self.proposer.propose(chains, self._draw)
+            self._draft_timings += self.proposer.step_timings
+        if trees:
+            rngs = {
+                c.sequence.request_id: self._states[c.sequence.request_id].rng
+                for c in trees
+                if not c.sequence.params.greedy
+            }
+            requests = [(c, self._step_trees[c.sequence.request_id]) for c in trees]
+            proposals.update(self.tree_drafter.propose(requests, rngs))
+            self._draft_timings += self.tree_drafter.step_timings
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
         # tokens and must not read as an expensive single-token draft step.
-        for num_tokens, seconds in self.proposer.step_timings:
+        for num_tokens, seconds in self._draft_timings:
             self.cost_model.record_draft_step(num_tokens, seconds)
         return proposals
 
@@ -479,15 +533,20 @@ class LLMEngine:
         start = sequence.num_computed_tokens
         token_ids = sequence.token_ids[start : start + chunk.num_tokens]
         num_logits = 1 if chunk.samples else 0
+        tree_parents = None
         if proposal is not None and proposal.token_ids:
             token_ids = token_ids + proposal.token_ids
             num_logits += len(proposal.token_ids)
+            if proposal.tree_parents is not None:
+                # The root (the last token) and every node; each node attends to its ancestors.
+                tree_parents = [-1] + [parent + 1 for parent in proposal.tree_parents]
         return SequenceChunk(
             token_ids=token_ids,
             past_length=start,
             block_table=sequence.block_table,
             num_logits=num_logits,
             sequence_id=sequence.request_id,
+            tree_parents=tree_parents,
         )
 
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
@@ -496,7 +555,10 @@ class LLMEngine:
         if not np.all(np.isfinite(rows.max(axis=-1))):  # max propagates NaN
             raise ValueError("the target's logits for this request hold NaN or infinity")
         draft_ids = proposal.token_ids if proposal is not None else []
-        if params.greedy:
+        num_drafted = len(draft_ids)
+        if proposal is not None and proposal.tree_parents is not None and draft_ids:
+            result, num_drafted = self._verify_tree(sequence, rows, proposal, state)
+        elif params.greedy:
             result = self.rejection_sampler.verify_greedy(draft_ids, rows)
         elif state.seed is not None:
             # Coupled verification: output independent of γ and of the batch (rejection_sampler).
@@ -516,8 +578,8 @@ class LLMEngine:
             sequence.num_draft_computed_tokens, sequence.num_computed_tokens
         )
         if draft_ids:
-            self.acceptance.update(sequence.request_id, len(draft_ids), result.num_accepted)
-            state.stats.record_verification(len(draft_ids), result.num_accepted)
+            self.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
+            state.stats.record_verification(num_drafted, result.num_accepted)
         elif self.proposer is not None:
             # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
             # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
@@ -537,6 +599,29 @@ class LLMEngine:
             finish_reason=FINISH_REASONS.get(status) if status is not None else None,
             stats=state.stats,
         )
+
+    def _verify_tree(
+        self, sequence: Sequence, rows: np.ndarray, proposal: Proposal, state: _RequestState
+    ) -> tuple[TreeVerification, int]:
+        """Verify a tree, move the accepted path's KV to consecutive positions; return the result
+        and the tree's depth (what acceptance rates and stats count as drafted)."""
+        tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
+        if sequence.params.greedy:
+            result = self.tree_acceptance.verify_greedy(tree, rows)
+        else:
+            result = self.tree_acceptance.verify_sampled(
+                tree, probabilities(rows, sequence.params), state.rng
+            )
+        # Node i's KV sits at num_computed_tokens + i (the root is computed); the path's goes to
+        # num_computed_tokens + 0, 1, ... Rejected nodes stay beyond num_computed_tokens, unread.
+        first = sequence.num_computed_tokens
+        self.target.move_kv(
+            sequence.block_table,
+            [first + node for node in result.accepted_nodes],
+            [first + index for index in range(result.num_accepted)],
+        )
+        state.stats.record_tree(len(tree), result.num_accepted)
+        return result, tree.depth
 
     def _truncate(
         self, sequence: Sequence, token_ids: list[int], state: _RequestState
