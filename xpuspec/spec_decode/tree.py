@@ -83,11 +83,12 @@ class DraftTree:
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.parents):
             raise ValueError(f"{len(self.token_ids)} tree tokens but {len(self.parents)} parents")
-        depths = self.depths()
         for index, parent in enumerate(self.parents):
             if not -1 <= parent < index:
                 raise ValueError(f"parents[{index}] = {parent}: a parent is -1 or an earlier node")
-            if index and depths[index] < depths[index - 1]:
+        depths = self.depths()
+        for index in range(1, len(depths)):
+            if depths[index] < depths[index - 1]:
                 raise ValueError("tree nodes must be in breadth-first order (depths non-decreasing)")
 
     def __len__(self) -> int:
