@@ -73,6 +73,7 @@ def sampling_params(
         stop=body.stop_list,
         ignore_eos=bool(body.ignore_eos),
         num_draft_tokens=num_draft_tokens,
+        draft_tree=body.draft_tree,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
+from xpuspec.spec_decode.tree import parse_draft_tree
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16
@@ -73,6 +74,17 @@ class GenerationFields(BaseModel):
         None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
     )
     ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
+    draft_tree: str | dict[str, int] | None = Field(
+        None,
+        description='xpuspec: tree speculation, "auto" or {"depth": d, "width": w, "nodes": n} '
+        "(default: chains)",
+    )
+
+    @field_validator("draft_tree")
+    @classmethod
+    def _check_draft_tree(cls, draft_tree: str | dict[str, int] | None) -> str | dict[str, int] | None:
+        parse_draft_tree(draft_tree)  # raises ValueError naming what is wrong
+        return draft_tree
 
     @field_validator("temperature")
     @classmethod

@@ -137,3 +137,19 @@ def auto_tree_shape(chain_length: int, num_running: int, max_nodes: int) -> Tree
     depth = min(chain_length + 1, max_nodes, MAX_TREE_DEPTH)
     nodes = min(max_nodes, AUTO_TREE_WIDTH * depth, MAX_TREE_NODES)
     return TreeShape(depth=depth, width=AUTO_TREE_WIDTH, nodes=nodes)
+
+
+def parse_draft_tree_text(text: str) -> TreeShape | str | None:
+    """The command line's ``--draft-tree``: "auto", "none", or "DEPTH,WIDTH,NODES" (e.g. "4,2,8")."""
+    value = text.strip().lower()
+    if value in ("", "none", "chain"):
+        return None
+    if value == AUTO:
+        return AUTO
+    parts = value.split(",")
+    if len(parts) != 3 or not all(part.strip().isdigit() for part in parts):
+        raise ValueError(
+            f'--draft-tree takes "auto", "none" or DEPTH,WIDTH,NODES such as 4,2,8; got {text!r}'
+        )
+    depth, width, nodes = (int(part) for part in parts)
+    return TreeShape(depth=depth, width=width, nodes=nodes)
