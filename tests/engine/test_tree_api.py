@@ -40,3 +40,28 @@ def test_server_field_reaches_the_sampling_params():
     )
     with pytest.raises(ValidationError, match="draft_tree"):
         CompletionRequest(model="m", prompt="x", draft_tree={"depth": 3})
+
+
+def test_metrics_expose_tree_figures(pair_bundle):
+    """A request's tree figures, from a real tree run, reach the Prometheus exposition."""
+    from xpuspec import Pipeline, SamplingParams
+    from xpuspec.server.engine_loop import EngineSnapshot
+    from xpuspec.server.metrics import ServerMetrics
+
+    pipe = Pipeline(pair_bundle, drafter="draft", properties="exact")
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, draft_tree=TreeShape(3, 2, 6))
+    request_id = pipe._add("def add(a, b):", params)
+    stats = None
+    while stats is None:
+        for output in pipe.engine.step():
+            if output.request_id == request_id and output.finished:
+                stats = output.stats
+    metrics = ServerMetrics(lambda: EngineSnapshot(), lambda: 0)
+    metrics.record_finished(5, stats, "length")
+    text = metrics.render().decode()
+    assert f"xpuspec_spec_tree_verifications_total {float(stats.tree_verifications)}" in text
+    assert f"xpuspec_spec_tree_nodes_verified_total {float(stats.tree_nodes_verified)}" in text
+    assert stats.tree_verifications > 0 and stats.tree_nodes_verified > stats.tree_verifications
+    assert 'xpuspec_spec_tree_accepted_depth_total{depth="0"}' in text or "depth=" in text
+    per_pass = (stats.accepted + stats.verification_steps) / stats.verification_steps
+    assert f"xpuspec_spec_accepted_tokens_per_target_pass {per_pass}" in text
