@@ -7,8 +7,10 @@ import pytest
 from scipy.stats import chisquare
 
 from xpuspec import SamplingParams
-from xpuspec.spec_decode.tree import DraftTree, TreeShape, auto_tree_shape, parse_draft_tree
+from xpuspec.spec_decode.speculation_length import CostModel, LinearCostFit
+from xpuspec.spec_decode.tree import DraftTree, TreeShape, parse_draft_tree
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
+from xpuspec.spec_decode.tree_policy import RankAcceptance, TreeShapePolicy
 from xpuspec.spec_decode.tree_proposer import _draw_without_replacement
 
 VOCAB = 5
@@ -30,10 +32,40 @@ def test_shapes_parse_and_reject_bad_values():
         SamplingParams(draft_tree={"depth": 2, "width": 2, "nodes": 17})
 
 
-def test_auto_shape_grows_from_the_chain_and_shrinks_under_load():
-    assert auto_tree_shape(3, 1, 8) == TreeShape(depth=4, width=2, nodes=8)
-    assert auto_tree_shape(0, 1, 8) is None  # the chain policy says drafting does not pay
-    assert auto_tree_shape(3, 16, 8) is None  # under load: a chain of γ
+def _policy(target_per_token: float, draft_per_token: float) -> TreeShapePolicy:
+    costs = CostModel(LinearCostFit(0.020, target_per_token), LinearCostFit(0.002, draft_per_token))
+    return TreeShapePolicy(costs, max_nodes=16)
+
+
+def test_auto_shape_is_a_tree_when_verifying_is_cheap_and_seconds_ranks_accept():
+    policy = _policy(target_per_token=0.0002, draft_per_token=0.00005)
+    for _ in range(50):  # the target's token is often the draft's second choice
+        policy.acceptance.record([2, 2, 2], [0, 1])
+        policy.acceptance.record([2, 2], [1])
+    shape = policy.choose(chain_alpha=0.5, batch_tokens=1, num_sequences=1)
+    assert shape is not None and shape.width >= 2 and shape.nodes <= 16
+
+
+def test_auto_shape_shrinks_to_chains_then_nothing():
+    rank_two_useless = _policy(target_per_token=0.0002, draft_per_token=0.00005)
+    for _ in range(50):
+        rank_two_useless.acceptance.record([4, 4, 4], [0, 0])
+    # Second choices never accepted: a chain (the chain policy's γ) predicts as well.
+    assert rank_two_useless.choose(chain_alpha=0.8, batch_tokens=1, num_sequences=1) is None
+    # Under load every verified token costs (a compute-bound target pass): no tree.
+    loaded = _policy(target_per_token=0.004, draft_per_token=0.0005)
+    assert loaded.choose(chain_alpha=0.6, batch_tokens=16, num_sequences=16) is None
+    # A draft as slow as the target: no drafting at all.
+    assert _policy(0.0002, 0.02).choose(chain_alpha=0.6, batch_tokens=1, num_sequences=1) is None
+
+
+def test_rank_acceptance_counts_the_path():
+    counts = RankAcceptance()
+    for _ in range(200):
+        counts.record([3, 3], [2])  # depth 1: rank 2 accepted; depth 2: a miss among 3 children
+    rates = counts.rates(chain_alpha=0.6)
+    assert rates[0, 2] > 0.9 and rates[0, 0] < 0.1
+    assert rates[1, :3].sum() < 0.1
 
 
 def test_draft_tree_checks_order_and_parents():

@@ -43,8 +43,9 @@ from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
-from xpuspec.spec_decode.tree import DraftTree, TreeShape, auto_tree_shape
+from xpuspec.spec_decode.tree import DraftTree, TreeShape
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance, TreeVerification
+from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 from xpuspec.spec_decode.tree_proposer import TreeDrafter
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class LLMEngine:
         ):
             self.tree_drafter = TreeDrafter(draft_runner, self.target.vocab_size)
         self.tree_acceptance = TreeAcceptance()
+        self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
         self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
         self._draft_timings: list[tuple[int, float]] = []  # the drafting passes of this step
 
@@ -466,9 +468,8 @@ class LLMEngine:
             return None  # seeded requests keep coupled chain verification (tree_acceptance)
         if isinstance(wanted, TreeShape):
             return wanted if not wanted.is_chain else None
-        return auto_tree_shape(
-            self._choose_chain_length(sequence), self.scheduler.num_running, self.config.max_draft_tokens
-        )
+        running = self.scheduler.num_running
+        return self.tree_policy.choose(self.acceptance.rate(sequence.request_id), running, running)
 
     def _choose_chain_length(self, sequence: Sequence) -> int:
         fixed = sequence.params.num_draft_tokens
@@ -608,6 +609,7 @@ class LLMEngine:
         tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
         if sequence.params.greedy:
             result = self.tree_acceptance.verify_greedy(tree, rows)
+            self.tree_policy.acceptance.record(*result.path_ranks(tree))
         else:
             result = self.tree_acceptance.verify_sampled(
                 tree, probabilities(rows, sequence.params), state.rng

@@ -119,26 +119,6 @@ class DraftTree:
         return DraftTree(self.token_ids[:count], self.parents[:count], probs)
 
 
-# "auto": trees only while few sequences share the target pass. Verifying n nodes costs little
-# more than one token only while the target pass is memory-bound; with more sequences the batch
-# is compute-bound sooner and every extra node costs (chains, then no drafting, as γ's policy says).
-AUTO_TREE_MAX_SEQUENCES = 4
-AUTO_TREE_WIDTH = 2
-
-
-def auto_tree_shape(chain_length: int, num_running: int, max_nodes: int) -> TreeShape | None:
-    """The "auto" tree for a sequence whose chain policy chose γ = ``chain_length``.
-
-    None means a chain of γ (γ = 0: no drafting): under load, or when γ says drafting barely pays.
-    Otherwise a tree one level deeper than the chain with two candidates per level.
-    """
-    if chain_length <= 0 or num_running > AUTO_TREE_MAX_SEQUENCES or max_nodes < 2:
-        return None
-    depth = min(chain_length + 1, max_nodes, MAX_TREE_DEPTH)
-    nodes = min(max_nodes, AUTO_TREE_WIDTH * depth, MAX_TREE_NODES)
-    return TreeShape(depth=depth, width=AUTO_TREE_WIDTH, nodes=nodes)
-
-
 def parse_draft_tree_text(text: str) -> TreeShape | str | None:
     """The command line's ``--draft-tree``: "auto", "none", or "DEPTH,WIDTH,NODES" (e.g. "4,2,8")."""
     value = text.strip().lower()

@@ -71,6 +71,19 @@ class TreeVerification:
     def num_accepted(self) -> int:
         return len(self.accepted_nodes)
 
+    def path_ranks(self, tree: DraftTree) -> tuple[list[int], list[int]]:
+        """Along the path: how many children each level's node had, and the accepted child's rank
+        among them (for the cost model's acceptance per depth and rank)."""
+        counts, ranks = [], []
+        node = -1
+        for level in range(self.num_accepted + 1):
+            children = tree.children(node)
+            counts.append(len(children))
+            if level < self.num_accepted:
+                node = self.accepted_nodes[level]
+                ranks.append(children.index(node))
+        return counts, ranks
+
 
 class TreeAcceptance:
     """Greedy and sampled acceptance of a :class:`DraftTree` against the target's rows ``[1 + n, vocab]``.
