@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
+        draft_tree = parse_draft_tree_text(args.draft_tree) if args.draft_tree else None
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             stop=args.stop,
             ignore_eos=args.ignore_eos,
             num_draft_tokens=args.num_draft_tokens,
-            draft_tree=parse_draft_tree_text(args.draft_tree) if args.draft_tree else None,
+            draft_tree=draft_tree,
         )
         pipe = Pipeline(
             args.bundle,
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             draft_device=args.draft_device,
             drafter="none" if args.no_draft else args.drafter,
             properties=with_preset("exact" if args.exact else None, parse_properties(args.property)),
+            draft_tree=draft_tree,
         )
     except (ValueError, BundleError) as error:
         raise CommandError(str(error).replace("\n", "; ")) from error

@@ -134,11 +134,20 @@ class Pipeline:
             "max_context": config.max_model_len,
             "core": core,
         }
+        target_properties = properties
+        if (
+            self.default_draft_tree is not None
+            and self.target_device.device == "CPU"
+            and "KEY_CACHE_QUANT_MODE" not in (properties or {})
+        ):
+            # Tree acceptance moves single tokens' KV; the CPU's u8 key cache is quantised per
+            # channel over a block unless keys carry per-token scales (xpuspec.engine.model_runner).
+            target_properties = {**(properties or {}), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}
         self.target_runner = create_runner(
             self.target_device,
             self.bundle.target,
             "target",
-            properties,
+            target_properties,
             tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
             **runner_limits,

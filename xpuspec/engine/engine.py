@@ -168,7 +168,7 @@ class LLMEngine:
         self.tree_drafter: TreeDrafter | None = None
         if (
             getattr(self.target, "supports_trees", False)
-            and getattr(draft_runner, "supports_trees", False)
+            and getattr(draft_runner, "supports_tree_masks", False)
             and type(self)._step is LLMEngine._step
         ):
             self.tree_drafter = TreeDrafter(draft_runner, self.target.vocab_size)
@@ -176,6 +176,7 @@ class LLMEngine:
         self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
         self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
         self._draft_timings: list[tuple[int, float]] = []  # the drafting passes of this step
+        self._warned_no_trees = False
 
     def _build_scheduler(self) -> None:
         self.block_manager = BlockManager(self.target.num_blocks, self.target.block_size)
@@ -464,8 +465,17 @@ class LLMEngine:
     def _tree_shape(self, sequence: Sequence) -> TreeShape | None:
         """The tree this sequence drafts this step, or None for a chain (or no drafting)."""
         wanted = sequence.params.draft_tree
-        if wanted is None or self.tree_drafter is None or sequence.params.seed is not None:
+        if wanted is None or sequence.params.seed is not None:
             return None  # seeded requests keep coupled chain verification (tree_acceptance)
+        if self.tree_drafter is None:
+            if not self._warned_no_trees:
+                self._warned_no_trees = True
+                logger.warning(
+                    "draft_tree was asked for but this engine drafts chains only: trees need a draft "
+                    "model, paged runners with qq_bias inputs and a target KV cache whose tokens can "
+                    "move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
+                )
+            return None
         if isinstance(wanted, TreeShape):
             return wanted if not wanted.is_chain else None
         running = self.scheduler.num_running

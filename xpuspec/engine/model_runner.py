@@ -193,16 +193,17 @@ class PagedModelRunner:
         self._token_axes = {
             name: _token_axis(tensor, self.block_size) for name, tensor in self.cache_tensors.items()
         }
-        # Trees need the qq_bias inputs and caches whose tokens can be moved one by one (move_kv).
-        self.supports_trees: bool = (
-            QQ_BIAS in ports and QQ_BIAS_BEGINS in ports and None not in self._token_axes.values()
-        )
+        # Tree chunks need the qq_bias inputs; verifying trees also needs caches whose tokens can be
+        # moved one by one (move_kv): not a key cache quantised per channel over a block (the CPU's
+        # default u8 key cache; KEY_CACHE_QUANT_MODE=BY_TOKEN gives per-token scales).
+        self.supports_tree_masks: bool = QQ_BIAS in ports and QQ_BIAS_BEGINS in ports
+        self.supports_trees: bool = self.supports_tree_masks and None not in self._token_axes.values()
         self._tree_inputs = (
             {
                 name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
                 for name, dtype in _TREE_INPUTS.items()
             }
-            if self.supports_trees
+            if self.supports_tree_masks
             else {}
         )
         for host in self._tree_inputs.values():

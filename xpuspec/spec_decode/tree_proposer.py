@@ -74,7 +74,7 @@ class TreeDrafter:
     """Drafts trees with a draft model's paged runner (which must support tree chunks)."""
 
     def __init__(self, runner, target_vocab_size: int) -> None:
-        if not getattr(runner, "supports_trees", False):
+        if not getattr(runner, "supports_tree_masks", False):
             raise ValueError("the draft runner cannot run tree chunks (no qq_bias inputs)")
         self.runner = runner
         self.target_vocab_size = target_vocab_size
