@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.tree import parse_draft_tree_text
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline
@@ -42,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument(
         "--num-draft-tokens", type=int, default=None, help="fixed speculation length (default: adaptive)"
+    )
+    parser.add_argument(
+        "--draft-tree",
+        default=None,
+        help='tree speculation: "auto" (the cost model picks the shape), DEPTH,WIDTH,NODES such as 4,2,8, '
+        'or "none" (chains, the default)',
     )
     parser.add_argument("--drafter", choices=["auto", "draft", "ngram", "none"], default="auto")
     parser.add_argument(
@@ -84,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
+        draft_tree = parse_draft_tree_text(args.draft_tree) if args.draft_tree else None
         params = SamplingParams(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             stop=args.stop,
             ignore_eos=args.ignore_eos,
             num_draft_tokens=args.num_draft_tokens,
+            draft_tree=draft_tree,
         )
         pipe = Pipeline(
             args.bundle,
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             draft_device=args.draft_device,
             drafter="none" if args.no_draft else args.drafter,
             properties=with_preset("exact" if args.exact else None, parse_properties(args.property)),
+            draft_tree=draft_tree,
         )
     except (ValueError, BundleError) as error:
         raise CommandError(str(error).replace("\n", "; ")) from error
@@ -149,6 +159,9 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
         policy = f"γ = {params.num_draft_tokens}"
     else:
         policy = f"adaptive γ <= {pipe.engine.length_policy.max_draft_tokens}"
+    if params.draft_tree is not None:
+        tree = params.draft_tree
+        policy += f", tree {tree if isinstance(tree, str) else f'{tree.depth},{tree.width},{tree.nodes}'}"
     line = (
         f"[{pipe.drafter} drafter, {policy}] {stats.get('num_output_tokens', 0)} tokens in {elapsed:.2f}s "
         f"({stats.get('tokens_per_s') or 0:.1f} tokens/s, first token "
@@ -156,6 +169,12 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
         + f") | drafted {stats.get('drafted', 0)}, accepted {stats.get('accepted', 0)}, acceptance rate "
         + (f"{rate:.1%}" if rate is not None else "n/a")
     )
+    if stats.get("tree_verifications"):
+        nodes_per_tree = stats["tree_nodes_verified"] / stats["tree_verifications"]
+        line += (
+            f" | {stats['tree_verifications']} trees of {nodes_per_tree:.1f} nodes, "
+            f"{stats['accepted_per_target_pass']:.2f} tokens per target pass"
+        )
     if pipe.drafter != "none" and params.num_draft_tokens is None and not stats.get("drafted"):
         line += " | " + drafting_off_reason(pipe, rate)
     return line

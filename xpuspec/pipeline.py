@@ -32,6 +32,7 @@ from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
+from xpuspec.spec_decode.tree import parse_draft_tree
 from xpuspec.structured.matcher import grammar_compiler
 from xpuspec.text import ChatTemplate, Tokenizer
 
@@ -73,11 +74,14 @@ class Pipeline:
         use_placement: bool = True,
         overlap: bool | None = None,
         enable_prefix_caching: bool = True,
+        draft_tree: object = None,
     ):
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         # "exact" (f32 compute, f32 KV cache, no activation quantisation) or a dict of OpenVINO properties.
         properties = resolve_properties(properties)
+        # The tree shape of requests that leave SamplingParams.draft_tree unset (None: chains).
+        self.default_draft_tree = parse_draft_tree(draft_tree)
         draft_properties = resolve_properties(draft_properties)
         import openvino as ov
 
@@ -134,11 +138,20 @@ class Pipeline:
             "max_context": config.max_model_len,
             "core": core,
         }
+        target_properties = properties
+        if (
+            self.default_draft_tree is not None
+            and self.target_device.device == "CPU"
+            and "KEY_CACHE_QUANT_MODE" not in (properties or {})
+        ):
+            # Tree acceptance moves single tokens' KV; the CPU's u8 key cache is quantised per
+            # channel over a block unless keys carry per-token scales (xpuspec.engine.model_runner).
+            target_properties = {**(properties or {}), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}
         self.target_runner = create_runner(
             self.target_device,
             self.bundle.target,
             "target",
-            properties,
+            target_properties,
             tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
             **runner_limits,
@@ -272,6 +285,8 @@ class Pipeline:
         request_id = f"pipe-{next(self._request_counter)}"
         if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
             params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
+        if params.draft_tree is None and self.default_draft_tree is not None:
+            params = dataclasses.replace(params, draft_tree=self.default_draft_tree)
         self.engine.add_request(request_id, self.encode(prompt), params)
         return request_id
 

@@ -16,10 +16,12 @@ LATENCY_NAMES = [
     "xpuspec speculative (γ=2)",
     "xpuspec speculative (γ=4)",
     "xpuspec speculative (adaptive γ)",
+    "xpuspec speculative (tree, auto shape)",
     "xpuspec default target-only",
     "xpuspec default speculative (γ=2)",
     "xpuspec default speculative (γ=4)",
     "xpuspec default speculative (adaptive γ)",
+    "xpuspec default speculative (tree, auto shape)",
     "xpuspec exact target-only",
     "OpenVINO GenAI target-only",
     "OpenVINO GenAI speculative (γ=2)",
@@ -85,7 +87,7 @@ def test_every_latency_configuration_is_measured_or_skipped_with_a_reason(report
         else:
             assert row["requests"] == 3 and row["output_tokens"] == 3 * 16, name
             assert {"tokens_per_s", "ttft_ms", "tpot_ms", "speedup", "round_seconds"} <= row.keys(), name
-    for name in LATENCY_NAMES[:9]:  # xpuspec itself is never skipped
+    for name in LATENCY_NAMES[:11]:  # xpuspec itself is never skipped
         assert rows[name]["status"] == "ok", rows[name].get("reason")
     assert rows["llama.cpp target-only"]["status"] == "skipped"
     assert rows["OpenVINO GenAI speculative (adaptive γ)"]["status"] == "skipped"

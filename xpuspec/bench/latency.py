@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 XPUSPEC, GENAI, TRANSFORMERS, LLAMA_CPP = "xpuspec", "OpenVINO GenAI", "transformers", "llama.cpp"
 ADAPTIVE = "adaptive"
+TREE_AUTO = "tree auto"  # xpuspec's tree speculation with the cost model's shapes (draft_tree="auto")
 
 Generate = Callable[[list[int], int], RequestTiming]
 
@@ -67,6 +68,7 @@ class XpuspecLatencyRunner:
             temperature=0.0,
             ignore_eos=True,
             num_draft_tokens=draft_length if isinstance(draft_length, int) else None,
+            draft_tree="auto" if draft_length == TREE_AUTO else None,
         )
         request_id = f"bench-{next(self._ids)}"
         started = time.perf_counter()
@@ -190,6 +192,8 @@ def _label(engine: str, draft_length: int | str | None) -> str:
         return f"{engine} target-only"
     if draft_length == ADAPTIVE:
         return f"{engine} speculative (adaptive γ)"
+    if draft_length == TREE_AUTO:
+        return f"{engine} speculative (tree, auto shape)"
     return f"{engine} speculative (γ={draft_length})"
 
 
@@ -246,6 +250,7 @@ def _configurations(
         spec = xpuspec_engine(f"{label}/draft", "draft", properties, draft_properties) if has_draft else None
         for length in lengths:
             add(label, length, spec, "the bundle has no draft model")
+        add(label, TREE_AUTO, spec, "the bundle has no draft model")
     add(XPUSPEC_EXACT, None, xpuspec_engine("exact/none", "none", "exact", None), None, reference_only=True)
 
     reason = genai_unavailable()
@@ -425,7 +430,7 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
     """xpuspec tokens/s over each peer's at the same draft length (>1: xpuspec is faster).
 
     Same-properties rows compare with GenAI at the same properties, default rows with GenAI's default;
-    the adaptive row, which GenAI lacks, compares with GenAI's best fixed-γ row.
+    the adaptive and tree rows, which GenAI lacks, compare with GenAI's best fixed-γ row.
     """
     rate = {(r.engine, r.draft_length): summaries[r.name].get("tokens_per_s") for r in results}
     for result in results:
@@ -434,7 +439,7 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
             continue
         ratios: dict[str, float | None] = {}
         ours = rate.get((result.engine, result.draft_length))
-        if result.draft_length == ADAPTIVE:
+        if result.draft_length in (ADAPTIVE, TREE_AUTO):
             fixed = [
                 v for (engine, length), v in rate.items() if engine == genai and isinstance(length, int) and v
             ]

@@ -44,6 +44,10 @@ from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
+from xpuspec.spec_decode.tree import DraftTree, TreeShape
+from xpuspec.spec_decode.tree_acceptance import TreeAcceptance, TreeVerification
+from xpuspec.spec_decode.tree_policy import TreeShapePolicy
+from xpuspec.spec_decode.tree_proposer import TreeDrafter
 from xpuspec.structured import speculation as structured
 from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
 
@@ -156,6 +160,7 @@ class LLMEngine:
         self._steps_without_drafting = 0
         self._drafting_seconds = 0.0  # wall time of the last drafting phase
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
+        self._init_trees()
         self._sequences: dict[str, Sequence] = {}
         self._states: dict[str, _RequestState] = {}
         # Outputs of the step in progress: kept here so a step that fails still reports them.
@@ -173,6 +178,23 @@ class LLMEngine:
         """Whether prefixes are cached: asked for, and the target keeps its KV in the shared blocks
         (a stateful executor, one with ``release``, keeps each sequence's KV to itself)."""
         return self.config.enable_prefix_caching and not hasattr(self.target, "release")
+
+    def _init_trees(self) -> None:
+        """Tree speculation (``SamplingParams.draft_tree``) needs a draft model and tree-capable
+        runners; the overlapped engine verifies drafts a step later and keeps chains."""
+        draft_runner = getattr(self.proposer, "runner", None)
+        self.tree_drafter: TreeDrafter | None = None
+        if (
+            getattr(self.target, "supports_trees", False)
+            and getattr(draft_runner, "supports_tree_masks", False)
+            and type(self)._step is LLMEngine._step
+        ):
+            self.tree_drafter = TreeDrafter(draft_runner, self.target.vocab_size)
+        self.tree_acceptance = TreeAcceptance()
+        self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
+        self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
+        self._draft_timings: list[tuple[int, float]] = []  # the drafting passes of this step
+        self._warned_no_trees = False
 
     def _build_scheduler(self) -> None:
         if self.prefix_caching:
@@ -464,6 +486,7 @@ class LLMEngine:
     # (shared with xpuspec.engine.overlap, which runs them in another order)
     def _schedule(self) -> list[ScheduledChunk]:
         """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
+        self._step_trees = {}
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
             self._states[sequence.request_id].stats.num_preemptions += 1
@@ -523,8 +546,37 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- internals
     def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
+        """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
         if self.proposer is None:
             return 0
+        shape = self._tree_shape(sequence)
+        if shape is not None:
+            self._step_trees[sequence.request_id] = shape
+            return shape.nodes
+        return self._choose_chain_length(sequence)
+
+    def _tree_shape(self, sequence: Sequence) -> TreeShape | None:
+        """The tree this sequence drafts this step, or None for a chain (or no drafting)."""
+        wanted = sequence.params.draft_tree
+        if wanted is None or sequence.params.seed is not None:
+            return None  # seeded requests keep coupled chain verification (tree_acceptance)
+        if self._states[sequence.request_id].guide is not None:
+            return None  # the grammar masks chains (xpuspec.structured.speculation), not trees
+        if self.tree_drafter is None:
+            if not self._warned_no_trees:
+                self._warned_no_trees = True
+                logger.warning(
+                    "draft_tree was asked for but this engine drafts chains only: trees need a draft "
+                    "model, paged runners with qq_bias inputs and a target KV cache whose tokens can "
+                    "move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
+                )
+            return None
+        if isinstance(wanted, TreeShape):
+            return wanted if not wanted.is_chain else None
+        running = self.scheduler.num_running
+        return self.tree_policy.choose(self.acceptance.rate(sequence.request_id), running, running)
+
+    def _choose_chain_length(self, sequence: Sequence) -> int:
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
             return min(fixed, self.config.max_draft_tokens)
@@ -558,10 +610,26 @@ class LLMEngine:
             guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
         )
         drafting = [c for c in wanted if c.sequence.request_id not in forced]
-        self.proposer.step_timings = []
+        # Constrained requests never draft trees (_tree_shape), so the grammar masks only chains.
+        trees = [c for c in drafting if c.sequence.request_id in self._step_trees]
+        chains = [c for c in drafting if c.sequence.request_id not in self._step_trees]
+        proposals: dict[str, Proposal] = {}
+        self._draft_timings = []
         started = self.clock()
         try:
-            proposals = self.proposer.propose(drafting, self._draw) if drafting else {}
+            if chains:
+                self.proposer.step_timings = []
+                proposals = self.proposer.propose(chains, self._draw)
+                self._draft_timings += self.proposer.step_timings
+            if trees:
+                rngs = {
+                    c.sequence.request_id: self._states[c.sequence.request_id].rng
+                    for c in trees
+                    if not c.sequence.params.greedy
+                }
+                requests = [(c, self._step_trees[c.sequence.request_id]) for c in trees]
+                proposals.update(self.tree_drafter.propose(requests, rngs))
+                self._draft_timings += self.tree_drafter.step_timings
         finally:
             self._drafting_seconds = self.clock() - started
             for guide in guides.values():
@@ -572,7 +640,7 @@ class LLMEngine:
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
         # tokens and must not read as an expensive single-token draft step. The wall time beyond
         # the passes is the draft loop's Python, which each drafted token also costs.
-        self.cost_model.record_drafting(self.proposer.step_timings, self._drafting_seconds, len(drafting))
+        self.cost_model.record_drafting(self._draft_timings, self._drafting_seconds, len(drafting))
         return proposals
 
     def _constrain_draft_logits(self, request_id: str, drafted: list[int], logits: np.ndarray) -> np.ndarray:
@@ -594,15 +662,20 @@ class LLMEngine:
         start = sequence.num_computed_tokens
         token_ids = sequence.token_ids[start : start + chunk.num_tokens]
         num_logits = 1 if chunk.samples else 0
+        tree_parents = None
         if proposal is not None and proposal.token_ids:
             token_ids = token_ids + proposal.token_ids
             num_logits += len(proposal.token_ids)
+            if proposal.tree_parents is not None:
+                # The root (the last token) and every node; each node attends to its ancestors.
+                tree_parents = [-1] + [parent + 1 for parent in proposal.tree_parents]
         return SequenceChunk(
             token_ids=token_ids,
             past_length=start,
             block_table=sequence.block_table,
             num_logits=num_logits,
             sequence_id=sequence.request_id,
+            tree_parents=tree_parents,
         )
 
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
@@ -613,7 +686,10 @@ class LLMEngine:
         draft_ids = proposal.token_ids if proposal is not None else []
         if state.guide is not None:
             rows = structured.mask_target_rows(rows, state.guide, draft_ids)
-        if params.greedy:
+        num_drafted = len(draft_ids)
+        if proposal is not None and proposal.tree_parents is not None and draft_ids:
+            result, num_drafted = self._verify_tree(sequence, rows, proposal, state)
+        elif params.greedy:
             result = self.rejection_sampler.verify_greedy(draft_ids, rows)
         elif state.seed is not None:
             # Coupled verification: output independent of γ and of the batch (rejection_sampler).
@@ -633,8 +709,8 @@ class LLMEngine:
             sequence.num_draft_computed_tokens, sequence.num_computed_tokens
         )
         if draft_ids:
-            self.acceptance.update(sequence.request_id, len(draft_ids), result.num_accepted)
-            state.stats.record_verification(len(draft_ids), result.num_accepted)
+            self.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
+            state.stats.record_verification(num_drafted, result.num_accepted)
         elif self.proposer is not None:
             # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
             # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
@@ -656,6 +732,30 @@ class LLMEngine:
             finish_reason=FINISH_REASONS.get(status) if status is not None else None,
             stats=state.stats,
         )
+
+    def _verify_tree(
+        self, sequence: Sequence, rows: np.ndarray, proposal: Proposal, state: _RequestState
+    ) -> tuple[TreeVerification, int]:
+        """Verify a tree, move the accepted path's KV to consecutive positions; return the result
+        and the tree's depth (what acceptance rates and stats count as drafted)."""
+        tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
+        if sequence.params.greedy:
+            result = self.tree_acceptance.verify_greedy(tree, rows)
+            self.tree_policy.acceptance.record(*result.path_ranks(tree))
+        else:
+            result = self.tree_acceptance.verify_sampled(
+                tree, probabilities(rows, sequence.params), state.rng
+            )
+        # Node i's KV sits at num_computed_tokens + i (the root is computed); the path's goes to
+        # num_computed_tokens + 0, 1, ... Rejected nodes stay beyond num_computed_tokens, unread.
+        first = sequence.num_computed_tokens
+        self.target.move_kv(
+            sequence.block_table,
+            [first + node for node in result.accepted_nodes],
+            [first + index for index in range(result.num_accepted)],
+        )
+        state.stats.record_tree(len(tree), result.num_accepted)
+        return result, tree.depth
 
     def _truncate(
         self, sequence: Sequence, token_ids: list[int], state: _RequestState

@@ -99,14 +99,19 @@ def add_sampled_token_gather(model: ov.Model) -> None:
     logger.debug("gather on LM head input '%s' added", matmul.get_friendly_name())
 
 
-def make_paged_model(model: ov.Model) -> ov.Model:
-    """Apply the paged-attention transformation and the sampled-row gather to ``model`` in place."""
+def make_paged_model(model: ov.Model, allow_qq_bias: bool = True) -> ov.Model:
+    """Apply the paged-attention transformation and the sampled-row gather to ``model`` in place.
+
+    ``allow_qq_bias`` exposes the paged-attention inputs ``qq_bias`` / ``qq_bias_begins`` (a
+    per-sequence query-to-query mask: tree speculation, see :mod:`xpuspec.spec_decode.tree`);
+    left empty they mean plain causal attention.
+    """
     input_names = {name for port in model.inputs for name in port.get_names()}
     if "beam_idx" not in input_names:
         raise ValueError(
             f"expected a stateful optimum-intel export (with a 'beam_idx' input), got inputs "
             f"{sorted(input_names)}; export with stateful=True"
         )
-    paged_attention_transformation(model)
+    paged_attention_transformation(model, allow_qq_bias=allow_qq_bias)
     add_sampled_token_gather(model)
     return model

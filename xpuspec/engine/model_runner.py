@@ -43,6 +43,12 @@ _BATCH_INPUTS: dict[str, type] = {
     SAMPLED_TOKEN_INDICES: np.int64,
 }
 _MAX_CONTEXT_LEN = "max_context_len"
+# Tree speculation's query-to-query mask (exposed by make_paged_model(allow_qq_bias=True)): per
+# sequence a row-major n x n u8 mask over its n tokens of the step, and num_sequences + 1 prefix
+# sums of the mask lengths (a sequence without a tree has an empty range). Both empty: causal.
+QQ_BIAS = "qq_bias"
+QQ_BIAS_BEGINS = "qq_bias_begins"
+_TREE_INPUTS: dict[str, type] = {QQ_BIAS: np.uint8, QQ_BIAS_BEGINS: np.int32}
 _CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
 
 
@@ -57,6 +63,11 @@ class SequenceChunk:
     # Which sequence the tokens belong to. The paged runner ignores it (the block table says where
     # the KV lives); a stateful runner keeps each sequence's KV in its own infer request.
     sequence_id: str | None = None
+    # Tree tokens (speculation trees): for each of the n tokens, the index within token_ids of its
+    # parent, or -1 for a token whose parent is the last token already in the cache. Parents come
+    # before children. A token attends to the past and to its ancestors alone, and its position is
+    # past_length + its depth (0 for a token without parent). None: an ordinary causal chunk.
+    tree_parents: Sequence[int] | None = None
 
 
 class _HostInput:
@@ -178,13 +189,32 @@ class PagedModelRunner:
         # Positions and sampled-row indices are slices of one arange, so a step builds no ranges.
         self._arange = np.arange(_INITIAL_CAPACITY, dtype=np.int64)
         self._pending_rows: int | None = None
+        # Tree masks need the qq_bias inputs; a model compiled without them runs chains only.
+        self._token_axes = {
+            name: _token_axis(tensor, self.block_size) for name, tensor in self.cache_tensors.items()
+        }
+        # Tree chunks need the qq_bias inputs; verifying trees also needs caches whose tokens can be
+        # moved one by one (move_kv): not a key cache quantised per channel over a block (the CPU's
+        # default u8 key cache; KEY_CACHE_QUANT_MODE=BY_TOKEN gives per-token scales).
+        self.supports_tree_masks: bool = QQ_BIAS in ports and QQ_BIAS_BEGINS in ports
+        self.supports_trees: bool = self.supports_tree_masks and None not in self._token_axes.values()
+        self._tree_inputs = (
+            {
+                name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
+                for name, dtype in _TREE_INPUTS.items()
+            }
+            if self.supports_tree_masks
+            else {}
+        )
+        for host in self._tree_inputs.values():
+            host.bind(0)
 
     @staticmethod
     def _check_inputs(ports: dict[str, ov.ConstOutput]) -> dict[str, ov.ConstOutput]:
         """Check the compiled inputs are the ones this runner fills; return the KV-cache ports by name."""
         known = set(_BATCH_INPUTS) | {_MAX_CONTEXT_LEN}
         cache_ports = {name: port for name, port in ports.items() if _CACHE_INPUT.match(name)}
-        unknown = sorted(set(ports) - known - set(cache_ports))
+        unknown = sorted(set(ports) - known - set(cache_ports) - set(_TREE_INPUTS))
         missing = sorted(known - set(ports))
         if unknown or missing or "value_cache.0" not in cache_ports:
             raise ValueError(
@@ -232,6 +262,7 @@ class PagedModelRunner:
         block_size = self.block_size
         num_tokens = 0
         num_block_entries = 0
+        num_mask_entries = 0
         max_context = 0
         for chunk in chunks:
             length = len(chunk.token_ids)
@@ -252,6 +283,8 @@ class PagedModelRunner:
             used_blocks = chunk.block_table[:num_blocks]
             if min(used_blocks) < 0 or max(used_blocks) >= self.num_blocks:
                 raise ValueError(f"block ids must be in [0, {self.num_blocks}), got {list(used_blocks)}")
+            if chunk.tree_parents is not None:
+                num_mask_entries += self._check_tree(chunk)
             num_tokens += length
             num_block_entries += num_blocks
             max_context = max(max_context, context)
@@ -277,7 +310,10 @@ class PagedModelRunner:
             token_end = token_start + length
             num_blocks = -(-(past + length) // block_size)
             input_ids[token_start:token_end] = chunk.token_ids
-            position_ids[token_start:token_end] = arange[past : past + length]
+            if chunk.tree_parents is None:
+                position_ids[token_start:token_end] = arange[past : past + length]
+            else:
+                position_ids[token_start:token_end] = past + tree_depths(chunk.tree_parents)
             past_lens[index] = past
             subsequence_begins[index] = token_start
             block_indices_begins[index] = block_start
@@ -293,6 +329,8 @@ class PagedModelRunner:
         block_indices_begins[num_sequences] = num_block_entries
 
         self._max_context_len[...] = max_context
+        if self._tree_inputs:
+            self._fill_tree_inputs(chunks, num_mask_entries)
 
         inputs["input_ids"].bind(num_tokens)
         inputs["position_ids"].bind(num_tokens)
@@ -302,6 +340,111 @@ class PagedModelRunner:
         inputs["block_indices"].bind(num_block_entries)
         inputs["block_indices_begins"].bind(num_sequences + 1)
         return num_sampled
+
+    @staticmethod
+    def _check_tree(chunk: SequenceChunk) -> int:
+        """Check a tree chunk's parents (the kernel checks none of it); return its mask length n*n."""
+        parents = chunk.tree_parents
+        length = len(chunk.token_ids)
+        if len(parents) != length:
+            raise ValueError(f"tree_parents has {len(parents)} entries for {length} tokens")
+        for index, parent in enumerate(parents):
+            if not -1 <= parent < index:
+                raise ValueError(
+                    f"tree_parents[{index}] = {parent}: a parent is -1 or an earlier token of the chunk"
+                )
+        return length * length
+
+    def _fill_tree_inputs(self, chunks: list[SequenceChunk], num_mask_entries: int) -> None:
+        """Write the qq_bias masks of the tree chunks (empty inputs when the batch holds no tree)."""
+        bias_host, begins_host = self._tree_inputs[QQ_BIAS], self._tree_inputs[QQ_BIAS_BEGINS]
+        if num_mask_entries == 0:
+            bias_host.bind(0)
+            begins_host.bind(0)
+            return
+        bias = bias_host.reserve(num_mask_entries)
+        begins = begins_host.reserve(len(chunks) + 1)
+        start = 0
+        for index, chunk in enumerate(chunks):
+            begins[index] = start
+            if chunk.tree_parents is None:
+                continue
+            length = len(chunk.token_ids)
+            bias[start : start + length * length] = tree_mask(chunk.tree_parents).reshape(-1)
+            start += length * length
+        begins[len(chunks)] = start
+        bias_host.bind(num_mask_entries)
+        begins_host.bind(len(chunks) + 1)
+
+    def move_kv(
+        self, block_table: Sequence[int], sources: Sequence[int], destinations: Sequence[int]
+    ) -> None:
+        """Copy the keys and values of positions ``sources`` to ``destinations`` in every layer.
+
+        Tree acceptance compacts the accepted path to consecutive positions with it. Positions are
+        the sequence's own (mapped through ``block_table``); a destination must not be a source of a
+        later pair unless it is that pair's own (ascending compaction, destination <= source, is safe).
+        """
+        if not self.supports_trees:
+            raise ValueError("this runner's KV cache layout does not allow moving single tokens")
+        if len(sources) != len(destinations):
+            raise ValueError(f"{len(sources)} sources but {len(destinations)} destinations")
+        pairs = [(s, d) for s, d in zip(sources, destinations, strict=True) if s != d]
+        if not pairs:
+            return
+        size = self.block_size
+        table = np.asarray(block_table, dtype=np.int64)
+        src = np.array([s for s, _ in pairs], dtype=np.int64)
+        dst = np.array([d for _, d in pairs], dtype=np.int64)
+        if (
+            src.max() >= table.shape[0] * size
+            or dst.max() >= table.shape[0] * size
+            or min(src.min(), dst.min()) < 0
+        ):
+            raise ValueError(f"positions {list(src)} -> {list(dst)} lie outside the block table")
+        src_blocks, src_slots = table[src // size], src % size
+        dst_blocks, dst_slots = table[dst // size], dst % size
+        for name, tensor in self.cache_tensors.items():
+            data = tensor.data
+            if self._token_axes[name] == 2:  # [blocks, heads, tokens, head_size]
+                data[dst_blocks, :, dst_slots, :] = data[src_blocks, :, src_slots, :]
+            else:  # [blocks, heads, head_size, tokens]
+                data[dst_blocks, :, :, dst_slots] = data[src_blocks, :, :, src_slots]
+
+
+def tree_depths(parents: Sequence[int]) -> np.ndarray:
+    """Depth of each tree token ([n] int64): 0 without a parent in the chunk, else parent's + 1."""
+    depths = np.zeros(len(parents), dtype=np.int64)
+    for index, parent in enumerate(parents):
+        if parent >= 0:
+            depths[index] = depths[parent] + 1
+    return depths
+
+
+def tree_mask(parents: Sequence[int]) -> np.ndarray:
+    """The ``[n, n]`` u8 attention mask of a tree chunk: row = query, 1 on its ancestors and itself."""
+    length = len(parents)
+    mask = np.zeros((length, length), dtype=np.uint8)
+    for index, parent in enumerate(parents):
+        if parent >= 0:
+            mask[index] = mask[parent]
+        mask[index, index] = 1
+    return mask
+
+
+def _token_axis(tensor: ov.Tensor, block_size: int) -> int | None:
+    """Which axis of a cache tensor ``[blocks, heads, ., .]`` runs over a block's tokens.
+
+    Value caches and the usual key caches are ``[blocks, heads, block_size, head_size]``; a
+    transposed key cache is ``[blocks, heads, head_size, block_size]``. A cache with per-block
+    quantisation scales along the token axis cannot be compacted token by token: None then.
+    """
+    shape = list(tensor.shape)
+    if len(shape) == 4 and shape[2] == block_size:
+        return 2
+    if len(shape) == 4 and shape[3] == block_size:
+        return 3
+    return None
 
 
 def _per_block_bits(shape: ov.PartialShape, element_type: ov.Type) -> int:

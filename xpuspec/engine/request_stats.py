@@ -23,6 +23,10 @@ class RequestStats:
     cached_draft_tokens: int | None = None
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    # Tree speculation: trees verified, their nodes in all, and how many had each accepted depth.
+    tree_verifications: int = 0
+    tree_nodes_verified: int = 0
+    accepted_depths: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.drafted_per_position = [0] * self.max_draft_tokens
@@ -36,6 +40,11 @@ class RequestStats:
             self.drafted_per_position[position] += 1
             if position < num_accepted:
                 self.accepted_per_position[position] += 1
+
+    def record_tree(self, num_nodes: int, accepted_depth: int) -> None:
+        self.tree_verifications += 1
+        self.tree_nodes_verified += num_nodes
+        self.accepted_depths[accepted_depth] = self.accepted_depths.get(accepted_depth, 0) + 1
 
     def record_tokens(self, count: int, now: float) -> None:
         if count and self.first_token_time is None:
@@ -79,6 +88,15 @@ class RequestStats:
             "acceptance_rate": self.acceptance_rate,
             "per_position_acceptance": self.per_position_acceptance,
             "verification_steps": self.verification_steps,
+            # Tokens each target pass emitted (accepted drafts plus the target's own token).
+            "accepted_per_target_pass": (
+                (self.accepted + self.verification_steps) / self.verification_steps
+                if self.verification_steps
+                else None
+            ),
+            "tree_verifications": self.tree_verifications,
+            "tree_nodes_verified": self.tree_nodes_verified,
+            "accepted_depths": dict(sorted(self.accepted_depths.items())),
             "num_output_tokens": self.num_output_tokens,
             "num_preemptions": self.num_preemptions,
             "cached_tokens": self.cached_tokens or 0,

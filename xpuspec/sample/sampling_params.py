@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from xpuspec.spec_decode.tree import TreeShape, parse_draft_tree
+
 MAX_DRAFT_TOKENS = 16
 # The smallest non-zero temperature. Below it 1 / temperature overflows float64 for ordinary logit
 # gaps (a subnormal temperature makes every probability NaN), and the distribution is greedy anyway.
@@ -47,8 +49,12 @@ class SamplingParams:
     response_format: dict | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
+    # Tree speculation (xpuspec.spec_decode.tree): None drafts a chain; "auto" lets the cost model
+    # choose the shape; {"depth": d, "width": w, "nodes": n} (or a TreeShape) fixes it.
+    draft_tree: TreeShape | str | dict | None = None
 
     def __post_init__(self) -> None:
+        self.draft_tree = parse_draft_tree(self.draft_tree)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif isinstance(self.stop, tuple):
@@ -80,6 +86,7 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        parse_draft_tree(self.draft_tree)
         if self.num_draft_tokens is not None and (
             not _is_int(self.num_draft_tokens) or not 0 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS
         ):

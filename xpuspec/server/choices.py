@@ -79,6 +79,7 @@ def sampling_params(
         response_format=body.response_format,
         guided_regex=body.guided_regex,
         guided_grammar=body.guided_grammar,
+        draft_tree=body.draft_tree,
     )
 
 

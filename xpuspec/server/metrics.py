@@ -71,6 +71,25 @@ class ServerMetrics:
         acceptance.set_function(self._acceptance_rate)
         self._drafted_total = 0
         self._accepted_total = 0
+        # Tree speculation: trees verified, their nodes, and the depth each accepted path reached.
+        self.tree_verifications = Counter(
+            "xpuspec_spec_tree_verifications", "Draft trees verified by the target", registry=registry
+        )
+        self.tree_nodes = Counter(
+            "xpuspec_spec_tree_nodes_verified", "Draft tree nodes verified by the target", registry=registry
+        )
+        self.tree_accepted_depth = Counter(
+            "xpuspec_spec_tree_accepted_depth",
+            "Tree verifications whose accepted path reached each depth",
+            ["depth"],
+            registry=registry,
+        )
+        self._verifications_total = 0
+        Gauge(
+            "xpuspec_spec_accepted_tokens_per_target_pass",
+            "Tokens emitted per verifying target pass (accepted drafts + 1) since start",
+            registry=registry,
+        ).set_function(self._tokens_per_target_pass)
 
         def gauge(name: str, documentation: str, read: Callable[[], float]) -> None:
             Gauge(name, documentation, registry=registry).set_function(read)
@@ -106,6 +125,11 @@ class ServerMetrics:
 
         registry.register(_EngineFailures(snapshot))
 
+    def _tokens_per_target_pass(self) -> float:
+        if not self._verifications_total:
+            return 0.0
+        return (self._accepted_total + self._verifications_total) / self._verifications_total
+
     def _acceptance_rate(self) -> float:
         return self._accepted_total / self._drafted_total if self._drafted_total else 0.0
 
@@ -127,6 +151,11 @@ class ServerMetrics:
         self.accepted_tokens.inc(stats.accepted)
         self._drafted_total += stats.drafted
         self._accepted_total += stats.accepted
+        self._verifications_total += stats.verification_steps
+        self.tree_verifications.inc(stats.tree_verifications)
+        self.tree_nodes.inc(stats.tree_nodes_verified)
+        for depth, count in stats.accepted_depths.items():
+            self.tree_accepted_depth.labels(str(depth)).inc(count)
         for position, (drafted, accepted) in enumerate(
             zip(stats.drafted_per_position, stats.accepted_per_position, strict=True)
         ):

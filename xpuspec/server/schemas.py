@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
+from xpuspec.spec_decode.tree import parse_draft_tree
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16
@@ -80,6 +81,17 @@ class GenerationFields(BaseModel):
     )
     guided_regex: str | None = Field(None, description="xpuspec: constrain the output to this regex")
     guided_grammar: str | None = Field(None, description="xpuspec: constrain the output to this Lark grammar")
+    draft_tree: str | dict[str, int] | None = Field(
+        None,
+        description='xpuspec: tree speculation, "auto" or {"depth": d, "width": w, "nodes": n} '
+        "(default: chains)",
+    )
+
+    @field_validator("draft_tree")
+    @classmethod
+    def _check_draft_tree(cls, draft_tree: str | dict[str, int] | None) -> str | dict[str, int] | None:
+        parse_draft_tree(draft_tree)  # raises ValueError naming what is wrong
+        return draft_tree
 
     @field_validator("temperature")
     @classmethod

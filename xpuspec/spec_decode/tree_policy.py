@@ -1,0 +1,111 @@
+"""The "auto" tree shape: chosen per sequence and step from measured costs and measured acceptance.
+
+What is measured:
+
+- the target's step cost against the tokens in the step, and the draft's pass cost against the
+  tokens in the pass (the engine's :class:`~xpuspec.spec_decode.speculation_length.CostModel`);
+- **acceptance per depth and rank** (:class:`RankAcceptance`): each verified tree says, at every
+  depth its accepted path reached, whether the target's token was the draft's rank-r candidate
+  there (rank 0 = the draft's first choice). For greedy requests that is exactly the event that
+  the path goes on through the rank-r child.
+
+The prediction for a shape of depth d and width w (w candidates at each of d levels along the
+likely path, so about n = w·d nodes): the path goes past level j with probability
+``A_j = Σ_{r<w} a(j, r)``, so it accepts ``E = Σ_{k=1..d} Π_{j<=k} A_j`` drafts on average and emits
+``1 + E`` tokens per step. The step costs the target pass with ``n`` more tokens per sequence
+than a plain decode, plus d draft passes (the catch-up, then passes over the growing tree). The
+shape with the most predicted tokens per second wins; a width-1 winner means a chain (left to the
+chain policy), and nothing that beats plain decoding by ``min_speedup`` means no drafting. Under
+load the target's per-token cost grows with the batch, so the same formula shrinks trees to
+chains and then to nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from xpuspec.spec_decode.speculation_length import CostModel
+from xpuspec.spec_decode.tree import MAX_TREE_DEPTH, TreeShape
+
+MAX_RANK = 4  # widths considered: 1 .. MAX_RANK
+# Before measurements: the chance that the target's token is the draft's rank-r candidate, given
+# the path got there (a draft about as good as a small same-family draft; rank 0 follows the
+# chain policy's measured α instead, see RankAcceptance.rates).
+PRIOR_RANK_ACCEPTANCE = (0.6, 0.12, 0.05, 0.03)
+PRIOR_WEIGHT = 4.0
+DECAY = 0.98
+
+
+@dataclass
+class RankAcceptance:
+    """Decayed counts of (depth, rank) events over all greedy tree verifications of the engine."""
+
+    reached: np.ndarray = field(default_factory=lambda: np.zeros((MAX_TREE_DEPTH, MAX_RANK)))
+    hits: np.ndarray = field(default_factory=lambda: np.zeros((MAX_TREE_DEPTH, MAX_RANK)))
+
+    def record(self, num_children_on_path: list[int], accepted_ranks: list[int]) -> None:
+        """One verification: at path level j the node had ``num_children_on_path[j]`` children and
+        the accepted child had rank ``accepted_ranks[j]`` (the list ends at the first miss)."""
+        self.reached *= DECAY
+        self.hits *= DECAY
+        for depth, children in enumerate(num_children_on_path[:MAX_TREE_DEPTH]):
+            width = min(children, MAX_RANK)
+            self.reached[depth, :width] += 1.0
+            if depth < len(accepted_ranks) and accepted_ranks[depth] < MAX_RANK:
+                self.hits[depth, accepted_ranks[depth]] += 1.0
+
+    def rates(self, chain_alpha: float) -> np.ndarray:
+        """``a(depth, rank)`` ``[MAX_TREE_DEPTH, MAX_RANK]``: each depth's counts shrunk towards
+        the counts pooled over depths, themselves shrunk towards the prior (rank 0: ``chain_alpha``)."""
+        prior = np.array(PRIOR_RANK_ACCEPTANCE[:MAX_RANK], dtype=np.float64)
+        prior[0] = chain_alpha
+        pooled = (self.hits.sum(axis=0) + prior * PRIOR_WEIGHT) / (self.reached.sum(axis=0) + PRIOR_WEIGHT)
+        rates = (self.hits + pooled * PRIOR_WEIGHT) / (self.reached + PRIOR_WEIGHT)
+        # Rank probabilities at one depth are of disjoint events: they sum to at most 1.
+        totals = np.maximum(rates.sum(axis=1, keepdims=True), 1.0)
+        return rates / totals
+
+
+def expected_accepted(level_rates: np.ndarray) -> float:
+    """``Σ_k Π_{j<=k} A_j`` for the per-level probabilities ``A_j`` of going on."""
+    return float(np.cumprod(level_rates).sum())
+
+
+class TreeShapePolicy:
+    """Chooses the "auto" tree of a sequence (see the module docstring)."""
+
+    def __init__(self, cost_model: CostModel, max_nodes: int, min_speedup: float = 1.05) -> None:
+        self.cost_model = cost_model
+        self.max_nodes = max_nodes
+        self.min_speedup = min_speedup
+        self.acceptance = RankAcceptance()
+
+    def tokens_per_second(
+        self, rates: np.ndarray, depth: int, width: int, batch_tokens: int, num_sequences: int
+    ) -> float:
+        nodes = depth * width
+        seconds = self.cost_model.target_cost(batch_tokens + nodes * num_sequences)
+        if depth:
+            seconds += self.cost_model.draft_cost(num_sequences)  # the catch-up pass
+            for level in range(1, depth):  # each later pass runs the tree expanded so far
+                seconds += self.cost_model.draft_cost(num_sequences * width * level)
+        level_rates = rates[:depth, :width].sum(axis=1)
+        return (1.0 + expected_accepted(level_rates)) / max(seconds, 1e-12)
+
+    def choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
+        """The best tree of width >= 2, or None when a chain (or no drafting) predicts as well."""
+        num_sequences = max(num_sequences, 1)
+        rates = self.acceptance.rates(chain_alpha)
+        plain = self.tokens_per_second(rates, 0, 1, batch_tokens, num_sequences)
+        best, best_rate = None, self.min_speedup * plain
+        chain_rate = 0.0
+        for width in range(1, MAX_RANK + 1):
+            for depth in range(1, min(self.max_nodes // width, MAX_TREE_DEPTH) + 1):
+                rate = self.tokens_per_second(rates, depth, width, batch_tokens, num_sequences)
+                if width == 1:
+                    chain_rate = max(chain_rate, rate)
+                elif rate > max(best_rate, chain_rate):
+                    best, best_rate = TreeShape(depth=depth, width=width, nodes=depth * width), rate
+        return best if best is not None and best_rate > chain_rate else None
