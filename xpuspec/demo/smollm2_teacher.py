@@ -166,11 +166,13 @@ def score_to_shards(
         chunk = items[shard_start : shard_start + shard_size]
         if len(chunk) < shard_size and deadline is not None:
             return shard_start  # a partial shard would shift the numbering of a later, longer list
-        scored: list[ScoredSequence] = []
-        # Similar lengths in one inference waste less on padding.
+        by_item: dict[int, ScoredSequence] = {}
+        # Similar lengths in one inference waste less on padding; the shard keeps the items' own order.
         order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][0]))
         for offset in range(0, len(order), batch_size):
-            scored.extend(scorer.score([chunk[i] for i in order[offset : offset + batch_size]]))
+            indices = order[offset : offset + batch_size]
+            by_item.update(zip(indices, scorer.score([chunk[i] for i in indices]), strict=True))
+        scored = [by_item[i] for i in range(len(chunk))]
         write_shard(folder / f"{prefix}-{shard_start // shard_size:05d}.npz", scored)
         tokens += sum(len(s.ids) for s in scored)
         logger.info(
