@@ -5,18 +5,23 @@
 
 Steps (each resumable: a cut run ships what it has):
 1. convert the GGUF to OpenVINO IR (GenAI's reader, no torch) into DIR/target_ir;
-2. answer the training instructions (``smollm2_instructions``) and the held-out ones with the target at f32,
-   greedy, batched (``smollm2_data``) into DIR/answers.jsonl and DIR/heldout.jsonl;
-3. build a small Llama with the target's tokenizer (vocabulary 49152, tied embeddings) whose embedding
-   table is the target's projected onto its top principal directions, and train it with cross-entropy
-   on the target's greedy answer tokens (sequence-level distillation: those tokens are the target's argmax
-   at every answer position, which is what greedy acceptance asks of a draft);
-4. save the Hugging Face checkpoint to DIR/draft (every few minutes, atomically) and DIR/metrics.json with
-   greedy acceptance on the held-out instructions: the share of answer positions at which the draft's
-   argmax equals the target's token given the target's own prefix.
+2. answer the training instructions (``smollm2_instructions``: ~11k template x topic pairs plus fixed
+   questions) and the held-out ones with the target at f32, greedy, batched (``smollm2_data``) into
+   DIR/answers.jsonl and DIR/heldout.jsonl; a separate ``--data-only`` run can keep answering while this
+   one trains (the trainer re-reads the file);
+3. optionally, the target's top-k next-token distributions over those answers (``smollm2_teacher``) in
+   DIR/teacher/answers-*.npz: with them the loss adds the cross-entropy to the teacher's soft targets;
+4. build a small Llama with the target's tokenizer (vocabulary 49152, tied embeddings) whose embedding
+   table is the target's projected onto its top principal directions, and train it with cross-entropy on
+   the target's greedy answer tokens (those tokens are the target's argmax at every answer position, which
+   is what greedy acceptance asks of a draft), the softmax over the frequent part of the vocabulary plus
+   the batch's tokens and random others (``--softmax-frequent``; the full vocabulary by default);
+5. save the Hugging Face checkpoint to DIR/draft (every few minutes, atomically) and DIR/metrics.json with
+   greedy acceptance on the held-out instructions, measured as training goes: the share of answer positions
+   at which the draft's argmax equals the target's token given the target's own prefix.
 
-Then ``xpuspec prepare DIR/draft -o DIR/draft_bundle --weights int8`` makes the IR that ships in
-``xpuspec/default_draft``. Needs the ``convert`` and ``genai`` extras.
+Then ``python -m xpuspec.demo.smollm2_export --checkpoint DIR/draft --metrics DIR/metrics.json --out
+xpuspec/default_draft`` makes the int8 IR that ships. Needs the ``convert`` and ``genai`` extras.
 """
 
 from __future__ import annotations
