@@ -352,7 +352,17 @@ def train(args: argparse.Namespace) -> dict:
         attached,
     )
 
-    model = build_draft(target_embeddings(gguf_path), args.hidden, args.layers, args.intermediate)
+    if args.init is not None:
+        # Continue from a saved checkpoint (a cut run, or one restarted with other batch settings).
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(str(args.init), dtype=torch.float32)
+        config = model.config
+        args.hidden, args.layers = config.hidden_size, config.num_hidden_layers
+        args.intermediate = config.intermediate_size
+    else:
+        model = build_draft(target_embeddings(gguf_path), args.hidden, args.layers, args.intermediate)
+    model.train()
     parameters = sum(p.numel() for p in model.parameters())
     logger.info("draft: %.2fM parameters", parameters / 1e6)
     embedding = model.model.embed_tokens.weight
@@ -498,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({VOCAB_SIZE}: the full vocabulary)",
     )
     parser.add_argument("--negatives", type=int, default=2048, help="random extra softmax columns a step")
+    parser.add_argument("--init", type=Path, help="start from this saved draft checkpoint")
     parser.add_argument("--eval-minutes", type=float, default=5.0, help="held-out acceptance this often")
     parser.add_argument(
         "--freeze-embeddings", action="store_true", help="train the layers only (the tied table stays fixed)"
