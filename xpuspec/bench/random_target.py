@@ -70,7 +70,7 @@ def _attach_draft_ir(bundle: Path, draft_bundle: Path) -> None:
     The pair shares one tokenizer (the target was built from the draft's), which is what the pairing
     check of prepare would confirm; the manifest records it as checked.
     """
-    from xpuspec.prepare.writer import write_manifest
+    from xpuspec.model_bundle import hash_tree
 
     source = json.loads((draft_bundle / MANIFEST).read_text(encoding="utf-8"))
     manifest = json.loads((bundle / MANIFEST).read_text(encoding="utf-8"))
@@ -80,7 +80,8 @@ def _attach_draft_ir(bundle: Path, draft_bundle: Path) -> None:
     manifest["models"]["draft"] = {**source["models"]["draft"], "path": "draft"}
     manifest["pairing"] = {"checked": True, "forced": False, "mismatch": None}
     manifest.pop("files", None)
-    write_manifest(bundle, manifest)
+    manifest["files"] = hash_tree(bundle)  # the manifest itself is not listed: it is written last
+    (bundle / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
 def build_bundle(
