@@ -741,7 +741,7 @@ class LLMEngine:
         tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
         if sequence.params.greedy:
             result = self.tree_acceptance.verify_greedy(tree, rows)
-            self.tree_policy.acceptance.record(*result.path_ranks(tree))
+            self.tree_policy.record(*result.path_ranks(tree))
         else:
             result = self.tree_acceptance.verify_sampled(
                 tree, probabilities(rows, sequence.params), state.rng

@@ -36,6 +36,8 @@ MAX_RANK = 4  # widths considered: 1 .. MAX_RANK
 PRIOR_RANK_ACCEPTANCE = (0.6, 0.12, 0.05, 0.03)
 PRIOR_WEIGHT = 4.0
 DECAY = 0.98
+REFRESH_CALLS = 64
+REFRESH_RECORDS = 8
 
 
 @dataclass
@@ -81,6 +83,19 @@ class TreeShapePolicy:
         self.max_nodes = max_nodes
         self.min_speedup = min_speedup
         self.acceptance = RankAcceptance()
+        # choose() evaluates ~40 shapes (~1 ms); a batch asks it once per sequence per step. Answers
+        # are reused for the same (α to 2 digits, batch) until new acceptance counts arrive or
+        # REFRESH_CALLS calls have passed (the measured costs move slowly).
+        self._cache: dict[tuple[float, int, int], TreeShape | None] = {}
+        self._calls = 0
+        self._recorded = 0
+
+    def record(self, num_children_on_path: list[int], accepted_ranks: list[int]) -> None:
+        """Count one greedy tree verification (see :meth:`RankAcceptance.record`)."""
+        self.acceptance.record(num_children_on_path, accepted_ranks)
+        self._recorded += 1
+        if self._recorded % REFRESH_RECORDS == 0:
+            self._cache.clear()
 
     def tokens_per_second(
         self, rates: np.ndarray, depth: int, width: int, batch_tokens: int, num_sequences: int
@@ -96,6 +111,15 @@ class TreeShapePolicy:
 
     def choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
         """The best tree of width >= 2, or None when a chain (or no drafting) predicts as well."""
+        self._calls += 1
+        if self._calls % REFRESH_CALLS == 0:
+            self._cache.clear()
+        key = (round(chain_alpha, 2), batch_tokens, num_sequences)
+        if key not in self._cache:
+            self._cache[key] = self._choose(round(chain_alpha, 2), batch_tokens, num_sequences)
+        return self._cache[key]
+
+    def _choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
         num_sequences = max(num_sequences, 1)
         rates = self.acceptance.rates(chain_alpha)
         plain = self.tokens_per_second(rates, 0, 1, batch_tokens, num_sequences)
