@@ -1,4 +1,4 @@
-"""The structured-output section of `xpuspec bench`: its structure and its mask accounting, not its timings."""
+"""The structured-output section of `xpuspec bench`: its structure and mask accounting, not timings."""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel
+
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server import tools
 from xpuspec.server.engine_loop import ChoiceRequest
@@ -76,7 +78,7 @@ def sampling_params(
         stop=body.stop_list,
         ignore_eos=bool(body.ignore_eos),
         num_draft_tokens=num_draft_tokens,
-        response_format=body.response_format,
+        response_format=body.response_format.as_dict() if body.response_format is not None else None,
         guided_regex=body.guided_regex,
         guided_grammar=body.guided_grammar,
         draft_tree=body.draft_tree,
@@ -132,7 +134,7 @@ def check_constraint(body: GenerationFields, pipeline: Pipeline) -> None:
         return
     try:
         constraint = SamplingParams(
-            response_format=body.response_format,
+            response_format=body.response_format.as_dict() if body.response_format is not None else None,
             guided_regex=body.guided_regex,
             guided_grammar=body.guided_grammar,
         ).constraint()
@@ -194,7 +196,11 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
     if pipeline.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    tool_request = tools.parse_tools(body.tools, body.tool_choice, pipeline.chat_template.template)
+    tool_request = tools.parse_tools(
+        [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None,
+        body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice,
+        pipeline.chat_template.template,
+    )
     if tool_request is not None and tool_request.mode != "auto" and body.response_format is not None:
         message = "response_format cannot be combined with a required or named tool_choice"
         raise APIError(400, message, param="tool_choice")

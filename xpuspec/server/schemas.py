@@ -45,6 +45,56 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = REQUEST_CONFIG
+
+    name: str = ""
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object, or json_schema with its schema."""
+
+    model_config = REQUEST_CONFIG
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class FunctionSpec(BaseModel):
+    model_config = REQUEST_CONFIG
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(BaseModel):
+    model_config = REQUEST_CONFIG
+
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = REQUEST_CONFIG
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = REQUEST_CONFIG
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class GenerationFields(BaseModel):
     """Fields both endpoints share; ``model`` is compared with the served name, never used as a path."""
 
@@ -74,7 +124,7 @@ class GenerationFields(BaseModel):
         None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
     )
     ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
-    response_format: dict[str, Any] | None = Field(
+    response_format: ResponseFormat | None = Field(
         None,
         description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
         '{"name": ..., "schema": {...}, "strict": true}}: the output is constrained to parse',
@@ -212,8 +262,8 @@ class ChatCompletionRequest(GenerationFields):
     max_tokens: int | None = Field(None, ge=1, description="deprecated name of max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, description="default: the rest of the context")
     logprobs: bool | None = Field(False, description="not supported: must be false")
-    tools: list[dict[str, Any]] | None = Field(None, description='function tools: {"type": "function", ...}')
-    tool_choice: str | dict[str, Any] | None = Field(
+    tools: list[ToolSpec] | None = Field(None, description='function tools: {"type": "function", ...}')
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description='"none", "auto" (default with tools), "required" or {"type": "function", ...}'
     )
 

@@ -121,8 +121,21 @@ class GuidedRequest:
         self._lookahead = 0  # tokens consumed ahead of the committed state while drafting
         self._drafted = 0  # draft tokens seen while drafting (an end-of-sequence one is not consumed)
         self._prepared: tuple[tuple[int, ...], np.ndarray] | None = None
+        # Masks of states past the committed one, keyed by the tokens after it (cleared on advance).
+        self._masks: dict[tuple[int, ...], np.ndarray] = {}
 
     # ------------------------------------------------------------------ masks
+    def _mask_at(self, prefix: tuple[int, ...]) -> np.ndarray:
+        """``allowed()`` at the state ``prefix`` past the committed one (where the matcher is now).
+
+        A step asks for the same states up to three times (forced-token check, the draft's
+        steps, the verified rows): each is computed once per committed state.
+        """
+        mask = self._masks.get(prefix)
+        if mask is None:
+            mask = self._masks[prefix] = self.allowed()
+        return mask
+
     def allowed(self) -> np.ndarray:
         """The tokens allowed at the matcher's current state: [vocab] bool."""
         started = time.perf_counter()
@@ -149,7 +162,7 @@ class GuidedRequest:
         consumed = 0
         try:
             for row in range(1 + len(draft_ids)):
-                masks[row] = self.allowed()
+                masks[row] = self._mask_at(tuple(draft_ids[:row]))
                 if row == len(draft_ids) or not masks[row][draft_ids[row]]:
                     break
                 consumed += self._consume(draft_ids[row])
@@ -170,7 +183,7 @@ class GuidedRequest:
         for token in drafted[self._drafted :]:
             self._lookahead += self._consume(token)
             self._drafted += 1
-        mask = self.allowed()[: logits.shape[-1]]
+        mask = self._mask_at(tuple(drafted))[: logits.shape[-1]]
         return np.where(mask, logits, -np.inf).astype(logits.dtype, copy=False)
 
     def end_drafting(self) -> None:
@@ -193,7 +206,7 @@ class GuidedRequest:
         consumed = 0
         try:
             while len(forced) < limit and not self.matcher.is_stopped():
-                allowed = np.flatnonzero(self.allowed())
+                allowed = np.flatnonzero(self._mask_at(tuple(forced)))
                 if len(allowed) != 1 or int(allowed[0]) in self.compiler.eos_token_ids:
                     break
                 consumed += self._consume(int(allowed[0]))
@@ -206,6 +219,7 @@ class GuidedRequest:
     def advance(self, token_ids: list[int]) -> None:
         """Consume the tokens a step emitted; ValueError if the grammar forbids one (a bug)."""
         self._prepared = None
+        self._masks.clear()
         for token in token_ids:
             self._consume(token)
 

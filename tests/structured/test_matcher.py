@@ -1,0 +1,81 @@
+"""The per-request matcher on the demo bundle's vocabulary: masks, lookahead and rollback, forced tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xpuspec.demo import demo_bundle_path
+from xpuspec.model_bundle import ModelBundle
+from xpuspec.structured import constraint_of
+from xpuspec.structured.matcher import byte_level_vocabulary, grammar_compiler
+from xpuspec.text import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup():
+    bundle = ModelBundle.open(demo_bundle_path())
+    tokenizer = Tokenizer(bundle.target.path)
+    compiler = grammar_compiler(
+        tokenizer, [bundle.target.path], bundle.target.vocab_size, bundle.eos_token_ids
+    )
+    assert compiler is not None
+    return tokenizer, compiler
+
+
+def test_vocabulary_bytes_match_the_openvino_detokenizer(setup):
+    tokenizer, _ = setup
+    tokens, special = byte_level_vocabulary(
+        ModelBundle.open(demo_bundle_path()).target.path / "tokenizer.json"
+    )
+    ids = [i for i in range(0, len(tokens), 7) if i not in special]
+    text = "".join(tokenizer.decode([i], skip_special_tokens=False) for i in ids)
+    assert text == b"".join(tokens[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_masks_rollback_and_forced_tokens(setup):
+    tokenizer, compiler = setup
+    guide = compiler.compile(constraint_of(guided_regex="(yes|no), done"))
+    yes = tokenizer.encode("yes, done", add_special_tokens=False)
+    first = guide.allowed()
+    assert first[yes[0]] and first.sum() < 50  # only the starts of "yes" and "no"
+    masks = guide.verification_masks(yes)  # consumes the drafts and rolls back
+    assert masks.shape == (len(yes) + 1, compiler.vocab_size)
+    assert all(masks[i][yes[i]] for i in range(len(yes)))
+    assert np.array_equal(guide.allowed(), first)  # back to the committed state
+    bad = tokenizer.encode("maybe", add_special_tokens=False)
+    assert guide.valid_prefix(bad) == 0 and guide.valid_prefix(yes) == len(yes)
+    guide.advance(yes[:1])
+    forced = guide.forced_tokens(8)
+    assert tokenizer.decode(yes[:1] + forced).startswith("yes")
+    assert np.array_equal(guide.allowed(), guide.allowed())
+    guide.advance(yes[1:])
+    assert guide.is_accepting()
+    end = guide.allowed()
+    assert all(end[eos] for eos in compiler.eos_token_ids) and end.sum() == len(set(compiler.eos_token_ids))
+    eos = compiler.eos_token_ids[0]
+    guide.verification_masks([eos, eos])  # end-of-sequence after completion: not in the history
+    assert guide.is_accepting()
+
+
+def test_draft_lookahead_is_rolled_back(setup):
+    tokenizer, compiler = setup
+    guide = compiler.compile(constraint_of(guided_regex="abc[0-9]"))
+    drafted = tokenizer.encode("abc", add_special_tokens=False)
+    before = guide.allowed()
+    logits = np.zeros((1, compiler.vocab_size), dtype=np.float32)
+    masked = guide.mask_draft_logits(drafted, logits)
+    assert np.isfinite(masked).sum() == 10  # the ten digits only, after "abc"
+    guide.end_drafting()
+    assert np.array_equal(guide.allowed(), before)
+
+
+def test_bad_constraints_name_the_problem(setup):
+    _, compiler = setup
+    with pytest.raises(ValueError, match="invalid regular expression"):
+        compiler.compile(constraint_of(guided_regex="[unclosed"))
+    with pytest.raises(ValueError, match="response_format type"):
+        constraint_of(response_format={"type": "yaml"})
+    with pytest.raises(ValueError, match="json_schema"):
+        constraint_of(response_format={"type": "json_schema"})
+    assert constraint_of(response_format={"type": "text"}) is None
