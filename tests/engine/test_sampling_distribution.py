@@ -18,9 +18,9 @@ import itertools
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from tests.conftest import F32
+from tests.support.statistics import goodness_of_fit
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine import engine as engine_module
 from xpuspec.engine.model_runner import SequenceChunk
@@ -65,27 +65,6 @@ def sample_triples(pair_bundle, seeded: bool) -> list[tuple[int, ...]]:
     # Every request's first speculative step drafted both t2 and t3.
     assert all(r.stats["per_position_acceptance"][1] is not None for r in results)
     return [tuple(r.token_ids[:3]) for r in results]
-
-
-def goodness_of_fit(triples, joint) -> float:
-    cells = sorted(joint)
-    counts = {cell: 0 for cell in cells}
-    outside = 0
-    for triple in triples:
-        if triple in counts:
-            counts[triple] += 1
-        else:
-            outside += 1
-    if outside:
-        return 0.0  # a token the target cannot produce: certainly not the target's distribution
-    expected = np.array([joint[c] for c in cells]) * len(triples)
-    observed = np.array([counts[c] for c in cells], dtype=float)
-    # Pool the cells expected below 5 (chi-square needs it).
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import F32
-from tests.engine.test_sampling_distribution import NUM_SAMPLES, PROMPT, SIGNIFICANCE, goodness_of_fit
+from tests.engine.test_sampling_distribution import NUM_SAMPLES, PROMPT, SIGNIFICANCE
 from tests.engine.test_sampling_distribution import exact_joint as exact_joint  # noqa: PLC0414 (fixture)
+from tests.support.statistics import goodness_of_fit
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
 

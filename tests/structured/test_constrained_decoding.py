@@ -10,9 +10,9 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from tests.conftest import EXACT_PRESET
+from tests.support.statistics import goodness_of_fit
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.sample.sampler import probabilities
@@ -165,17 +165,7 @@ def constrained_joint(pipelines) -> dict[tuple[int, int, int], float]:
 def p_value_of(pipe: Pipeline, joint, seeded: bool, num_samples: int = NUM_SAMPLES) -> float:
     params = [SamplingParams(seed=s if seeded else None, **STAT_PARAMS) for s in range(num_samples)]
     results = pipe.generate(["def add(a, b):"] * num_samples, params)
-    triples = [tuple(r.token_ids[:3]) for r in results]
-    if any(t not in joint for t in triples):
-        return 0.0
-    cells = sorted(joint)
-    expected = np.array([joint[c] for c in cells]) * num_samples
-    observed = np.array([sum(1 for t in triples if t == c) for c in cells], dtype=float)
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+    return goodness_of_fit([tuple(r.token_ids[:3]) for r in results], joint)
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])

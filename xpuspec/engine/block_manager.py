@@ -14,7 +14,12 @@ from xpuspec.engine.sequence import Sequence
 logger = logging.getLogger(__name__)
 
 
-class BlockManager:
+class BlockGeometry:
+    """Sizes shared by every block manager: ``num_blocks`` blocks of ``block_size`` positions.
+
+    Subclasses say how many blocks are free (``num_free_blocks``); the rest follows from it.
+    """
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
@@ -22,19 +27,14 @@ class BlockManager:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # A stack: popping from the end hands out low block ids first, which keeps small runs readable.
-        self._free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._block_owner: list[Sequence | None] = [None] * num_blocks
-        # Sequences holding at least one block, for check_invariants (dict: ordered, identity-keyed).
-        self._holders: dict[Sequence, None] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        raise NotImplementedError
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_blocks)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def num_token_slots(self) -> int:
@@ -47,7 +47,21 @@ class BlockManager:
 
     def num_coverable_tokens(self, seq: Sequence) -> int:
         """Positions ``seq`` could cover now: its own blocks plus every free block."""
-        return (len(seq.block_table) + len(self._free_blocks)) * self.block_size
+        return (len(seq.block_table) + self.num_free_blocks) * self.block_size
+
+
+class BlockManager(BlockGeometry):
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        # A stack: popping from the end hands out low block ids first, which keeps small runs readable.
+        self._free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._block_owner: list[Sequence | None] = [None] * num_blocks
+        # Sequences holding at least one block, for check_invariants (dict: ordered, identity-keyed).
+        self._holders: dict[Sequence, None] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
 
     def ensure_capacity(self, seq: Sequence, num_tokens: int) -> bool:
         """Grow ``seq.block_table`` to cover positions ``[0, num_tokens)``; all or nothing.

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xpuspec.engine.block_manager import BlockGeometry
 from xpuspec.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class PrefixCacheStats:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 
 
-class PrefixCachingBlockManager:
+class PrefixCachingBlockManager(BlockGeometry):
     """A :class:`~xpuspec.engine.block_manager.BlockManager` that keeps and shares computed prefixes.
 
     Same interface as ``BlockManager`` plus :meth:`admit` (lookup at admission) and :meth:`commit`
@@ -84,12 +85,7 @@ class PrefixCachingBlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, *, namespace: bytes = b"", cache_draft: bool = True
     ) -> None:
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be an integer >= 1, got {num_blocks!r}")
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        super().__init__(num_blocks, block_size)
         self.cache_draft = cache_draft
         self.root_digest = hashlib.sha256(b"xpuspec-prefix-cache:" + namespace).digest()
         self._ref_count = [0] * num_blocks
@@ -112,23 +108,9 @@ class PrefixCachingBlockManager:
         return len(self._free_uncached) + len(self._free_cached)
 
     @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
-
-    @property
     def num_cached_blocks(self) -> int:
         """Blocks holding a reusable prefix (held by a sequence or free)."""
         return len(self._cached)
-
-    @property
-    def num_token_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
-    def num_coverable_tokens(self, seq: Sequence) -> int:
-        return (len(seq.block_table) + self.num_free_blocks) * self.block_size
 
     # --- admission -----------------------------------------------------------------------------
     def lookup(self, token_ids: list[int]) -> list[int]:

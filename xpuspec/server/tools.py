@@ -311,49 +311,62 @@ class _ChoiceStream:
         return out
 
 
-def rewrite_stream(frames: Iterator[str]) -> Iterator[str]:
-    """SSE frames of a chat completion with calls sent as ``tool_calls`` deltas (see module doc)."""
+def rewrite_stream(writes: Iterator[str]) -> Iterator[str]:
+    """SSE frames of a chat completion with calls sent as ``tool_calls`` deltas (see module doc).
+
+    Each item of ``writes`` may hold several SSE events (the stream coalesces one engine step's
+    frames into one write); they are rewritten one by one and written out together again.
+    """
     choices: dict[int, _ChoiceStream] = {}
-    for frame in frames:
-        if not frame.startswith("data: {"):
-            yield frame
-            continue
-        payload = json.loads(frame[len("data: ") :])
-        if not payload.get("choices"):
-            yield frame
-            continue
-        choice = payload["choices"][0]
-        state = choices.setdefault(choice["index"], _ChoiceStream())
-        delta = choice.get("delta", {})
-        finish = choice.get("finish_reason")
-        if delta.get("content"):
-            delta["content"] = state.feed(delta["content"])
-            if not delta["content"] and finish is None and "role" not in delta:
-                continue
-        if finish is None:
-            yield _frame(payload)
-            continue
-        content, calls = parse_calls(state.text)
-        if calls:
-            already = state.text[: state.sent].strip()
-            leftover = (content or "")[len(already) :] if (content or "").startswith(already) else ""
-            if leftover:
-                yield _frame(
-                    _with_choice(payload, {"index": choice["index"], "delta": {"content": leftover}})
-                )
-            for number, call in enumerate(calls):
-                tool_delta = {"tool_calls": [{"index": number, **call}]}
-                yield _frame(_with_choice(payload, {"index": choice["index"], "delta": tool_delta}))
-            if finish == "stop":
-                finish = "tool_calls"
-        else:
-            rest = state.text[state.sent :]
-            if rest:
-                yield _frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": rest}}))
-            state.sent = len(state.text)
-        choice["delta"] = {}
-        choice["finish_reason"] = finish
-        yield _frame(payload)
+    for write in writes:
+        out: list[str] = []
+        for event in write.split("\n\n"):
+            if event:
+                out.extend(_rewrite_frame(event + "\n\n", choices))
+        if out:
+            yield "".join(out)
+
+
+def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream]) -> list[str]:
+    """One SSE event, rewritten into the events that replace it."""
+    if not frame.startswith("data: {"):
+        return [frame]
+    payload = json.loads(frame[len("data: ") :])
+    if not payload.get("choices"):
+        return [frame]
+    choice = payload["choices"][0]
+    state = choices.setdefault(choice["index"], _ChoiceStream())
+    delta = choice.get("delta", {})
+    finish = choice.get("finish_reason")
+    if delta.get("content"):
+        delta["content"] = state.feed(delta["content"])
+        if not delta["content"] and finish is None and "role" not in delta:
+            return []
+    if finish is None:
+        return [_frame(payload)]
+    out = []
+    content, calls = parse_calls(state.text)
+    if calls:
+        already = state.text[: state.sent].strip()
+        leftover = (content or "")[len(already) :] if (content or "").startswith(already) else ""
+        if leftover:
+            out.append(
+                _frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": leftover}}))
+            )
+        for number, call in enumerate(calls):
+            tool_delta = {"tool_calls": [{"index": number, **call}]}
+            out.append(_frame(_with_choice(payload, {"index": choice["index"], "delta": tool_delta})))
+        if finish == "stop":
+            finish = "tool_calls"
+    else:
+        rest = state.text[state.sent :]
+        if rest:
+            out.append(_frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": rest}})))
+        state.sent = len(state.text)
+    choice["delta"] = {}
+    choice["finish_reason"] = finish
+    out.append(_frame(payload))
+    return out
 
 
 def _with_choice(payload: dict[str, Any], choice: dict[str, Any]) -> dict[str, Any]:

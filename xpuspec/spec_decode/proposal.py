@@ -16,6 +16,7 @@ import numpy as np
 
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.engine.sequence import Sequence
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.ngram_proposer import NgramProposer
 
@@ -100,6 +101,20 @@ class NgramDraftProposer:
         return proposals
 
 
+def catch_up_chunk(sequence: Sequence) -> SequenceChunk:
+    """The draft's pass over the tokens it has not computed yet (the accepted ones, and the bonus
+    token), with the logits of the last; marks them computed."""
+    start, end = sequence.num_draft_computed_tokens, sequence.num_tokens
+    sequence.num_draft_computed_tokens = end
+    return SequenceChunk(
+        token_ids=sequence.token_ids[start:end],
+        past_length=start,
+        block_table=sequence.block_table,
+        num_logits=1,
+        sequence_id=sequence.request_id,
+    )
+
+
 class DraftModelProposer:
     """A small model on its own KV cache proposes γ tokens by γ batched single-token steps.
 
@@ -159,18 +174,7 @@ class DraftModelProposer:
         for chunk in chunks:
             if chunk.num_draft_tokens == 0:
                 continue
-            sequence = chunk.sequence
-            start, end = sequence.num_draft_computed_tokens, sequence.num_tokens
-            runner_chunks.append(
-                SequenceChunk(
-                    token_ids=sequence.token_ids[start:end],
-                    past_length=start,
-                    block_table=sequence.block_table,
-                    num_logits=1,
-                    sequence_id=sequence.request_id,
-                )
-            )
-            sequence.num_draft_computed_tokens = end
+            runner_chunks.append(catch_up_chunk(chunk.sequence))
             drafting.append(chunk)
         if not runner_chunks:
             return {}

@@ -38,7 +38,7 @@ import numpy as np
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.sample.sampler import probabilities
-from xpuspec.spec_decode.proposal import Proposal
+from xpuspec.spec_decode.proposal import Proposal, catch_up_chunk
 from xpuspec.spec_decode.tree import DraftTree, TreeShape
 
 logger = logging.getLogger(__name__)
@@ -103,20 +103,7 @@ class TreeDrafter:
         ]
         if not builds:
             return {}
-        catch_up = []
-        for build in builds:
-            sequence = build.chunk.sequence
-            start, end = sequence.num_draft_computed_tokens, sequence.num_tokens
-            catch_up.append(
-                SequenceChunk(
-                    token_ids=sequence.token_ids[start:end],
-                    past_length=start,
-                    block_table=sequence.block_table,
-                    num_logits=1,
-                    sequence_id=sequence.request_id,
-                )
-            )
-            sequence.num_draft_computed_tokens = end
+        catch_up = [catch_up_chunk(build.chunk.sequence) for build in builds]
         logits = self._forward(catch_up)  # [len(builds), draft vocab]
         for row, build in enumerate(builds):
             self._expand(build, [-1], logits[row : row + 1])
