@@ -65,7 +65,8 @@ def _frames(pieces: list[str], finish: str = "stop") -> list[str]:
 
 def _replay(frames: list[str]) -> tuple[str, list[dict], str | None]:
     content, calls, finish = "", [], None
-    for frame in tools.rewrite_stream(iter(frames)):
+    events = [e for write in tools.rewrite_stream(iter(frames)) for e in write.split("\n\n") if e]
+    for frame in events:
         if not frame.startswith("data: {"):
             continue
         choice = json.loads(frame[6:])["choices"][0]
@@ -83,3 +84,16 @@ def test_stream_sends_text_and_holds_back_calls():
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     content, calls, finish = _replay(_frames(["a <tool", "_cal", "l"]))  # a prefix that never completes
     assert (content, calls, finish) == ("a <tool_call", [], "stop")
+
+
+def test_stream_rewrites_coalesced_writes_event_by_event():
+    # The server writes one engine step's frames together: several SSE events in one string.
+    text = 'Sure. <tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    frames = _frames([text[i : i + 5] for i in range(0, len(text), 5)])
+    coalesced = ["".join(frames[i : i + 3]) for i in range(0, len(frames), 3)]
+    content, calls, finish = _replay(coalesced)
+    expected_content, expected_calls, expected_finish = _replay(frames)
+    assert (content, finish) == (expected_content, expected_finish) == ("Sure. ", "tool_calls")
+    # Call ids are random per call; the calls themselves must match.
+    assert [c["function"] for c in calls] == [c["function"] for c in expected_calls]
+    assert calls[0]["function"]["name"] == "weather"
