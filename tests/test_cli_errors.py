@@ -131,7 +131,9 @@ MISTAKES = {
     "prompt-over-context": ([*GENERATE_DEMO, "word " * 600], EXIT_USAGE, "context of"),
     "property-not-key-value": ([*GENERATE_DEMO, "hi", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
     "unknown-property": (
-        [*GENERATE_DEMO, "hi", "--property", "FOO=bar"], EXIT_USAGE, "Unsupported property FOO"
+        [*GENERATE_DEMO, "hi", "--property", "FOO=bar"],
+        EXIT_USAGE,
+        "Unsupported property FOO",
     ),
     "unknown-device": ([*GENERATE_DEMO, "hi", "--target-device", "XPU"], EXIT_USAGE, "not present"),
     "bad-choice": ([*GENERATE_DEMO, "hi", "--drafter", "fast"], EXIT_USAGE, "invalid choice"),

@@ -3,7 +3,6 @@ repeated runs, and that Pipeline applies the compile properties it recorded."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -122,21 +121,21 @@ def test_candidate_pruning_order():
     assert [c["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for c in group_stage("u8")] == [0, 32, 64, 256]
 
 
-def _placement_key(record: dict) -> tuple:
-    return (
-        record["target_device"],
-        record["draft_device"],
-        record["drafter"],
-        record["num_draft_tokens"],
-        json.dumps(record["target_properties"], sort_keys=True),
-        json.dumps(record["draft_properties"], sort_keys=True),
-    )
+def _measured_candidate(record: dict, drafter: str, num_draft_tokens: int | None) -> dict:
+    (found,) = [
+        c
+        for c in record["measured"]["candidates"]
+        if (c["drafter"], c["num_draft_tokens"]) == (drafter, num_draft_tokens)
+    ]
+    return found
 
 
-def test_plan_write_three_times_records_one_placement(tmp_path, capsys):
-    """`plan --write` three times on the demo bundle (reduced workload, compile properties tuned):
-    every run records the same placement, except runs that report the candidates within noise,
-    which must keep the default placement and the plugin's default properties."""
+def test_plan_write_three_times_records_what_its_measurements_show(tmp_path, capsys):
+    """`plan --write` three times on the demo bundle (reduced workload, compile properties tuned).
+    Which placement wins is a timing (on this shared machine two runs have recorded two different
+    clear winners), so the test asserts that each record follows from its own measurements: a
+    record within noise keeps the default placement; a change is backed by every round of the
+    chosen placement beating every round of the default."""
     from xpuspec.demo import demo_bundle_path
 
     bundle = tmp_path / "demo"
@@ -146,12 +145,14 @@ def test_plan_write_three_times_records_one_placement(tmp_path, capsys):
         assert main(["plan", str(bundle), "--write", "--quick", "--devices", "CPU"]) == 0
         records.append(ModelBundle.open(bundle, verify=True).placement)
     capsys.readouterr()
-    default_key = ("CPU", "CPU", "draft", None, "{}", "{}")
-    changes = {_placement_key(r) for r in records if not r["within_noise"]} - {default_key}
-    assert len(changes) <= 1, [r["decision"] for r in records]
     for record in records:
-        if record["within_noise"]:
-            assert (record["drafter"], record["num_draft_tokens"]) == ("draft", None), record["decision"]
+        chosen = (record["drafter"], record["num_draft_tokens"])
+        default = _measured_candidate(record, "draft", None)
+        if record["within_noise"] or chosen == ("draft", None):
+            assert chosen == ("draft", None), record["decision"]
+        else:
+            winner = _measured_candidate(record, *chosen)
+            assert len(winner["rounds"]) >= 3 and min(winner["rounds"]) > max(default["rounds"]), record
         measured = record["measured"]
         # Every figure behind the record comes from rounds of at least the floor (0.25 s with --quick).
         for candidate in measured["candidates"]:

@@ -126,3 +126,17 @@ def test_adaptive_length_probes_the_draft_while_gamma_is_zero(pair_bundle, targe
     result = pipe.generate(PROMPTS[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))[0]
     assert result.token_ids[:MAX_TOKENS] == target_only[0]
     assert 1 <= result.stats["drafted"] < 20
+
+
+def test_probes_that_find_no_gain_come_ever_more_rarely(pair_bundle):
+    """A probe changes the target's step shape twice and catches the draft up over every token since
+    the last one. While probes keep finding γ = 0, the interval doubles (64, 128, 256 steps ...): over
+    ~480 steps that is 3 probes, where a fixed interval of 64 steps would have probed 7 times."""
+    from xpuspec.engine.engine import PROBE_INTERVAL_STEPS
+
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    pipe.engine.cost_model.record_draft_step(1, 10.0)  # γ = 0 from now on, except for the probes
+    params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
+    result = pipe.generate(PROMPTS[0], params)[0]
+    assert 2 <= result.stats["drafted"] <= 4
+    assert pipe.engine._probe_interval >= 4 * PROBE_INTERVAL_STEPS

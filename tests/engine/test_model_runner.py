@@ -249,3 +249,52 @@ def test_default_cpu_precision_runs(ir_dir: Path, architecture: str, properties:
     )
     assert logits.shape == (3, runner.vocab_size)
     assert np.isfinite(logits).all()
+
+
+def test_a_decode_lane_shares_the_cache_and_gives_the_same_logits(
+    ir_dir: Path, runner: PagedModelRunner
+) -> None:
+    """A draft's steps alternate a catch-up chunk with one-token passes; with ``decode_lane`` the
+    one-token batches run on a second compiled copy bound to the same KV-cache tensors. The logits
+    of a prefill, alternating multi-token and one-token passes, and a two-sequence decode equal the
+    single-lane runner's exactly (same graph, same kernels)."""
+    laned = PagedModelRunner(ir_dir, properties=F32_PROPERTIES, num_blocks=NUM_BLOCKS, decode_lane=True)
+    assert laned.has_decode_lane and not runner.has_decode_lane
+    used = []
+    for lane_runner in (runner, laned):
+        pool = BlockPool(NUM_BLOCKS)
+        tokens = random_tokens(60, seed=7, vocab_size=runner.vocab_size)
+        tables = [pool.table(64, runner.block_size), pool.table(64, runner.block_size)]
+        rows = [lane_runner.forward([SequenceChunk(tokens[:20], 0, tables[0], 1)]).copy()]
+        rows.append(lane_runner.forward([SequenceChunk(tokens[:5], 0, tables[1], 1)]).copy())
+        past = 20
+        for size in (3, 1, 1, 2, 1, 4, 1):
+            chunk = SequenceChunk(tokens[past : past + size], past, tables[0], size)
+            rows.append(lane_runner.forward([chunk]).copy())
+            past += size
+        decode = [
+            SequenceChunk([tokens[past]], past, tables[0], 1),
+            SequenceChunk([tokens[5]], 5, tables[1], 1),
+        ]
+        lane_runner.start(decode)
+        used.append(lane_runner._pending)
+        rows.append(lane_runner.wait().copy())
+        if lane_runner is runner:
+            expected = rows
+        else:
+            for got, want in zip(rows, expected, strict=True):
+                np.testing.assert_array_equal(got, want)
+    assert used[1] is laned._decode_lane and used[0] is runner._lane
+
+
+def test_warm_up_touches_block_zero_only(ir_dir: Path, runner: PagedModelRunner) -> None:
+    fresh = PagedModelRunner(ir_dir, properties=F32_PROPERTIES, num_blocks=NUM_BLOCKS, decode_lane=True)
+    before = {name: tensor.data.copy() for name, tensor in fresh.cache_tensors.items()}
+    fresh.warm_up(2048)
+    for name, tensor in fresh.cache_tensors.items():
+        np.testing.assert_array_equal(tensor.data[1:], before[name][1:])
+    tokens = random_tokens(40, seed=3, vocab_size=runner.vocab_size)
+    table = BlockPool(NUM_BLOCKS).table(40, runner.block_size)
+    table = [block + 1 for block in table if block + 1 < NUM_BLOCKS]  # block 0 holds the warm-up's KV
+    chunk = SequenceChunk(tokens, 0, table, 5)
+    np.testing.assert_array_equal(fresh.forward([chunk]), runner.forward([chunk]))

@@ -111,9 +111,9 @@ def test_a_mid_stream_engine_failure_is_an_error_frame_then_done(
     error = json.loads(payloads[-2])["error"]
     assert "injected fault" in error["message"] and error["type"] == "server_error"
     # The engine recovers by ending each request in the failed step with finish_reason "error".
-    assert [
-        json.loads(p)["choices"][0]["finish_reason"] for p in payloads[:-2] if json.loads(p)["choices"]
-    ][-1] == "error"
+    assert [json.loads(p)["choices"][0]["finish_reason"] for p in payloads[:-2] if json.loads(p)["choices"]][
+        -1
+    ] == "error"
     state = client.get("/v1/xpuspec/state").get_json()
     assert state["num_in_flight"] == 0 and state["kv_blocks_used"] == 0
     assert state["engine_failures"] == failures_before["engine_failures"] + 1

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from xpuspec.spec_decode.speculation_length import (
+    COSTS_REFRESH_RECORDS,
+    SHAPE_CHANGE_HORIZON_STEPS,
     AcceptanceRates,
     AcceptanceTracker,
     CostModel,
@@ -96,7 +98,10 @@ def test_acceptance_tracker_prior_and_relaxation() -> None:
     low = tracker.rate
     assert low < 0.2
     for _ in range(50):
-        tracker.update(0, 0)  # not speculating: drift back towards the prior
+        tracker.update(0, 0)  # not speculating: drift back towards the prior, slowly
+    assert tracker.rate < 0.3  # a retry changes the step's shape twice: not every few steps
+    for _ in range(500):
+        tracker.update(0, 0)
     assert tracker.rate > 0.5
     with pytest.raises(ValueError):
         tracker.update(2, 3)
@@ -249,7 +254,12 @@ def test_policy_costs_are_cached_until_a_measurement_changes_them() -> None:
     first = policy.step_costs(1, 1)
     assert policy.step_costs(1, 1) is first
     model.record_target_step(2, 0.0001, num_sequences=1)
-    assert policy.step_costs(1, 1) is not first
+    assert policy.step_costs(1, 1) is first  # one step moves the estimates little: not recomputed
+    assert policy.step_costs(2, 2) is not first  # another step shape is
+    for _ in range(COSTS_REFRESH_RECORDS):
+        model.record_target_step(2, 0.0001, num_sequences=1)
+    refreshed = policy.step_costs(1, 1)
+    assert refreshed is not first and refreshed[1] < first[1]
 
 
 def test_mean_step_cost_uses_every_measured_step() -> None:
@@ -282,3 +292,32 @@ def test_new_sequences_start_from_the_pooled_acceptance_unless_asked_for_the_fix
     policy = SpeculationLengthPolicy(8, _curve_model({n: 20.0 + 0.2 * n for n in range(1, 10)}, draft_ms=1.0))
     assert policy.choose(rates.rate("another", pooled_prior=True), 1, 1) == 0
     assert policy.choose(rates.rate("seeded"), 1, 1) > 0
+
+
+def test_steps_that_change_shape_measure_the_change_not_the_curve() -> None:
+    model = _curve_model(TINY, draft_ms=0.3)
+    steady = model.verify.table(1)[3]["steps"]
+    model.record_target_step(3, 0.0065, num_sequences=1, shape_changed=True)
+    assert model.verify.table(1)[3]["steps"] == steady  # the curve describes steady steps
+    assert model.shape_change == pytest.approx(0.1 * (0.0065 - model.target_cost(3, 1)))
+    model.calibrate_shape_change(0.004)
+    model.calibrate_shape_change(-0.001)  # a noisy sample: the median of the samples is kept
+    model.calibrate_shape_change(0.005)
+    assert model.shape_change == pytest.approx(0.004)
+
+
+def test_a_costly_change_of_shape_keeps_gamma_where_it_is() -> None:
+    """A large target: verifying 3 tokens costs little more than one, a draft pass is cheap, so at
+    α = 0.3 γ = 1 or 2 pays ~20% per step. From γ = 0 the policy changes only if the change's share
+    (shape_change / SHAPE_CHANGE_HORIZON_STEPS) does not eat the gain; staying costs nothing."""
+    model = _curve_model({n: 10.0 + 0.5 * n for n in range(1, 10)}, draft_ms=0.3)
+    policy = SpeculationLengthPolicy(8, model)
+    free = policy.choose(0.3, 1, 1, previous_tokens_per_sequence=1)
+    assert free > 0
+    model.calibrate_shape_change(0.012)  # 12 ms: 3 ms per step over the horizon
+    assert policy.choose(0.3, 1, 1, previous_tokens_per_sequence=1) == 0  # stays at γ = 0
+    assert policy.choose(0.3, 1, 1, previous_tokens_per_sequence=free + 1) == free  # stays at γ
+    assert policy.choose(0.3, 1, 1) == free  # a new batch: every γ changes the shape alike
+    costs = policy.step_costs(1, 1, previous_tokens_per_sequence=1)
+    assert costs[0] == pytest.approx(model.target_cost(1, 1))
+    assert costs[free] == pytest.approx(model.step_cost(free, 1, 1) + 0.012 / SHAPE_CHANGE_HORIZON_STEPS)

@@ -53,6 +53,10 @@ def create_runner(
             num_blocks=num_blocks,
             core=core,
             capacity_tokens=max_sequences * (max_context + max_draft_tokens + 1),
+            # A draft alternates catch-up passes with one-token passes every step; a second compiled
+            # copy for the latter spares the plugin a change of shapes twice a step (see the runner).
+            # The draft is small; the target's weights are not doubled.
+            decode_lane=role == "draft",
         )
     if plugin.executor_kind == "stateful":
         try:

@@ -72,6 +72,8 @@ class TargetModel(Protocol):
 
 # While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
 PROBE_INTERVAL_STEPS = 64
+MAX_PROBE_INTERVAL_STEPS = 1024
+CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the target
 
 FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
@@ -158,6 +160,11 @@ class LLMEngine:
         self.cost_model = CostModel()
         self.acceptance = AcceptanceRates()
         self._steps_without_drafting = 0
+        self._probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
+        self._probed = self._policy_drafted = False  # this step's choices of γ (reset by _propose)
+        # (tokens, decoding sequences or None) of the last target step: the shape of the next
+        # step decides whether the plugin pays a change of shapes (cost_model.shape_change).
+        self._last_target_shape: tuple[int, int | None] | None = None
         self._drafting_seconds = 0.0  # wall time of the last drafting phase
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._init_trees()
@@ -227,26 +234,51 @@ class LLMEngine:
         # small models, and adaptive γ reads it per γ (spec_decode.verify_costs). Sizes are
         # interleaved, so a busy moment of the machine does not land on one size alone.
         sizes = range(1, 2 + self.config.max_draft_tokens if self.proposer is not None else 2)
+        # At a typical context: verifying several tokens runs the plugin's multi-query attention,
+        # whose cost grows with the context (at an empty context, 3 tokens timed at half their
+        # cost at ~300 tokens on the 2-layer test pair). Every position maps to block 0: the
+        # timing needs no cache of that size, and block 0 is rewritten by the first request.
+        past = max(0, min(CALIBRATION_CONTEXT, self.config.max_model_len) - len(sizes))
         chunks = {
             n: SequenceChunk(
                 token_ids=[0] * n,
-                past_length=0,
-                block_table=list(range(self.block_manager.blocks_needed(n))),
+                past_length=past,
+                block_table=[0] * self.block_manager.blocks_needed(past + n),
                 num_logits=n,
             )
             for n in sizes
         }
+        for runner in (self.target, getattr(self.proposer, "runner", None)):
+            if hasattr(runner, "warm_up"):
+                runner.warm_up(self.config.max_model_len)
         for chunk in chunks.values():
             self.target.forward([chunk])  # the first inference of a shape compiles kernels: not timed
+        if self.proposer is not None:
+            for tokens in (1, 2):
+                self.proposer.measure_step_seconds(past + 1, tokens=tokens)  # warm-up, not timed
+        # Each size twice in a row: the first pass after another size pays the plugin's change of
+        # shapes (cost_model.shape_change), the second is the steady cost a fixed γ pays. As in a
+        # real step, a pass over 1 + γ tokens follows the drafting that proposed them (a model
+        # that just ran left the other's weights out of cache and its threads asleep).
         for _ in range(repeats):
             for n, chunk in chunks.items():
                 started = self.clock()
                 self.target.forward([chunk])
-                self.cost_model.calibrate_target(1, n, self.clock() - started)
-        if self.proposer is not None:
-            self.proposer.measure_step_seconds()  # warm-up, not timed
-            for _ in range(repeats):
-                self.cost_model.calibrate_draft(self.proposer.measure_step_seconds())
+                changed = self.clock() - started
+                if n > 1:  # the drafting of γ = n - 1: a catch-up of 2 tokens, then one-token passes
+                    drafting = self.proposer.measure_step_seconds(past + 1, tokens=2)  # type: ignore[union-attr]
+                    for _pass in range(n - 2):
+                        seconds = self.proposer.measure_step_seconds(past + 1)  # type: ignore[union-attr]
+                        self.cost_model.calibrate_draft(seconds)
+                        drafting += seconds
+                    self.cost_model.calibrate_drafting(1, n - 1, drafting)
+                started = self.clock()
+                self.target.forward([chunk])
+                steady = self.clock() - started
+                self.cost_model.calibrate_target(1, n, steady)
+                if len(chunks) > 1:
+                    self.cost_model.calibrate_shape_change(changed - steady)
+        self._last_target_shape = None
         self.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
 
     def reset_prefix_cache(self) -> int:
@@ -400,11 +432,14 @@ class LLMEngine:
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.
+            shape = (sum(len(c.token_ids) for c in runner_chunks), _decode_sequences(runner_chunks))
             self.cost_model.record_target_step(
-                sum(len(c.token_ids) for c in runner_chunks),
+                shape[0],
                 self.clock() - started - drafting_seconds,
-                num_sequences=_decode_sequences(runner_chunks),
+                num_sequences=shape[1],
+                shape_changed=self._last_target_shape is not None and shape != self._last_target_shape,
             )
+            self._last_target_shape = shape
 
     def recover(self, error: BaseException) -> list[StepOutput]:
         """After a failure of the step as a whole: end every request in flight with "error".
@@ -586,25 +621,47 @@ class LLMEngine:
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
             # γ = 0 steps decay the rate's counts (_accept), so it drafts again after a bad stretch.
             return self.length_policy.choose_without_timing(rate)
+        running = self.scheduler.num_running
         gamma = self.length_policy.choose(
             rate,
-            batch_tokens=self.scheduler.num_running,
-            num_sequences=self.scheduler.num_running,
+            batch_tokens=running,
+            num_sequences=running,
+            previous_tokens_per_sequence=self._previous_tokens_per_sequence(running),
         )
-        if gamma == 0 and self._steps_without_drafting >= PROBE_INTERVAL_STEPS:
+        if gamma == 0 and self._steps_without_drafting >= self._probe_interval:
             # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
+            # A probe costs two changes of the target's shape and a long draft catch-up: while
+            # probes do not bring drafting back, they come ever more rarely (_propose).
+            self._probed = True
             return min(1, self.config.max_draft_tokens)
+        self._policy_drafted |= gamma > 0
         return gamma
+
+    def _previous_tokens_per_sequence(self, running: int) -> int | None:
+        """Tokens each sequence verified last step, if that step decoded the same number of sequences
+        with as many tokens each (only then does keeping γ keep the target's shape)."""
+        if self._last_target_shape is None:
+            return None
+        num_tokens, num_sequences = self._last_target_shape
+        if num_sequences != running or num_tokens % running:
+            return None
+        return num_tokens // running
 
     def _propose(self, chunks: list[ScheduledChunk]) -> dict[str, Proposal]:
         if self.proposer is None:
             return {}
         wanted = [c for c in chunks if c.num_draft_tokens > 0]
+        probed, policy_drafted = self._probed, self._policy_drafted
+        self._probed = self._policy_drafted = False
         if not wanted:
             self._steps_without_drafting += 1
             return {}
         self._steps_without_drafting = 0
+        if policy_drafted:
+            self._probe_interval = PROBE_INTERVAL_STEPS
+        elif probed:
+            self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_INTERVAL_STEPS)
         guides = self._guides(wanted)
         forced = structured.forced_proposals(
             guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
@@ -640,7 +697,13 @@ class LLMEngine:
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
         # tokens and must not read as an expensive single-token draft step. The wall time beyond
         # the passes is the draft loop's Python, which each drafted token also costs.
-        self.cost_model.record_drafting(self._draft_timings, self._drafting_seconds, len(drafting))
+        lengths = {c.num_draft_tokens for c in chains}
+        self.cost_model.record_drafting(
+            self._draft_timings,
+            self._drafting_seconds,
+            len(drafting),
+            gamma=lengths.pop() if len(lengths) == 1 and not trees else None,
+        )
         return proposals
 
     def _constrain_draft_logits(self, request_id: str, drafted: list[int], logits: np.ndarray) -> np.ndarray:

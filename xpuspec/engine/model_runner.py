@@ -103,6 +103,34 @@ class _HostInput:
             self._bound_size = size
 
 
+class _Lane:
+    """One compiled model with its infer request and the host inputs bound to it; the KV-cache
+    tensors are the runner's, shared by its lanes."""
+
+    def __init__(
+        self, compiled: ov.CompiledModel, cache_tensors: dict[str, ov.Tensor], tree_masks: bool
+    ) -> None:
+        self.request = compiled.create_infer_request()
+        for name, tensor in cache_tensors.items():
+            self.request.set_tensor(name, tensor)
+        self.inputs = {
+            name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
+            for name, dtype in _BATCH_INPUTS.items()
+        }
+        self.max_context_len = np.zeros((), dtype=np.int32)
+        self.request.set_tensor(_MAX_CONTEXT_LEN, ov.Tensor(self.max_context_len, shared_memory=True))
+        self.tree_inputs = (
+            {
+                name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
+                for name, dtype in _TREE_INPUTS.items()
+            }
+            if tree_masks
+            else {}
+        )
+        for host in self.tree_inputs.values():
+            host.bind(0)
+
+
 def _compiled_input_names(compiled: ov.CompiledModel) -> dict[str, ov.ConstOutput]:
     return {name: port for port in compiled.inputs for name in port.get_names()}
 
@@ -123,6 +151,7 @@ class PagedModelRunner:
         cache_bytes: int | None = None,
         core: ov.Core | None = None,
         capacity_tokens: int | None = None,
+        decode_lane: bool = False,
     ) -> None:
         model_path = Path(model_dir) / MODEL_FILE
         if not model_path.is_file():
@@ -134,7 +163,6 @@ class PagedModelRunner:
         core = core or ov.Core()
         model = make_paged_model(core.read_model(model_path))
         self.compiled_model = core.compile_model(model, device, dict(properties or {}))
-        self.request = self.compiled_model.create_infer_request()
         ports = _compiled_input_names(self.compiled_model)
         cache_ports = self._check_inputs(ports)
 
@@ -163,9 +191,7 @@ class PagedModelRunner:
         self.cache_tensors: dict[str, ov.Tensor] = {}
         for name, port in cache_ports.items():
             shape = [num_blocks] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
-            tensor = _zeroed_tensor(port.get_element_type(), shape)
-            self.request.set_tensor(name, tensor)
-            self.cache_tensors[name] = tensor
+            self.cache_tensors[name] = _zeroed_tensor(port.get_element_type(), shape)
         logger.debug(
             "%s on %s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
             model_dir,
@@ -180,15 +206,9 @@ class PagedModelRunner:
         self.vocab_size: int = logits_port.get_partial_shape()[-1].get_length()
         self._logits_need_cast = logits_port.get_element_type() != ov.Type.f32
 
-        self._inputs = {
-            name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
-            for name, dtype in _BATCH_INPUTS.items()
-        }
-        self._max_context_len = np.zeros((), dtype=np.int32)
-        self.request.set_tensor(_MAX_CONTEXT_LEN, ov.Tensor(self._max_context_len, shared_memory=True))
         # Positions and sampled-row indices are slices of one arange, so a step builds no ranges.
         self._arange = np.arange(_INITIAL_CAPACITY, dtype=np.int64)
-        self._pending_rows: int | None = None
+        self._pending: _Lane | None = None  # the lane whose inference is running
         # Tree masks need the qq_bias inputs; a model compiled without them runs chains only.
         self._token_axes = {
             name: _token_axis(tensor, self.block_size) for name, tensor in self.cache_tensors.items()
@@ -198,16 +218,22 @@ class PagedModelRunner:
         # default u8 key cache; KEY_CACHE_QUANT_MODE=BY_TOKEN gives per-token scales).
         self.supports_tree_masks: bool = QQ_BIAS in ports and QQ_BIAS_BEGINS in ports
         self.supports_trees: bool = self.supports_tree_masks and None not in self._token_axes.values()
-        self._tree_inputs = (
-            {
-                name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
-                for name, dtype in _TREE_INPUTS.items()
-            }
-            if self.supports_tree_masks
-            else {}
+        self._lane = _Lane(self.compiled_model, self.cache_tensors, self.supports_tree_masks)
+        # The CPU plugin re-prepares every node of the graph when an input's shape changes (measured
+        # ~0.2 ms per decoder layer: ~6 ms on a 30-layer 135M model, more than a 1-token step of its
+        # 2-layer draft), and one compiled model holds one graph whatever its infer requests. A draft
+        # alternates a multi-token catch-up pass with one-token passes every step: a second compiled
+        # copy, sharing the KV-cache tensors, runs the steps of one token per sequence, so neither
+        # copy changes shape within a step. It costs a second copy of the weights.
+        self._decode_lane = (
+            _Lane(
+                core.compile_model(model, device, dict(properties or {})),
+                self.cache_tensors,
+                self.supports_tree_masks,
+            )
+            if decode_lane
+            else None
         )
-        for host in self._tree_inputs.values():
-            host.bind(0)
 
     @staticmethod
     def _check_inputs(ports: dict[str, ov.ConstOutput]) -> dict[str, ov.ConstOutput]:
@@ -237,25 +263,58 @@ class PagedModelRunner:
         self.start(chunks)
         return self.wait()
 
+    @property
+    def request(self) -> ov.InferRequest:
+        """The infer request of the main compiled model (its profiling counters, for instance)."""
+        return self._lane.request
+
+    @property
+    def has_decode_lane(self) -> bool:
+        return self._decode_lane is not None
+
+    def warm_up(self, max_context: int) -> None:
+        """One pass per lane at a context of ``max_context`` tokens, so that buffers sized by the
+        context grow now rather than during requests. (At f32 compute on CPU, the first step past each
+        new longest context, every block of tokens, cost ~5 ms on the 2-layer test models' 1-ms
+        steps, once per process.) The pass reads and writes block 0 only: callers run it before
+        any sequence holds KV there."""
+        blocks = [0] * -(-max_context // self.block_size)
+        for lane in (self._lane, self._decode_lane):
+            if lane is None:
+                continue
+            tokens = 1 if lane is self._decode_lane else 2  # the main lane alone sees chunks of 2
+            chunk = SequenceChunk([0] * tokens, max_context - tokens, blocks, num_logits=1)
+            self._fill_inputs([chunk], lane)
+            lane.request.infer()
+
     def start(self, chunks: list[SequenceChunk]) -> None:
         """Fill the inputs for ``chunks`` and start the inference without waiting for it."""
-        if self._pending_rows is not None:
+        if self._pending is not None:
             raise RuntimeError("an inference is still running: call wait() before starting another")
-        self._pending_rows = self._fill_inputs(chunks)
-        self.request.start_async()
+        lane = self._lane
+        if self._decode_lane is not None and all(
+            len(chunk.token_ids) == 1 and chunk.tree_parents is None for chunk in chunks
+        ):
+            lane = self._decode_lane
+        self._fill_inputs(chunks, lane)
+        self._pending = lane
+        lane.request.start_async()
 
     def wait(self) -> np.ndarray:
         """Wait for the inference started by :meth:`start`; return its logits as :meth:`forward` does."""
-        if self._pending_rows is None:
+        lane = self._pending
+        if lane is None:
             raise RuntimeError("no inference was started")
-        self._pending_rows = None
-        self.request.wait()
-        logits = self.request.get_output_tensor(0).data  # [num_sampled, 1, vocab]
+        self._pending = None
+        lane.request.wait()
+        logits = lane.request.get_output_tensor(0).data  # [num_sampled, 1, vocab]
         logits = logits.reshape(logits.shape[0], self.vocab_size)  # [num_sampled, vocab]
         return logits.astype(np.float32) if self._logits_need_cast else logits
 
-    def _fill_inputs(self, chunks: list[SequenceChunk]) -> int:
-        """Write the flat batch description of ``chunks`` into the host inputs; return the logits rows."""
+    def _fill_inputs(self, chunks: list[SequenceChunk], lane: _Lane | None = None) -> int:
+        """Write the flat batch description of ``chunks`` into ``lane``'s inputs (the main lane by
+        default); return the logits rows."""
+        lane = lane or self._lane
         if not chunks:
             raise ValueError("forward needs at least one chunk")
         num_sequences = len(chunks)
@@ -289,7 +348,7 @@ class PagedModelRunner:
             num_block_entries += num_blocks
             max_context = max(max_context, context)
 
-        inputs = self._inputs
+        inputs = lane.inputs
         input_ids = inputs["input_ids"].reserve(num_tokens)
         position_ids = inputs["position_ids"].reserve(num_tokens)
         sampled = inputs[SAMPLED_TOKEN_INDICES].reserve(num_tokens)
@@ -328,9 +387,9 @@ class PagedModelRunner:
         subsequence_begins[num_sequences] = num_tokens
         block_indices_begins[num_sequences] = num_block_entries
 
-        self._max_context_len[...] = max_context
-        if self._tree_inputs:
-            self._fill_tree_inputs(chunks, num_mask_entries)
+        lane.max_context_len[...] = max_context
+        if lane.tree_inputs:
+            self._fill_tree_inputs(chunks, num_mask_entries, lane.tree_inputs)
 
         inputs["input_ids"].bind(num_tokens)
         inputs["position_ids"].bind(num_tokens)
@@ -355,9 +414,12 @@ class PagedModelRunner:
                 )
         return length * length
 
-    def _fill_tree_inputs(self, chunks: list[SequenceChunk], num_mask_entries: int) -> None:
+    @staticmethod
+    def _fill_tree_inputs(
+        chunks: list[SequenceChunk], num_mask_entries: int, tree_inputs: dict[str, _HostInput]
+    ) -> None:
         """Write the qq_bias masks of the tree chunks (empty inputs when the batch holds no tree)."""
-        bias_host, begins_host = self._tree_inputs[QQ_BIAS], self._tree_inputs[QQ_BIAS_BEGINS]
+        bias_host, begins_host = tree_inputs[QQ_BIAS], tree_inputs[QQ_BIAS_BEGINS]
         if num_mask_entries == 0:
             bias_host.bind(0)
             begins_host.bind(0)

@@ -49,8 +49,9 @@ class DraftProposer(Protocol):
 
     def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]: ...
 
-    def measure_step_seconds(self) -> float:
-        """Seconds to draft one token for one sequence (the cost model's calibration)."""
+    def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
+        """Seconds of one drafting pass for one sequence over ``tokens`` tokens (a one-token pass, or
+        a catch-up) at ``context`` tokens of context (the cost model's calibration)."""
         ...
 
     def release(self, sequence_id: str) -> None:
@@ -75,10 +76,10 @@ class NgramDraftProposer:
     def recover(self) -> None:
         pass  # stateless
 
-    def measure_step_seconds(self) -> float:
-        tokens = list(range(256)) * 2
+    def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
+        history = list(range(256)) * 2
         started = time.perf_counter()
-        self.lookup.propose(tokens, 4)
+        self.lookup.propose(history, 4)
         return (time.perf_counter() - started) / 4
 
     def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]:
@@ -156,8 +157,13 @@ class DraftModelProposer:
             except Exception:
                 logger.debug("no draft inference was pending", exc_info=True)
 
-    def measure_step_seconds(self) -> float:
-        chunk = SequenceChunk(token_ids=[0], past_length=0, block_table=[0], num_logits=1)
+    def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
+        # Every position maps to block 0 (garbage KV, a true cost): callers time before requests.
+        context = max(context, tokens)
+        blocks = -(-context // self.runner.block_size) if hasattr(self.runner, "block_size") else 1
+        chunk = SequenceChunk(
+            token_ids=[0] * tokens, past_length=context - tokens, block_table=[0] * blocks, num_logits=1
+        )
         started = time.perf_counter()
         self.runner.forward([chunk])
         return time.perf_counter() - started

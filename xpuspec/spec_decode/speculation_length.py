@@ -128,6 +128,13 @@ class LinearCostFit:
 
 #: Verification steps hold at most 1 + 16 tokens per sequence (EngineConfig caps γ at 16).
 MAX_TOKENS_PER_SEQUENCE = 17
+#: A change of the target's step shape is paid once and then serves the steps that keep the new
+#: shape; the choice of γ spreads its cost over this many steps (a shorter horizon would keep γ
+#: where it is when a change pays within a few steps; a longer one would change γ on every wobble
+#: of the acceptance estimate).
+SHAPE_CHANGE_HORIZON_STEPS = 4
+#: The policy reuses its step costs until this many new measurements have come in.
+COSTS_REFRESH_RECORDS = 16
 
 
 @dataclass
@@ -141,7 +148,17 @@ class CostModel:
       batch shapes the curve has not seen and the slope beyond its cells;
     - ``draft``: one drafting pass by the tokens it computed (one per sequence in a plain pass),
       plus ``draft_python``: the draft loop's own Python per pass (sampling the draft token, building
-      the next pass), measured as the drafting wall time not spent in the passes.
+      the next pass), measured as the drafting wall time not spent in the passes;
+    - ``drafting``: the whole drafting phase of a step by γ (catch-up pass, γ - 1 one-token passes,
+      the loop's Python), per batch shape, calibrated and refreshed like ``verify``. It is what a γ
+      really costs: the catch-up pass computes the tokens accepted last step and is dearer than a
+      one-token pass, and the first pass after the target's runs colder. Counted per pass, drafting
+      was predicted at ~half its cost on the 2-layer test pair, and adaptive γ drafted at a loss;
+    - ``shape_change``: what a target step costs beyond the curve when its shape (tokens in the
+      step) differs from the previous step's. OpenVINO's CPU plugin re-prepares every node of the
+      graph then (~6 ms on a 30-layer 135M model whose one-token step takes ~9 ms), so a γ that
+      changes from step to step pays it every step. Steps that changed shape go here, not into the
+      curve, which describes steady steps.
 
     The priors (before any measurement) describe a CPU-like regime: a target step of ~40 ms growing
     0.5 ms per token, a draft step ~15% of it. Real measurements replace them within a few steps.
@@ -153,28 +170,56 @@ class CostModel:
     # Plain drafting passes (one token per sequence), by batch shape: the catch-up pass that follows
     # a stretch of γ = 0 computes many tokens and goes to the line ``draft`` only.
     draft_passes: VerifyCostCurve = field(default_factory=lambda: VerifyCostCurve(1))
+    drafting: VerifyCostCurve = field(default_factory=lambda: VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE))
     draft_python: float = 0.0
     draft_python_decay: float = 0.9
+    shape_change: float = 0.0
+    shape_change_decay: float = 0.9
     version: int = 0  # bumped by every record, so derived costs can be cached
+    calibrations: int = 0  # bumped by every calibration: derived costs are recomputed at once
+    _calibrated_shape_changes: list[float] = field(default_factory=list)
 
-    def record_target_step(self, num_tokens: int, seconds: float, num_sequences: int | None = None) -> None:
+    def record_target_step(
+        self,
+        num_tokens: int,
+        seconds: float,
+        num_sequences: int | None = None,
+        shape_changed: bool = False,
+    ) -> None:
         """A target step over ``num_tokens`` tokens; ``num_sequences`` is given for pure decode steps
-        (every sequence verifying its own tokens, no prefill), which also refresh the curve."""
-        self.target.record(num_tokens, seconds)
+        (every sequence verifying its own tokens, no prefill), which also refresh the curve unless
+        ``shape_changed`` (the previous step held another number of tokens): those measure the cost
+        of the change instead."""
         self.version += 1
+        if num_sequences and shape_changed:
+            steady = self.target_cost(num_tokens, num_sequences)
+            decay = self.shape_change_decay
+            self.shape_change = decay * self.shape_change + (1.0 - decay) * max(seconds - steady, 0.0)
+            return
+        self.target.record(num_tokens, seconds)
         if num_sequences:
             self.verify.record(num_sequences, round(num_tokens / num_sequences), seconds)
+
+    def calibrate_shape_change(self, seconds: float) -> None:
+        """An idle timing of a target step's extra cost when its shape changed (the median of the
+        calibration's samples is kept: one sample is a difference of two noisy timings)."""
+        self._calibrated_shape_changes.append(seconds)
+        self.shape_change = max(float(np.median(self._calibrated_shape_changes)), 0.0)
+        self.version += 1
+        self.calibrations += 1
 
     def calibrate_target(self, num_sequences: int, tokens_per_sequence: int, seconds: float) -> None:
         """An idle timing of the target alone over ``tokens_per_sequence`` tokens for each sequence."""
         self.target.record(num_sequences * tokens_per_sequence, seconds)
         self.version += 1
+        self.calibrations += 1
         self.verify.calibrate(num_sequences, tokens_per_sequence, seconds)
 
     def calibrate_draft(self, seconds: float) -> None:
         """An idle timing of one single-token drafting pass."""
         self.draft.record(1, seconds)
         self.version += 1
+        self.calibrations += 1
         self.draft_passes.calibrate(1, 1, seconds)
 
     def record_draft_step(self, num_tokens: int, seconds: float, num_sequences: int | None = None) -> None:
@@ -187,11 +232,25 @@ class CostModel:
         if num_tokens == num_sequences:
             self.draft_passes.record(num_sequences, 1, seconds)
 
+    def calibrate_drafting(self, num_sequences: int, gamma: int, seconds: float) -> None:
+        """An idle timing of a whole drafting phase of ``gamma`` drafts for each sequence."""
+        self.drafting.calibrate(num_sequences, gamma, seconds)
+        self.version += 1
+        self.calibrations += 1
+
     def record_drafting(
-        self, passes: list[tuple[int, float]], wall_seconds: float, num_sequences: int = 1
+        self,
+        passes: list[tuple[int, float]],
+        wall_seconds: float,
+        num_sequences: int = 1,
+        gamma: int | None = None,
     ) -> None:
         """One drafting phase for ``num_sequences`` sequences: its passes (tokens computed, seconds)
-        and its whole wall time, of which the rest is the draft loop's Python."""
+        and its whole wall time, of which the rest is the draft loop's Python. ``gamma``: the drafts
+        every sequence asked for, when they all asked for as many (the phase then refreshes the
+        ``drafting`` curve, unless its catch-up pass resumed drafting after a stretch without)."""
+        if gamma and passes and passes[0][0] <= (gamma + 1) * num_sequences:
+            self.drafting.record(num_sequences, gamma, wall_seconds)
         for index, (num_tokens, seconds) in enumerate(passes):
             # Later passes may hold fewer sequences (those still drafting): one token each.
             self.record_draft_step(num_tokens, seconds, num_sequences if index == 0 else num_tokens)
@@ -219,27 +278,51 @@ class CostModel:
         estimate = self.draft_passes.estimate(num_sequences, 1)
         return (estimate if estimate is not None else self.draft(num_sequences)) + self.draft_python
 
+    def drafting_cost(self, gamma: int, num_sequences: int) -> float:
+        """Seconds of a drafting phase of ``gamma`` drafts for each of ``num_sequences`` sequences:
+        the ``drafting`` curve where it holds anything, else ``γ`` one-token passes."""
+        if gamma <= 0:
+            return 0.0
+        estimate = self.drafting.estimate(num_sequences, gamma, lambda: self.draft_cost(num_sequences))
+        return estimate if estimate is not None else gamma * self.draft_cost(num_sequences)
+
     def step_cost(self, gamma: int, batch_tokens: int, num_sequences: int) -> float:
         """Seconds of a step in which ``num_sequences`` sequences each draft and verify ``gamma`` tokens:
-        ``γ·c_draft + c_verify(batch_tokens + γ·num_sequences)``."""
+        ``c_drafting(γ) + c_verify(batch_tokens + γ·num_sequences)``."""
         seconds = self.target_cost(batch_tokens + gamma * num_sequences, num_sequences)
-        if gamma > 0:
-            seconds += gamma * self.draft_cost(num_sequences)
-        return seconds
+        return seconds + self.drafting_cost(gamma, num_sequences)
 
-    def step_costs(self, max_gamma: int, batch_tokens: int, num_sequences: int) -> list[float]:
-        """:meth:`step_cost` for γ = 0 .. ``max_gamma`` at once (one pass over the curve)."""
+    def step_costs(
+        self,
+        max_gamma: int,
+        batch_tokens: int,
+        num_sequences: int,
+        previous_tokens_per_sequence: int | None = None,
+    ) -> list[float]:
+        """:meth:`step_cost` for γ = 0 .. ``max_gamma`` at once (one pass over the curve).
+
+        With ``previous_tokens_per_sequence`` (the tokens each sequence verified last step, when the
+        batch is the same), a γ that changes it also bears a share of the shape change's cost
+        (:data:`SHAPE_CHANGE_HORIZON_STEPS`).
+        """
         if batch_tokens != num_sequences:  # a step with prefill work besides the decodes
             return [self.step_cost(gamma, batch_tokens, num_sequences) for gamma in range(max_gamma + 1)]
         verify = self.verify.estimates(num_sequences, lambda: self.target.slope * num_sequences)
         draft = self.draft_cost(num_sequences)
+        drafting = self.drafting.estimates(num_sequences, draft)
+        change = self.shape_change / SHAPE_CHANGE_HORIZON_STEPS if previous_tokens_per_sequence else 0.0
         costs = []
         for gamma in range(max_gamma + 1):
             tokens = 1 + gamma
             seconds = verify[tokens] if tokens < len(verify) else None
             if seconds is None:
                 seconds = self.target(tokens * num_sequences)
-            costs.append(seconds + gamma * draft)
+            if tokens != previous_tokens_per_sequence:
+                seconds += change
+            if gamma:
+                phase = drafting[gamma] if gamma < len(drafting) else None
+                seconds += phase if phase is not None else gamma * draft
+            costs.append(seconds)
         return costs
 
     def mean_step_cost(self, gamma: int, num_sequences: int = 1) -> float:
@@ -249,6 +332,9 @@ class CostModel:
         verify_s = verify.get("mean") or self.target_cost((gamma + 1) * num_sequences, num_sequences)
         if gamma == 0:
             return verify_s
+        drafting = self.drafting.table(num_sequences).get(gamma, {})
+        if drafting.get("mean"):
+            return verify_s + drafting["mean"]
         draft = self.draft_passes.table(num_sequences).get(1, {})
         draft_s = draft.get("mean") or self.draft_cost(num_sequences) - self.draft_python
         return verify_s + gamma * (draft_s + self.draft_python)
@@ -273,20 +359,26 @@ class AcceptanceTracker:
     (accepted / drafted) would underestimate α badly at large γ.
 
     The estimate is ``(accepted + prior * prior_weight) / (tested + prior_weight)`` over decayed
-    counts. Steps without drafts (``update(0, 0)``) still decay the counts, so a sequence that
-    stopped speculating drifts back towards the prior and is retried later.
+    counts. Steps without drafts (``update(0, 0)``) decay the counts by the slower ``idle_decay``,
+    so a sequence that stopped speculating drifts back towards the prior and is retried later, but
+    not every few steps: each retry changes the target's step shape twice and catches the draft up,
+    which on the demo pair cost ~2 steps' time per retry (with ``decay`` for idle steps too, retries
+    came every ~15 steps and adaptive γ ran 4-7% below target-only).
     """
 
-    def __init__(self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9) -> None:
+    def __init__(
+        self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9, idle_decay: float = 0.99
+    ) -> None:
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior must be in [0, 1], got {prior}")
         if prior_weight <= 0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not 0.0 < decay <= 1.0 or not 0.0 < idle_decay <= 1.0:
+            raise ValueError(f"decay and idle_decay must be in (0, 1], got {decay}, {idle_decay}")
         self.prior = prior
         self.prior_weight = prior_weight
         self.decay = decay
+        self.idle_decay = idle_decay
         self._accepted = 0.0
         self._tested = 0.0
 
@@ -294,8 +386,9 @@ class AcceptanceTracker:
         if not 0 <= num_accepted <= num_drafted:
             raise ValueError(f"need 0 <= num_accepted <= num_drafted, got {num_accepted}, {num_drafted}")
         tested = num_accepted + (1 if num_accepted < num_drafted else 0)
-        self._accepted = self.decay * self._accepted + num_accepted
-        self._tested = self.decay * self._tested + tested
+        decay = self.decay if num_drafted else self.idle_decay
+        self._accepted = decay * self._accepted + num_accepted
+        self._tested = decay * self._tested + tested
 
     @property
     def rate(self) -> float:
@@ -308,7 +401,9 @@ class AcceptanceRates:
     A pool of every sequence's drafts (decaying slowly) gives new sequences their starting point on
     request (``pooled_prior``): with a draft that is rarely accepted, each new request would otherwise
     start from the optimistic fixed prior and draft for its first steps, a loss repeated for every
-    request. Seeded requests keep the fixed prior, so their drafting repeats run for run.
+    request. Seeded requests keep the fixed prior, so their drafting repeats run for run; as the
+    engine does not probe for them (their γ ignores timings), steps without drafts decay their
+    counts at the drafting rate ``decay``, which alone retries them after a bad stretch.
     """
 
     def __init__(
@@ -324,8 +419,10 @@ class AcceptanceRates:
         if tracker is None:
             prior, prior_weight, decay = self._settings
             if pooled_prior:
-                prior = self.pool.rate
-            tracker = self._trackers[request_id] = AcceptanceTracker(prior, prior_weight, decay)
+                tracker = AcceptanceTracker(self.pool.rate, prior_weight, decay)
+            else:
+                tracker = AcceptanceTracker(prior, prior_weight, decay, idle_decay=decay)
+            self._trackers[request_id] = tracker
         return tracker
 
     def rate(self, request_id: str, pooled_prior: bool = False) -> float:
@@ -370,19 +467,32 @@ class SpeculationLengthPolicy:
         self.min_speedup = min_speedup
         # Step costs for every γ depend on the batch shape and the measurements, not on the
         # sequence: computed once per step shape, and again only after new measurements.
-        self._costs_key: tuple[int, int, int, int, int] | None = None
+        self._costs_key: tuple[int, int, int | None, int, int] | None = None
+        self._costs_version = -1
         self._costs: list[float] = []
 
-    def step_costs(self, batch_tokens: int, num_sequences: int) -> list[float]:
-        """Predicted seconds of the step for γ = 0 .. max_draft_tokens."""
+    def step_costs(
+        self, batch_tokens: int, num_sequences: int, previous_tokens_per_sequence: int | None = None
+    ) -> list[float]:
+        """Predicted seconds of the step for γ = 0 .. max_draft_tokens.
+
+        Every step records a measurement, and computing the costs of every γ took ~90 us on the
+        2-layer test pair (9% of its 1-ms step): for the same step shape they are recomputed once
+        :data:`COSTS_REFRESH_RECORDS` measurements have come in (each moves the decayed estimates by
+        a few percent at most).
+        """
         model = self.cost_model
-        key = (batch_tokens, num_sequences, id(model), model.version, model.verify.version)
-        if key != self._costs_key:
+        key = (batch_tokens, num_sequences, previous_tokens_per_sequence, id(model), model.calibrations)
+        version = model.version + model.verify.version
+        if key != self._costs_key or not 0 <= version - self._costs_version < COSTS_REFRESH_RECORDS:
             self._costs = [
                 max(seconds, 1e-12)
-                for seconds in model.step_costs(self.max_draft_tokens, batch_tokens, num_sequences)
+                for seconds in model.step_costs(
+                    self.max_draft_tokens, batch_tokens, num_sequences, previous_tokens_per_sequence
+                )
             ]
             self._costs_key = key
+            self._costs_version = version
         return self._costs
 
     def tokens_per_second(
@@ -392,11 +502,19 @@ class SpeculationLengthPolicy:
         seconds = self.cost_model.step_cost(gamma, batch_tokens, num_sequences)
         return expected_tokens_per_step(acceptance_rate, gamma) / max(seconds, 1e-12)
 
-    def choose(self, acceptance_rate: float, batch_tokens: int, num_sequences: int) -> int:
+    def choose(
+        self,
+        acceptance_rate: float,
+        batch_tokens: int,
+        num_sequences: int,
+        previous_tokens_per_sequence: int | None = None,
+    ) -> int:
+        """γ for a sequence; ``previous_tokens_per_sequence``: what it verified last step in the same
+        batch (a γ that keeps the step's shape is spared the cost of changing it)."""
         if not 0.0 <= acceptance_rate <= 1.0:
             raise ValueError(f"acceptance_rate must be in [0, 1], got {acceptance_rate}")
         num_sequences = max(num_sequences, 1)
-        costs = self.step_costs(batch_tokens, num_sequences)
+        costs = self.step_costs(batch_tokens, num_sequences, previous_tokens_per_sequence)
         plain_rate = 1.0 / costs[0]
         best, best_rate = 0, plain_rate
         expected, power = 1.0, 1.0

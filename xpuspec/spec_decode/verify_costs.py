@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-CORRECTION_DECAY = 0.98  # a size's correction to the calibrated shape: a memory of ~50 of its steps
+CORRECTION_DECAY = 0.9  # a size's correction to the calibrated shape: a memory of ~10 of its steps
 
 
 def batch_bucket(num_sequences: int) -> int:
