@@ -118,11 +118,22 @@ def test_matches_openvino_genai(pair_bundle, target_only):
     assert mismatches == []
 
 
+def _make_drafting_hopeless(engine) -> None:
+    """Pessimistic drafting costs (10 s a phase at every γ): γ = 0 from now on. A probe's phase is a
+    long catch-up, which the drafting curve leaves out, so the probes do not undo it."""
+    from xpuspec.spec_decode.speculation_length import MAX_TOKENS_PER_SEQUENCE
+    from xpuspec.spec_decode.verify_costs import VerifyCostCurve
+
+    engine.cost_model.drafting = VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE)
+    for gamma in range(1, engine.config.max_draft_tokens + 1):
+        engine.cost_model.calibrate_drafting(1, gamma, 10.0)
+
+
 def test_adaptive_length_probes_the_draft_while_gamma_is_zero(pair_bundle, target_only):
     """This pair's draft costs as much as its target, so adaptive γ settles at 0; now and then it
     must still draft one token, or a draft cost measured on a busy moment would never be revisited."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
-    pipe.engine.cost_model.record_draft_step(1, 10.0)  # a pessimistic measurement: γ = 0 from now on
+    _make_drafting_hopeless(pipe.engine)
     result = pipe.generate(PROMPTS[0], SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))[0]
     assert result.token_ids[:MAX_TOKENS] == target_only[0]
     assert 1 <= result.stats["drafted"] < 20
@@ -135,7 +146,7 @@ def test_probes_that_find_no_gain_come_ever_more_rarely(pair_bundle):
     from xpuspec.engine.engine import PROBE_INTERVAL_STEPS
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
-    pipe.engine.cost_model.record_draft_step(1, 10.0)  # γ = 0 from now on, except for the probes
+    _make_drafting_hopeless(pipe.engine)  # γ = 0 from now on, except for the probes
     params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     result = pipe.generate(PROMPTS[0], params)[0]
     assert 2 <= result.stats["drafted"] <= 4

@@ -321,3 +321,22 @@ def test_a_costly_change_of_shape_keeps_gamma_where_it_is() -> None:
     costs = policy.step_costs(1, 1, previous_tokens_per_sequence=1)
     assert costs[0] == pytest.approx(model.target_cost(1, 1))
     assert costs[free] == pytest.approx(model.step_cost(free, 1, 1) + 0.012 / SHAPE_CHANGE_HORIZON_STEPS)
+
+
+def test_the_drafting_phase_is_costed_by_gamma_as_measured() -> None:
+    """A catch-up pass and a cold first pass make drafting dearer than γ one-token passes: the
+    policy reads the measured phase by γ; a resume after a stretch of γ = 0 is left out of it."""
+    model = _curve_model(TINY, draft_ms=0.2)
+    assert model.drafting_cost(2, 1) == pytest.approx(2 * model.draft_cost(1))  # nothing measured yet
+    for _ in range(10):
+        model.record_drafting([(2, 0.0007), (1, 0.0002)], 0.0011, num_sequences=1, gamma=2)
+    assert model.drafting_cost(2, 1) == pytest.approx(0.0011)
+    model.record_drafting([(200, 0.02), (1, 0.0002)], 0.0205, num_sequences=1, gamma=2)  # a resume
+    assert model.drafting_cost(2, 1) == pytest.approx(0.0011)
+    assert model.step_costs(4, 1, 1)[2] == pytest.approx(model.target_cost(3, 1) + 0.0011)
+    assert model.step_cost(2, 1, 1) == pytest.approx(model.target_cost(3, 1) + 0.0011)
+    assert model.mean_step_cost(2) == pytest.approx(model.verify.table(1)[3]["mean"] + 0.0011)
+    # Other γ follow the measured one through the calibrated shape, or γ passes before any.
+    model.calibrate_drafting(1, 1, 0.0005)
+    model.calibrate_drafting(1, 2, 0.0008)
+    assert 0.0005 <= model.drafting_cost(1, 1) < model.drafting_cost(2, 1)
