@@ -108,6 +108,52 @@ def test_freed_prefixes_stay_cached_until_uncached_blocks_run_out_then_lru_goes_
     assert admitted(manager, "old again", [1] * 5).num_computed_tokens == 0
 
 
+def test_a_next_turn_reuses_the_partial_tail_of_the_last_one() -> None:
+    """Turn 1 computed 6 tokens (a full block and 2 in a tail) and sampled a seventh; turn 2 repeats
+    the 6 and adds 3: it takes the tail block whole and computes from position 6 on."""
+    manager = PrefixCachingBlockManager(num_blocks=6, block_size=BLOCK)
+    turn1 = admitted(manager, "turn1", [5, 6, 7, 8, 9, 10])
+    prefill(manager, turn1)  # computes 6, appends the sampled 99 (not computed)
+    tail_block = turn1.block_table[1]
+    manager.free_sequence(turn1)
+    manager.check_invariants()
+    turn2 = admitted(manager, "turn2", [5, 6, 7, 8, 9, 10, 99, 11, 12])
+    assert turn2.num_computed_tokens == 6 and turn2.num_draft_computed_tokens == 0  # no draft KV claimed
+    assert turn2.block_table[1] == tail_block and manager.stats.num_tail_hit_tokens == 2
+    manager.check_invariants()
+    # Taken whole: nobody else can be handed it while turn 2 overwrites it.
+    other = admitted(manager, "other", [5, 6, 7, 8, 9, 10, 13])
+    assert other.num_computed_tokens == 4 and tail_block not in other.block_table
+    manager.check_invariants()
+
+
+def test_a_tail_matches_its_longest_prefix_and_leaves_a_token_to_compute() -> None:
+    manager = PrefixCachingBlockManager(num_blocks=6, block_size=BLOCK)
+    first = admitted(manager, "first", [5, 6, 7, 8, 9, 10, 11])
+    prefill(manager, first)
+    manager.free_sequence(first)
+    # Shares 2 of the tail's 3 tokens; then the same 7 tokens exactly (one must stay to compute).
+    fork = admitted(manager, "fork", [5, 6, 7, 8, 9, 10, 0])
+    assert fork.num_computed_tokens == 6
+    manager.free_sequence(fork)  # it computed nothing more: its tail holds the 2 tokens again
+    again = admitted(manager, "again", [5, 6, 7, 8, 9, 10, 11])
+    assert again.num_computed_tokens == 6  # 7 would leave nothing to compute
+    manager.check_invariants()
+
+
+def test_tails_are_evicted_before_full_blocks_and_failed_sequences_leave_none() -> None:
+    manager = PrefixCachingBlockManager(num_blocks=3, block_size=BLOCK)
+    kept = admitted(manager, "kept", [1, 2, 3, 4, 5])
+    prefill(manager, kept)
+    manager.free_sequence(kept)  # one full block and a tail of 1 token, both free
+    filler = admitted(manager, "filler", [7, 7, 7, 7, 7])  # 2 blocks: the uncached one, then the tail
+    assert manager.num_cached_blocks == 1 and manager.stats.num_evicted_blocks == 0
+    manager.free_sequence(filler, reusable=False)
+    assert not manager._tails
+    manager.check_invariants()
+    assert admitted(manager, "kept again", [1, 2, 3, 4, 5, 6]).num_computed_tokens == 4
+
+
 def test_a_failed_sequence_leaves_nothing_cached() -> None:
     manager = PrefixCachingBlockManager(num_blocks=8, block_size=BLOCK)
     seq = admitted(manager, "a", list(range(9)))
@@ -224,7 +270,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         hit, draft_hit = seq.num_computed_tokens, seq.num_draft_computed_tokens
-        assert hit % BLOCK == 0 and draft_hit % BLOCK == 0 and draft_hit <= hit < seq.num_tokens
+        # A hit ends at a block boundary, or within a partial tail; draft hits at a boundary.
+        assert draft_hit % BLOCK == 0 and draft_hit <= hit < seq.num_tokens
         for position in range(hit):  # the reused KV is the KV of this sequence's tokens
             block = seq.block_table[position // BLOCK]
             assert self.kv_target[block][position % BLOCK] == seq.token_ids[position]
