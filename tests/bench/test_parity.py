@@ -11,25 +11,14 @@ from xpuspec.bench import parity
 pytestmark = pytest.mark.slow
 
 
+def _run(capsys, *arguments: str) -> list[str]:
+    """Run the command on the 2-layer pair, 1 prompt x 4 tokens; return its printed lines."""
+    assert parity.main(["--bundle", "demo", "--prompts", "1", "--max-tokens", "4", *arguments]) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
 def test_parity_prints_both_engines_and_their_ratios_per_draft_length(capsys):
-    assert (
-        parity.main(
-            [
-                "--bundle",
-                "demo",
-                "--draft-lengths",
-                "0,2",
-                "--rounds",
-                "2",
-                "--prompts",
-                "1",
-                "--max-tokens",
-                "4",
-            ]
-        )
-        == 0
-    )
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = _run(capsys, "--draft-lengths", "0,2", "--rounds", "2")
     assert [line.split(":")[0] for line in lines] == ["target-only", "γ=2"]
     for line in lines:
         match = re.search(
@@ -41,25 +30,7 @@ def test_parity_prints_both_engines_and_their_ratios_per_draft_length(capsys):
 
 
 def test_parity_default_compares_adaptive_with_genai_as_it_comes(capsys):
-    assert (
-        parity.main(
-            [
-                "--bundle",
-                "demo",
-                "--default",
-                "--draft-lengths",
-                "2",
-                "--rounds",
-                "1",
-                "--prompts",
-                "1",
-                "--max-tokens",
-                "4",
-            ]
-        )
-        == 0
-    )
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = _run(capsys, "--default", "--draft-lengths", "2", "--rounds", "1")
     assert [line.split(":")[0] for line in lines] == [
         "xpuspec adaptive vs GenAI target-only",
         "xpuspec adaptive vs GenAI γ=2",

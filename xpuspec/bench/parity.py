@@ -104,12 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         properties=properties,
         draft_properties=properties,
     )
-    encode = pipeline.encode
-    prompts = [encode(prompt.text) for prompt in heldout_code_prompts(args.prompts)]
+    prompts = [pipeline.encode(prompt.text) for prompt in heldout_code_prompts(args.prompts)]
     ours = XpuspecLatencyRunner(pipeline)
     target, draft = pipeline.bundle.target.path, pipeline.bundle.draft
     genai_properties = {} if args.default else SAME_PROPERTIES
-    rows = []
     if args.default:
         # xpuspec adaptive against GenAI target-only and GenAI with its draft at each fixed γ.
         configurations = [("xpuspec adaptive vs GenAI target-only", None, None)]
@@ -121,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
             target, draft.path if genai_length and draft is not None else None, genai_properties
         )
         result = compare(ours, genai, prompts, args.max_tokens, args.rounds, our_length, genai_length)
-        rows.append((label, result))
         best = {name: min(values) for name, values in result["seconds"].items()}
         print(
             f"{label}: xpuspec {result['tokens'] / best['xpuspec']:.1f} tokens/s, GenAI "
