@@ -200,26 +200,28 @@ class CostModel:
         if num_sequences:
             self.verify.record(num_sequences, round(num_tokens / num_sequences), seconds)
 
+    def _calibrated(self) -> None:
+        """A calibration changed the costs: derived costs are recomputed at once, not in a while."""
+        self.version += 1
+        self.calibrations += 1
+
     def calibrate_shape_change(self, seconds: float) -> None:
         """An idle timing of a target step's extra cost when its shape changed (the median of the
         calibration's samples is kept: one sample is a difference of two noisy timings)."""
         self._calibrated_shape_changes.append(seconds)
         self.shape_change = max(float(np.median(self._calibrated_shape_changes)), 0.0)
-        self.version += 1
-        self.calibrations += 1
+        self._calibrated()
 
     def calibrate_target(self, num_sequences: int, tokens_per_sequence: int, seconds: float) -> None:
         """An idle timing of the target alone over ``tokens_per_sequence`` tokens for each sequence."""
         self.target.record(num_sequences * tokens_per_sequence, seconds)
-        self.version += 1
-        self.calibrations += 1
+        self._calibrated()
         self.verify.calibrate(num_sequences, tokens_per_sequence, seconds)
 
     def calibrate_draft(self, seconds: float) -> None:
         """An idle timing of one single-token drafting pass."""
         self.draft.record(1, seconds)
-        self.version += 1
-        self.calibrations += 1
+        self._calibrated()
         self.draft_passes.calibrate(1, 1, seconds)
 
     def record_draft_step(self, num_tokens: int, seconds: float, num_sequences: int | None = None) -> None:
@@ -235,8 +237,7 @@ class CostModel:
     def calibrate_drafting(self, num_sequences: int, gamma: int, seconds: float) -> None:
         """An idle timing of a whole drafting phase of ``gamma`` drafts for each sequence."""
         self.drafting.calibrate(num_sequences, gamma, seconds)
-        self.version += 1
-        self.calibrations += 1
+        self._calibrated()
 
     def record_drafting(
         self,

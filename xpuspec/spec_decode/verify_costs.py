@@ -14,7 +14,8 @@ shape, tokens per sequence) instead:
   one moment to the next and slows every size alike, so cells measured at different moments are
   not comparable; the online model is therefore ``scale · calibrated(n) · correction(n)``: one
   ``scale`` per batch shape, refreshed by every step whatever its size (the load and the engine's
-  own work per step), and a slowly learned ``correction(n)`` per size for what calibration missed
+  own work per step), and a ``correction(n)`` per size, learned over ~10 of its steps
+  (:data:`CORRECTION_DECAY`), for what calibration missed
   (the real context length, the Python per verified token), each step judged against the current
   scale so that load changes do not leak into it;
 - sizes never calibrated fall back to their measured mean, else are interpolated between the
@@ -48,7 +49,7 @@ class _Entry:
     calibrated: float | None = None
     steps: int = 0  # every measured step, undecayed and unclipped: for reports
     all_seconds: float = 0.0
-    correction: float = 1.0  # measured over scale x calibrated shape, learned slowly
+    correction: float = 1.0  # measured over scale x calibrated shape (CORRECTION_DECAY)
 
     @property
     def measured(self) -> float | None:
