@@ -76,6 +76,20 @@ def test_required_always_yields_valid_calls(openai_client: openai.OpenAI, live_s
         check_calls(choice.message.tool_calls)
 
 
+def test_no_parallel_calls_means_one_call(openai_client: openai.OpenAI, live_server: LiveServer) -> None:
+    request = dict(
+        model=live_server.model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=1.0,
+        max_tokens=60, seed=1, n=6,
+    )  # fmt: skip
+    for choice in openai_client.chat.completions.create(parallel_tool_calls=False, **request).choices:  # type: ignore[call-overload]
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        assert len(choice.message.tool_calls or []) == 1
+        check_calls(choice.message.tool_calls)
+    # With parallel calls (the default) the same sampled replies go on calling: the grammar allows it.
+    parallel = openai_client.chat.completions.create(**{**request, "max_tokens": 210})  # type: ignore[call-overload]
+    assert max(len(c.message.tool_calls or []) for c in parallel.choices) > 1
+
+
 def test_named_choice_calls_that_function(openai_client: openai.OpenAI, live_server: LiveServer) -> None:
     reply = openai_client.chat.completions.create(
         model=live_server.model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=120,

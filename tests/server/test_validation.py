@@ -166,7 +166,6 @@ CASES = [
             ("logit_bias", COMPLETIONS, completion(logit_bias={"5": 10})),
             ("presence_penalty", COMPLETIONS, completion(presence_penalty=0.5)),
             ("frequency_penalty", CHAT, chat(frequency_penalty=-1.0)),
-            ("parallel_tool_calls", CHAT, chat(parallel_tool_calls=False)),
             ("logprobs", CHAT, chat(logprobs=True)),
             ("top_logprobs", CHAT, chat(top_logprobs=2)),
         ]

@@ -79,3 +79,61 @@ def test_bad_constraints_name_the_problem(setup):
     with pytest.raises(ValueError, match="json_schema"):
         constraint_of(response_format={"type": "json_schema"})
     assert constraint_of(response_format={"type": "text"}) is None
+
+
+def _accepts(setup, schema, text: str) -> bool:
+    tokenizer, compiler = setup
+    guide = compiler.compile(
+        constraint_of(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if guide.valid_prefix(ids) < len(ids):
+        return False
+    guide.advance(ids)
+    return guide.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("schema", "written", "not_written"),
+    [
+        # A sampled reply stuck on digits must be made to end its number.
+        (
+            {"type": "number"},
+            ["12", "-12.5", "0.0000000001", "9007199254740991"],
+            ["0.00000000001", "90071992547409911"],
+        ),
+        ({"type": "integer"}, ["0", "-9007199254740991"], ["-90071992547409911", "1.5"]),
+        # The schema's own bounds and multipleOf stay as they are.
+        ({"type": "number", "minimum": 0}, ["3.25"], ["-1", "0.00000000001"]),
+        ({"type": "number", "multipleOf": 0.5}, ["2.5"], ["2.25"]),
+        ({"type": "integer", "minimum": 2**53}, ["90071992547409920"], ["1"]),
+        ({"type": ["number", "null"]}, ["null", "1.5"], ["1.00000000001"]),
+        ({"type": "number", "enum": [0.123456789012]}, ["0.123456789012"], ["1"]),
+        # Nested positions: object properties, array items, anyOf branches.
+        (
+            {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+            ['{"x": 1.5}'],
+            ['{"x": 1.00000000001}'],
+        ),
+        (
+            {"type": "array", "items": {"anyOf": [{"type": "integer"}, {"type": "string"}]}},
+            ['[1, "a"]'],
+            ["[90071992547409911]"],
+        ),
+    ],
+)
+def test_json_numbers_are_finite(setup, schema, written, not_written):
+    for text in written:
+        assert _accepts(setup, schema, text), text
+    for text in not_written:
+        assert not _accepts(setup, schema, text), text
+
+
+def test_finite_numbers_leaves_negations_alone():
+    from xpuspec.structured.constraint import finite_numbers
+
+    schema = {"not": {"type": "number"}, "if": {"type": "integer"}, "then": {"type": "integer"}}
+    bounded = finite_numbers(schema)
+    assert bounded["not"] == schema["not"] and bounded["if"] == schema["if"]
+    assert bounded["then"]["maximum"] == 2**53 - 1
+    assert schema["then"] == {"type": "integer"}  # the caller's schema is not changed

@@ -41,6 +41,9 @@ def test_tool_choice_modes_and_errors():
     assert named.mode == "named" and "start: call\n" in named.forced_grammar()
     required = tools.parse_tools([WEATHER], "required", "").forced_grammar()
     assert required.startswith('start: call ("\\n" call ("\\n" call ("\\n" call)?)?)?\n')
+    single = tools.parse_tools([WEATHER], "required", "", parallel_tool_calls=False)
+    assert single.max_calls == 1 and single.forced_grammar().startswith("start: call\ncall: ")
+    assert tools.parse_tools([WEATHER], "auto", "", parallel_tool_calls=True).max_calls is None
     for bad_tools, choice in [
         ([WEATHER], {"type": "function", "function": {"name": "nope"}}),
         ([WEATHER], "sometimes"),
@@ -97,3 +100,20 @@ def test_stream_rewrites_coalesced_writes_event_by_event():
     # Call ids are random per call; the calls themselves must match.
     assert [c["function"] for c in calls] == [c["function"] for c in expected_calls]
     assert calls[0]["function"]["name"] == "weather"
+
+
+def test_one_call_kept_without_parallel_calls():
+    two = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+    two += '<tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    body = {"choices": [{"index": 0, "message": {"content": two}, "finish_reason": "stop"}]}
+    message = tools.rewrite_body(json.loads(json.dumps(body)), max_calls=1)["choices"][0]["message"]
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["a"]
+    assert len(tools.rewrite_body(body)["choices"][0]["message"]["tool_calls"]) == 2
+    events = [e for w in tools.rewrite_stream(iter(_frames([two])), max_calls=1) for e in w.split("\n\n")]
+    streamed = [
+        call["function"]["name"]
+        for e in events
+        if e.startswith("data: {")
+        for call in json.loads(e[6:])["choices"][0]["delta"].get("tool_calls", [])
+    ]
+    assert streamed == ["a"]

@@ -200,6 +200,7 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
         [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None,
         body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice,
         pipeline.chat_template.template,
+        body.parallel_tool_calls,
     )
     if tool_request is not None and tool_request.mode != "auto" and body.response_format is not None:
         message = "response_format cannot be combined with a required or named tool_choice"

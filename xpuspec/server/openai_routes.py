@@ -104,7 +104,7 @@ def _generate(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         frames_of = stream(generation, context, include_usage, state.config.stream_interval_s)
         if prepared.tools is not None:
-            frames_of = tools.rewrite_stream(frames_of)
+            frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls)
         frames = TrackedStream(frames_of, state.response_closed)
         return Response(
             frames,  # type: ignore[arg-type]
@@ -113,7 +113,9 @@ def _generate(
         )
     try:
         body_out = collect(generation, context)
-        return jsonify(tools.rewrite_body(body_out) if prepared.tools is not None else body_out)
+        if prepared.tools is not None:
+            body_out = tools.rewrite_body(body_out, prepared.tools.max_calls)
+        return jsonify(body_out)
     except ClientGone:
         return Response(status=CLIENT_CLOSED_REQUEST)
     finally:

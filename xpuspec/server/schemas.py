@@ -266,6 +266,7 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description='"none", "auto" (default with tools), "required" or {"type": "function", ...}'
     )
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per reply")
 
 
 # ------------------------------------------------------------------ responses (for the OpenAPI document)

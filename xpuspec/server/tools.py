@@ -12,7 +12,8 @@ by ``;``.
 
 **tool_choice.** ``none``: no tools in the prompt, nothing parsed. ``auto``: the model chooses.
 ``required`` / a named function: a grammar forces one or more valid calls (one for a named function)
-whose arguments follow the function's parameter schema.
+whose arguments follow the function's parameter schema. ``parallel_tool_calls: false`` allows one
+call per reply: the grammar forces exactly one, and under ``auto`` calls after the first are dropped.
 
 **Responses.** Calls become ``message.tool_calls`` with ``finish_reason: "tool_calls"``; streamed
 replies hold back text that may start a call and send each parsed call as one ``tool_calls`` delta
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuspec.server.errors import APIError
-from xpuspec.structured.constraint import JSON_DEFAULTS
+from xpuspec.structured.constraint import JSON_DEFAULTS, finite_numbers
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,12 @@ class ToolRequest:
     mode: str
     named: str | None = None
     llama_format: bool = False  # the template's own format is Llama 3 JSON, not Hermes tags
+    parallel: bool = True  # parallel_tool_calls: False allows one call per reply
+
+    @property
+    def max_calls(self) -> int | None:
+        """Calls kept from one reply (None: all the model wrote)."""
+        return None if self.parallel else 1
 
     def forced_grammar(self) -> str | None:
         """The Lark grammar that forces valid calls (``required`` / named), or None for ``auto``."""
@@ -76,7 +83,10 @@ class ToolRequest:
             "anyOf": [
                 {
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, key: t.parameters or {"type": "object"}},
+                    "properties": {
+                        "name": {"const": t.name},
+                        key: finite_numbers(t.parameters or {"type": "object"}),
+                    },
                     "required": ["name", key],
                     "additionalProperties": False,
                 }
@@ -87,7 +97,7 @@ class ToolRequest:
         call = f"%json {json.dumps(schema)}"
         if not self.llama_format:
             call = f"{json.dumps(CALL_OPEN + chr(10))} {call} {json.dumps(chr(10) + CALL_CLOSE)}"
-        if self.named is not None:
+        if self.named is not None or not self.parallel:
             return f"start: call\ncall: {call}\n"
         separator = json.dumps("; " if self.llama_format else "\n")
         # At most MAX_FORCED_CALLS: an unbounded repetition lets a sampled reply call until max_tokens.
@@ -101,7 +111,9 @@ def _bad(message: str, param: str) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
 
 
-def parse_tools(raw_tools: Any, tool_choice: Any, template_source: str) -> ToolRequest | None:
+def parse_tools(
+    raw_tools: Any, tool_choice: Any, template_source: str, parallel_tool_calls: bool | None = None
+) -> ToolRequest | None:
     """The request's tools and tool_choice, checked (400s name the field); None when tools are off."""
     if tool_choice is None:
         tool_choice = "auto" if raw_tools else "none"
@@ -150,7 +162,7 @@ def parse_tools(raw_tools: Any, tool_choice: Any, template_source: str) -> ToolR
     else:
         raise _bad('tool_choice is "none", "auto", "required" or a named function', "tool_choice")
     llama_format = PYTHON_TAG in template_source or "ipython" in template_source
-    return ToolRequest(tuple(tools), mode, named, llama_format)
+    return ToolRequest(tuple(tools), mode, named, llama_format, parallel=parallel_tool_calls is not False)
 
 
 def template_uses_tools(template_source: str) -> bool:
@@ -268,11 +280,13 @@ def _call_of(body: str) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------- responses
-def rewrite_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A non-streamed chat completion with the calls of each choice parsed into ``tool_calls``."""
+def rewrite_body(body: dict[str, Any], max_calls: int | None = None) -> dict[str, Any]:
+    """A non-streamed chat completion with the calls of each choice parsed into ``tool_calls``
+    (the first ``max_calls`` of them)."""
     for choice in body.get("choices", []):
         message = choice.get("message", {})
         content, calls = parse_calls(message.get("content") or "")
+        calls = calls[:max_calls]
         if calls:
             message["content"] = content
             message["tool_calls"] = calls
@@ -311,7 +325,7 @@ class _ChoiceStream:
         return out
 
 
-def rewrite_stream(writes: Iterator[str]) -> Iterator[str]:
+def rewrite_stream(writes: Iterator[str], max_calls: int | None = None) -> Iterator[str]:
     """SSE frames of a chat completion with calls sent as ``tool_calls`` deltas (see module doc).
 
     Each item of ``writes`` may hold several SSE events (the stream coalesces one engine step's
@@ -322,12 +336,12 @@ def rewrite_stream(writes: Iterator[str]) -> Iterator[str]:
         out: list[str] = []
         for event in write.split("\n\n"):
             if event:
-                out.extend(_rewrite_frame(event + "\n\n", choices))
+                out.extend(_rewrite_frame(event + "\n\n", choices, max_calls))
         if out:
             yield "".join(out)
 
 
-def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream]) -> list[str]:
+def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream], max_calls: int | None) -> list[str]:
     """One SSE event, rewritten into the events that replace it."""
     if not frame.startswith("data: {"):
         return [frame]
@@ -346,6 +360,7 @@ def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream]) -> list[str]:
         return [_frame(payload)]
     out = []
     content, calls = parse_calls(state.text)
+    calls = calls[:max_calls]
     if calls:
         already = state.text[: state.sent].strip()
         leftover = (content or "")[len(already) :] if (content or "").startswith(already) else ""

@@ -65,7 +65,6 @@ CHAT: dict[str, Check] = {
     **SHARED,
     "logprobs": (lambda v: v is None or v is False, "omit it or send false"),
     "top_logprobs": (_zero, "omit it"),
-    "parallel_tool_calls": (lambda v: v is None, "omit it"),
     "functions": (_absent, "omit it"),
     "function_call": (_no_tool_choice, "omit it"),
     "modalities": (_text_only, 'omit it or send ["text"]'),

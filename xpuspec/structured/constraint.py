@@ -9,6 +9,13 @@ message is the engine's (llguidance's) own.
 JSON output is compact-but-spaced (``", "`` and ``": "`` separators, no free whitespace): a model
 cannot wander into unbounded whitespace, and a schema may still say otherwise with its own
 ``x-guidance`` options.
+
+JSON numbers are finite too (:func:`finite_numbers`): a schema's numbers without bounds get the
+I-JSON range (RFC 7493: integers within ±(2^53 - 1), what a double holds exactly), and numbers without
+``multipleOf`` at most :data:`MAX_FRACTION_DIGITS` fraction digits. A JSON Schema number is otherwise a
+grammar loop: a small model sampling digits (``12.0767132112...``) never leaves it and writes until
+``max_tokens``, an unparseable reply (seen in 3 of 640 sampled SmolLM2 replies before this bound).
+Every reply still validates against the schema as given: the bound only narrows what is written.
 """
 
 from __future__ import annotations
@@ -22,6 +29,14 @@ from llguidance import LLMatcher
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 # The JSON compiler's options unless the schema's "x-guidance" says otherwise.
 JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# llguidance reads multipleOf as a double and takes at most 10 fraction digits of it.
+MAX_FRACTION_DIGITS = 10
+I_JSON_LIMIT = 2**53 - 1
+# Keywords whose subschemas describe values the grammar writes. "not", "if" and "contains" are left
+# alone: narrowing a subschema there would widen or change what the whole schema allows.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "unevaluatedProperties", "then", "else")
 
 
 @dataclass(frozen=True)
@@ -43,10 +58,47 @@ class Constraint:
         raise ValueError(f"unknown constraint kind {self.kind!r}")
 
 
+def finite_numbers(schema: Any) -> Any:
+    """``schema`` (a copy) with every number it writes bounded: see the module docstring."""
+    if not isinstance(schema, dict):
+        return schema
+    bounded = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            bounded[key] = {name: finite_numbers(sub) for name, sub in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            bounded[key] = [finite_numbers(sub) for sub in schema[key]]
+    for key in _SCHEMA_VALUES:
+        if key in schema:
+            value = schema[key]
+            bounded[key] = (
+                [finite_numbers(s) for s in value] if isinstance(value, list) else finite_numbers(value)
+            )
+    types = schema.get("type")
+    types = set(types) if isinstance(types, list) else {types}
+    if not types & {"number", "integer"} or "enum" in schema or "const" in schema:
+        return bounded
+    low = _bound(schema, "minimum", "exclusiveMinimum", max)
+    high = _bound(schema, "maximum", "exclusiveMaximum", min)
+    if low is None and (high is None or high >= -I_JSON_LIMIT):
+        bounded["minimum"] = -I_JSON_LIMIT
+    if high is None and (low is None or low <= I_JSON_LIMIT):
+        bounded["maximum"] = I_JSON_LIMIT
+    if "number" in types and "multipleOf" not in schema:
+        bounded["multipleOf"] = 10.0**-MAX_FRACTION_DIGITS
+    return bounded
+
+
+def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, tighter: Any) -> float | None:
+    values = [schema[key] for key in (inclusive, exclusive) if isinstance(schema.get(key), (int, float))]
+    return tighter(values) if values else None
+
+
 def json_schema_constraint(schema: dict[str, Any] | bool, name: str = "") -> Constraint:
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"a JSON schema is an object (or a boolean), got {type(schema).__name__}")
-    return Constraint("json_schema", json.dumps(schema), name)
+    return Constraint("json_schema", json.dumps(finite_numbers(schema)), name)
 
 
 def constraint_from_response_format(response_format: Any) -> Constraint | None:

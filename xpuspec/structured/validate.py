@@ -313,8 +313,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def _strict(schema: Any) -> Any:
-    """OpenAI strict-mode shape: every object closed (``additionalProperties: false``), every number
-    bounded (an unbounded integer lets a sampled reply write digits until max_tokens)."""
+    """OpenAI strict-mode shape: every object closed (``additionalProperties: false``). Numbers are
+    left as written: the engine bounds what it writes (``xpuspec.structured.constraint.finite_numbers``)."""
     if isinstance(schema, list):
         return [_strict(item) for item in schema]
     if not isinstance(schema, dict):
@@ -322,9 +322,6 @@ def _strict(schema: Any) -> Any:
     schema = {key: _strict(value) for key, value in schema.items()}
     if schema.get("type") == "object":
         schema.setdefault("additionalProperties", False)
-    if schema.get("type") in ("integer", "number"):
-        schema.setdefault("minimum", -1_000_000)
-        schema.setdefault("maximum", 1_000_000)
     return schema
 
 
