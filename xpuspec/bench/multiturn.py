@@ -10,12 +10,15 @@ Two workloads, on token ids (so every engine sees exactly the same prompts):
 Each request generates one token, so its wall time is its TTFT. Engines: xpuspec with prefix
 caching, xpuspec without, and OpenVINO GenAI's ``LLMPipeline`` with ``SchedulerConfig.enable_prefix_caching``
 (all target-only: the first token comes from the target's prefill in every engine), with the same
-compile properties. Rounds are interleaved, the engine order rotating; each round starts its prompts
-with a marker of its own so no round reuses another's cache. Figures are medians over rounds.
+compile properties. Rounds are interleaved: each round compiles every engine afresh, in an order that
+rotates with the rounds (the first model compiled in a process runs a few percent slower) and runs
+them in that order; each round starts its prompts with a marker of its own so no round reuses another's
+cache. Figures are medians over rounds.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import time
@@ -149,38 +152,57 @@ class _GenaiRunner:
         return time.perf_counter() - started
 
 
+def _open_engines(config: MultiturnConfig, properties: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    """The engines compiled in ``order`` (in one process the model compiled first runs a few percent
+    slower, so the order rotates with the rounds, as in the latency bench)."""
+    factories = {
+        ENGINES[0]: lambda: _XpuspecRunner(config.bundle, properties, prefix_caching=True),
+        ENGINES[1]: lambda: _XpuspecRunner(config.bundle, properties, prefix_caching=False),
+        ENGINES[2]: lambda: _GenaiRunner(config.bundle, properties),
+    }
+    return {name: factories[name]() for name in order}
+
+
 def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
     """Run both workloads on every engine, interleaved; return per-turn TTFTs and the ratios."""
     from xpuspec.bench.latency import genai_default_properties
+    from xpuspec.model_bundle import ModelBundle
+    from xpuspec.text import Tokenizer
 
     properties = dict(config.properties) if config.properties else genai_default_properties()
-    runners: dict[str, Any] = {
-        ENGINES[0]: _XpuspecRunner(config.bundle, properties, prefix_caching=True),
-        ENGINES[1]: _XpuspecRunner(config.bundle, properties, prefix_caching=False),
-    }
+    names = list(ENGINES)
     try:
-        runners[ENGINES[2]] = _GenaiRunner(config.bundle, properties)
+        import openvino_genai  # noqa: F401
     except ImportError:
         logger.warning("openvino_genai is not installed: no GenAI column")
-    encode = runners[ENGINES[0]].encode
+        names.remove(ENGINES[2])
+    bundle = ModelBundle.open(config.bundle)
+    tokenizer = Tokenizer(bundle.target.path)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
     # A small model's context (the demo pair: 512) bounds the prompts: keep 32 tokens of room.
-    room = runners[ENGINES[0]].pipeline.max_model_len - 32
+    room = bundle.max_context - 32
     probe = build_prompts(encode, config, config.rounds)
     config.history_tokens -= max(0, len(probe["conversation"][-1]) - room)
     config.system_tokens -= max(0, max(len(p) for p in probe["users"]) - room)
     if min(config.history_tokens, config.system_tokens) < 1:
         raise ValueError(f"the model's context ({room + 32} tokens) is too short for {config.turns} turns")
-    # One warm-up request per engine: the first inference of a shape compiles kernels.
     warm = build_prompts(encode, config, -1)
-    for runner in runners.values():
-        runner.first_token_seconds(warm["conversation"][0])
-        runner.first_token_seconds(warm["users"][0])
-    turn_seconds: dict[str, list[list[float]]] = {name: [] for name in runners}  # [round][turn]
-    user_seconds: dict[str, list[list[float]]] = {name: [] for name in runners}  # [round][user]
-    names = list(runners)
+    turn_seconds: dict[str, list[list[float]]] = {name: [] for name in names}  # [round][turn]
+    user_seconds: dict[str, list[list[float]]] = {name: [] for name in names}  # [round][user]
+    block_size = 0
     for round_index in range(config.rounds):
         prompts = build_prompts(encode, config, round_index)
         order = names[round_index % len(names) :] + names[: round_index % len(names)]
+        runners = _open_engines(config, properties, order)
+        block_size = runners[ENGINES[0]].pipeline.target_runner.block_size
+        # Warm-up: the first inference of a kind compiles kernels (a prefill that continues cached
+        # blocks cost ~600 ms the first time in both engines), so each kind runs once untimed.
+        for runner in runners.values():
+            for prompt in [*warm["conversation"][:2], *warm["users"][:2]]:
+                runner.first_token_seconds(prompt)
         for name in order:
             runner = runners[name]
             turn_seconds[name].append([runner.first_token_seconds(p) for p in prompts["conversation"]])
@@ -192,6 +214,8 @@ def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
                 [round(s * 1000) for s in turn_seconds[name][-1]],
                 sum(user_seconds[name][-1]) * 1000,
             )
+        del runners, runner
+        gc.collect()
     prompts = build_prompts(encode, config, 0)
     result: dict[str, Any] = {
         "settings": {
@@ -203,11 +227,11 @@ def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
             "system_tokens": config.system_tokens,
             "rounds": config.rounds,
             "properties": properties,
-            "block_size": runners[ENGINES[0]].pipeline.target_runner.block_size,
+            "block_size": block_size,
         },
         "engines": {},
     }
-    for name in runners:
+    for name in names:
         per_turn_ms = [
             statistics.median(seconds[turn] for seconds in turn_seconds[name]) * 1000
             for turn in range(config.turns)
