@@ -203,7 +203,20 @@ def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypa
     assert "Paris" in run.stdout
     assert "SHA-256 verified" in run.stderr
     summary = run.stderr.strip().splitlines()[-1]
-    assert "draft drafter" in summary and "accepted 0," not in summary and "drafted 0," not in summary
+    assert "draft drafter" in summary
+    # Adaptive γ drafts only where its measurements predict a gain, which depends on the CPU: on an
+    # AVX2-only EPYC, verifying 3 tokens cost 1.76 target steps and it kept drafting off, saying why.
+    if "drafted 0," in summary:
+        assert "adaptive γ kept drafting off" in summary and "cost ratio" in summary, summary
+    else:
+        assert "accepted 0," not in summary, summary
+    # The draft itself proposes tokens the target accepts on this question, on any CPU.
+    fixed = subprocess.run(
+        [*command, "--num-draft-tokens", "2"], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert fixed.returncode == 0, fixed.stderr
+    summary = fixed.stderr.strip().splitlines()[-1]
+    assert "Paris" in fixed.stdout and "drafted 0," not in summary and "accepted 0," not in summary, summary
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     pipe = Pipeline(None, properties=EXACT, use_placement=False)  # from the cache now
     assert pipe.drafter == "draft" and pipe.bundle.root.parent == tmp_path / "cache"

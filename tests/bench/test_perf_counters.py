@@ -10,7 +10,10 @@ def test_counters_cover_each_variant_and_the_attention_node():
     variants = {name: VARIANTS[name] for name in ("bf16+u8kv", "bf16+bf16kv")}
     results = measure(demo_bundle_path() / "target", variants, steps=3, rounds=2)
     assert set(results) == set(variants)
-    for result in results.values():
+    for name, result in results.items():
+        if "error" in result:  # an AVX2-only CPU refuses a bf16 KV cache, and the tool says so
+            assert name == "bf16+bf16kv" and "bf16" in result["error"]
+            continue
         assert len(result["round_ms"]) == 2 and all(ms > 0 for ms in result["round_ms"])
         assert result["nodes_ms"]["PagedAttentionExtension"] > 0
 

@@ -20,17 +20,11 @@ import sys
 import time
 from typing import Any
 
-from xpuspec.bench.latency import XpuspecLatencyRunner
+from xpuspec.bench.latency import XpuspecLatencyRunner, genai_default_properties
 from xpuspec.bench.peers import GenaiLatencyRunner
 from xpuspec.bench.workloads import heldout_code_prompts
 
 logger = logging.getLogger(__name__)
-
-SAME_PROPERTIES = {
-    "INFERENCE_PRECISION_HINT": "bf16",
-    "KV_CACHE_PRECISION": "bf16",
-    "DYNAMIC_QUANTIZATION_GROUP_SIZE": 32,
-}
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -96,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     from xpuspec import Pipeline
 
     lengths = [int(value) for value in args.draft_lengths.split(",") if value.strip()]
-    properties = None if args.default else SAME_PROPERTIES
+    # Same properties: GenAI's CPU defaults made explicit, read off this CPU's plugin (bf16 compute and
+    # KV where the CPU has bf16; an AVX2-only CPU refuses a bf16 KV cache in PagedAttention).
+    same_properties = genai_default_properties()
+    properties = None if args.default else same_properties
     needs_draft = args.default or any(length > 0 for length in lengths)
     pipeline = Pipeline(
         args.bundle,
@@ -107,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [pipeline.encode(prompt.text) for prompt in heldout_code_prompts(args.prompts)]
     ours = XpuspecLatencyRunner(pipeline)
     target, draft = pipeline.bundle.target.path, pipeline.bundle.draft
-    genai_properties = {} if args.default else SAME_PROPERTIES
+    genai_properties = {} if args.default else same_properties
     if args.default:
         # xpuspec adaptive against GenAI target-only and GenAI with its draft at each fixed γ.
         configurations = [("xpuspec adaptive vs GenAI target-only", None, None)]

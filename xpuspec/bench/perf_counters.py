@@ -47,7 +47,8 @@ PROMPT_TOKENS = 300
 def measure(
     model_dir: Any, variants: dict[str, dict[str, Any]], steps: int, rounds: int
 ) -> dict[str, dict[str, Any]]:
-    """``{variant: {"round_ms": [...], "nodes_ms": {node type: median ms per step}}}``."""
+    """``{variant: {"round_ms": [...], "nodes_ms": {node type: median ms per step}}}``, or
+    ``{variant: {"error": the plugin's message}}`` for a variant the plugin refuses to compile."""
     import numpy as np
     import openvino as ov
 
@@ -55,15 +56,17 @@ def measure(
 
     core = ov.Core()
     prompt = [int(t) for t in np.random.default_rng(0).integers(5, 300, size=PROMPT_TOKENS)]
-    runners = {
-        name: PagedModelRunner(
-            model_dir,
-            properties={"PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True, **properties},
-            num_blocks=-(-(PROMPT_TOKENS + steps + 1) // 32) + 1,
-            core=core,
-        )
-        for name, properties in variants.items()
-    }
+    runners, refused = {}, {}
+    for name, properties in variants.items():
+        try:
+            runners[name] = PagedModelRunner(
+                model_dir,
+                properties={"PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True, **properties},
+                num_blocks=-(-(PROMPT_TOKENS + steps + 1) // 32) + 1,
+                core=core,
+            )
+        except RuntimeError as error:  # e.g. a bf16 KV cache on a CPU without bf16 (AVX2 only)
+            refused[name] = {"error": str(error).strip().splitlines()[-1]}
     round_ms: dict[str, list[float]] = collections.defaultdict(list)
     nodes: dict[str, dict[str, list[float]]] = {name: collections.defaultdict(list) for name in runners}
     for round_index in range(rounds):
@@ -83,13 +86,14 @@ def measure(
                 for node_type, ms in per_type.items():
                     nodes[name][node_type].append(ms)
             round_ms[name].append(statistics.median(times) * 1000)
-    return {
+    measured = {
         name: {
             "round_ms": round_ms[name],
             "nodes_ms": {node: statistics.median(values) for node, values in nodes[name].items()},
         }
         for name in runners
     }
+    return {**measured, **refused}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,14 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         parser.error(f"{bundle.root} has no {args.role} model")
     results = measure(model.path, {name: VARIANTS[name] for name in names}, args.steps, args.rounds)
-    base = results[names[0]]
+    for name, result in results.items():
+        if "error" in result:
+            print(f"{name:16s} refused by the plugin: {result['error']}")
+    results = {name: result for name, result in results.items() if "error" not in result}
+    if not results:
+        return 1
+    base_name = next(iter(results))
+    base = results[base_name]
     for name, result in results.items():
         median, best = statistics.median(result["round_ms"]), min(result["round_ms"])
         ratio = median / statistics.median(base["round_ms"])
         best_ratio = best / min(base["round_ms"])
         print(
             f"{name:16s} step {median:7.3f} ms median, {best:7.3f} ms best round; "
-            f"x{ratio:.3f} / x{best_ratio:.3f} of {names[0]}"
+            f"x{ratio:.3f} / x{best_ratio:.3f} of {base_name}"
         )
         top = sorted(result["nodes_ms"].items(), key=lambda item: -item[1])[:4]
         print("    per step, by node type: " + ", ".join(f"{node} {ms:.3f} ms" for node, ms in top))
