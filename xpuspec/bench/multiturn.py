@@ -111,9 +111,6 @@ class _XpuspecRunner:
         )
         self._ids = 0
 
-    def encode(self, text: str) -> list[int]:
-        return self.pipeline.tokenizer.encode(text, add_special_tokens=False)
-
     def first_token_seconds(self, token_ids: list[int]) -> float:
         from xpuspec.sample.sampling_params import SamplingParams
 
