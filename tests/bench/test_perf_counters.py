@@ -22,3 +22,20 @@ def test_command_line(capsys):
     assert main(["--role", "draft", "--steps", "2", "--rounds", "1", "--variants", "exact"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("exact ") and "per step, by node type" in out
+
+
+def test_verification_steps_of_several_tokens(capsys):
+    results = measure(
+        demo_bundle_path() / "target", {"exact": VARIANTS["exact"]}, steps=3, rounds=1, tokens=4
+    )
+    assert len(results["exact"]["round_ms"]) == 1 and results["exact"]["named_ms"]
+    assert main(["--steps", "2", "--rounds", "1", "--variants", "exact", "--tokens", "1,3"]) == 0
+    out = capsys.readouterr().out
+    assert "1 token per step:" in out and "3 tokens per step:" in out and "costliest nodes" in out
+
+
+def test_tokens_must_be_positive():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--tokens", "0"])
