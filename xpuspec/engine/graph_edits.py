@@ -34,7 +34,7 @@ _MAX_WALK = 16
 _MAX_DECOMPRESSION_DEPTH = 6
 
 
-def _is_constant_like(output: ov.Output, depth: int = 0) -> bool:
+def is_constant_like(output: ov.Output, depth: int = 0) -> bool:
     """True when ``output`` is a weight: a Constant, possibly behind a short decompression chain.
 
     The depth bound keeps the search off the activation path, which leads back through every layer.
@@ -44,7 +44,7 @@ def _is_constant_like(output: ov.Output, depth: int = 0) -> bool:
         return True
     if node.get_type_name() == "Parameter" or depth >= _MAX_DECOMPRESSION_DEPTH:
         return False
-    return all(_is_constant_like(value, depth + 1) for value in node.input_values())
+    return all(is_constant_like(value, depth + 1) for value in node.input_values())
 
 
 def find_logits_matmul(model: ov.Model) -> ov.Node:
@@ -63,7 +63,7 @@ def find_logits_matmul(model: ov.Model) -> ov.Node:
             return node
         if node.get_type_name() not in _ELEMENTWISE_AFTER_LM_HEAD:
             break
-        activations = [value for value in node.input_values() if not _is_constant_like(value)]
+        activations = [value for value in node.input_values() if not is_constant_like(value)]
         if len(activations) != 1:
             break
         node = activations[0].get_node()

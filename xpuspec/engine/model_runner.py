@@ -24,6 +24,7 @@ import numpy as np
 import openvino as ov
 
 from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
+from xpuspec.engine.hidden_taps import add_hidden_state_taps
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,12 @@ class PagedModelRunner:
     """Runs one paged-attention model over mixed batches of :class:`SequenceChunk`.
 
     Attributes: ``block_size`` (tokens per KV block, chosen by the plugin: 32 on CPU), ``num_blocks``
-    (physical blocks allocated per layer), ``vocab_size`` (logits width).
+    (physical blocks allocated per layer), ``vocab_size`` (logits width), ``hidden_state_layers`` (the
+    tapped layer boundaries, or None) and ``hidden_state_width`` (width of a tapped row, 0 untapped).
+
+    ``hidden_state_layers`` (an EAGLE-3 target): the compiled graph gets one more output, the residual
+    stream entering each of these layers for every scheduled token (:mod:`xpuspec.engine.hidden_taps`),
+    read with :meth:`hidden_states` after a step. Without it the graph is the plain paged model.
     """
 
     def __init__(
@@ -152,6 +158,7 @@ class PagedModelRunner:
         core: ov.Core | None = None,
         capacity_tokens: int | None = None,
         decode_lane: bool = False,
+        hidden_state_layers: Sequence[int] | None = None,
     ) -> None:
         model_path = Path(model_dir) / MODEL_FILE
         if not model_path.is_file():
@@ -162,6 +169,11 @@ class PagedModelRunner:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         core = core or ov.Core()
         model = make_paged_model(core.read_model(model_path))
+        self.hidden_state_layers: tuple[int, ...] | None = None
+        tapped_name = None
+        if hidden_state_layers is not None:
+            self.hidden_state_layers = tuple(int(layer) for layer in hidden_state_layers)
+            tapped_name = add_hidden_state_taps(model, self.hidden_state_layers)
         self.compiled_model = core.compile_model(model, device, dict(properties or {}))
         ports = _compiled_input_names(self.compiled_model)
         cache_ports = self._check_inputs(ports)
@@ -205,10 +217,22 @@ class PagedModelRunner:
         logits_port = self.compiled_model.output(0)
         self.vocab_size: int = logits_port.get_partial_shape()[-1].get_length()
         self._logits_need_cast = logits_port.get_element_type() != ov.Type.f32
+        # Both lanes compile the same model, so the taps are the same output index in each.
+        self._hidden_states_index: int | None = None
+        self.hidden_state_width: int = 0
+        if tapped_name is not None:
+            self._hidden_states_index = next(
+                index
+                for index, port in enumerate(self.compiled_model.outputs)
+                if tapped_name in port.get_names()
+            )
+            tapped_port = self.compiled_model.output(self._hidden_states_index)
+            self.hidden_state_width = tapped_port.get_partial_shape()[-1].get_length()
 
         # Positions and sampled-row indices are slices of one arange, so a step builds no ranges.
         self._arange = np.arange(_INITIAL_CAPACITY, dtype=np.int64)
         self._pending: _Lane | None = None  # the lane whose inference is running
+        self._finished: _Lane | None = None  # the lane whose outputs are those of the last wait()
         # Tree masks need the qq_bias inputs; a model compiled without them runs chains only.
         self._token_axes = {
             name: _token_axis(tensor, self.block_size) for name, tensor in self.cache_tensors.items()
@@ -279,6 +303,7 @@ class PagedModelRunner:
         steps, once per process.) The pass reads and writes block 0 only: callers run it before
         any sequence holds KV there."""
         blocks = [0] * -(-max_context // self.block_size)
+        self._finished = None
         for lane in (self._lane, self._decode_lane):
             if lane is None:
                 continue
@@ -298,6 +323,7 @@ class PagedModelRunner:
             lane = self._decode_lane
         self._fill_inputs(chunks, lane)
         self._pending = lane
+        self._finished = None
         lane.request.start_async()
 
     def wait(self) -> np.ndarray:
@@ -307,9 +333,26 @@ class PagedModelRunner:
             raise RuntimeError("no inference was started")
         self._pending = None
         lane.request.wait()
+        self._finished = lane
         logits = lane.request.get_output_tensor(0).data  # [num_sampled, 1, vocab]
         logits = logits.reshape(logits.shape[0], self.vocab_size)  # [num_sampled, vocab]
         return logits.astype(np.float32) if self._logits_need_cast else logits
+
+    def hidden_states(self) -> np.ndarray:
+        """The tapped hidden states of the last :meth:`forward` / :meth:`wait`.
+
+        Returns ``[num_tokens, hidden_state_width]`` float32: one row for every token of the step's
+        chunks (not only their ``num_logits`` rows), in chunk order, each row the states at
+        ``hidden_state_layers`` concatenated. Like the logits, a view valid until the next step.
+        """
+        if self._hidden_states_index is None:
+            raise RuntimeError(
+                "this runner has no hidden-state taps: construct it with hidden_state_layers=[...]"
+            )
+        if self._finished is None:
+            raise RuntimeError("no finished inference: call forward(), or start() then wait(), first")
+        states = self._finished.request.get_output_tensor(self._hidden_states_index).data
+        return states if states.dtype == np.float32 else states.astype(np.float32)
 
     def _fill_inputs(self, chunks: list[SequenceChunk], lane: _Lane | None = None) -> int:
         """Write the flat batch description of ``chunks`` into ``lane``'s inputs (the main lane by
