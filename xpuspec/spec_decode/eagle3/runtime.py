@@ -1,0 +1,308 @@
+"""The EAGLE-3 head at run time: compiled OpenVINO models and per-sequence KV, at the numpy level.
+
+What a drafter (a :class:`xpuspec.spec_decode.proposal.DraftProposer`) does with it, per step:
+
+1. after verification, fuse the target's tapped states of the newly verified tokens (:meth:`fuse`),
+   drop the head's KV past the accepted prefix (:meth:`truncate`), and run one catch-up pass over them
+   (:meth:`run`, one :class:`HeadStep` per sequence: token ids shifted by one, see
+   :mod:`xpuspec.spec_decode.eagle3.head_model`), which yields the first draft's logits;
+2. roll out: each further pass feeds the drafted token with the previous pass's ``hidden`` (the
+   layer output before the final norm), one position per chain, or several with a tree mask;
+3. sample from :meth:`target_logits` (draft logits scattered into the target vocabulary, ``-inf``
+   for ids the head cannot draft), so rejection sampling compares rows of one vocabulary;
+4. :meth:`release` a finished sequence.
+
+The KV cache lives here as numpy, per sequence id, appended by every pass (each sequence's rows may be
+of different lengths: passes are padded and masked). It is small: one layer, ``kv_heads * head_dim``
+values per position.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from xpuspec.devices.properties import PropertiesArg, resolve_properties
+from xpuspec.spec_decode.eagle3 import head_model as graph
+from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
+from xpuspec.spec_decode.eagle3.embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
+from xpuspec.spec_decode.eagle3.weights import Eagle3HeadWeights, load_head_weights
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HeadStep:
+    """One sequence's ``n`` new positions in a head pass.
+
+    ``token_ids`` ``[n]``: the target ids whose embeddings the positions read (position ``j`` pairs the
+    state at ``j`` with the token at ``j + 1``). ``hidden`` ``[n, hidden]``: fused target states
+    (:meth:`Eagle3Head.fuse`) or a previous pass's ``hidden``. ``positions`` ``[n]``: default the next
+    ``n`` slots of the sequence's cache. ``attention_mask`` ``[n, past + n]`` bool over the cached
+    positions and the new ones: default all of the past and causal among the new (give a tree's mask
+    here). ``logits_rows``: which of the ``n`` positions get logits; default the last only.
+    """
+
+    sequence_id: str
+    token_ids: Sequence[int] | np.ndarray
+    hidden: np.ndarray
+    positions: Sequence[int] | np.ndarray | None = None
+    attention_mask: np.ndarray | None = None
+    logits_rows: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
+        self.hidden = np.asarray(self.hidden, dtype=np.float32)
+        n = self.token_ids.shape[0]
+        if n == 0:
+            raise ValueError(f"head step for {self.sequence_id}: no positions")
+        if self.hidden.ndim != 2 or self.hidden.shape[0] != n:
+            raise ValueError(
+                f"head step for {self.sequence_id}: hidden must be [{n}, hidden] for {n} token ids, "
+                f"got {list(self.hidden.shape)}"
+            )
+        if self.positions is not None:
+            self.positions = np.asarray(self.positions, dtype=np.int64).reshape(-1)
+            if self.positions.shape[0] != n:
+                raise ValueError(
+                    f"head step for {self.sequence_id}: {self.positions.shape[0]} positions for {n} ids"
+                )
+        rows = [n - 1] if self.logits_rows is None else [int(row) for row in self.logits_rows]
+        if not rows or any(not 0 <= row < n for row in rows):
+            raise ValueError(
+                f"head step for {self.sequence_id}: logits_rows must be in 0..{n - 1}, got {rows}"
+            )
+        self.logits_rows = rows
+
+
+@dataclass
+class HeadStepResult:
+    logits: np.ndarray  # [len(logits_rows), draft_vocab]
+    hidden: np.ndarray  # [n, hidden]: the next rollout step's input state (before the final norm)
+
+
+class _SequenceCache:
+    """One sequence's keys and values ``[kv_heads, length, head_dim]``, grown by doubling."""
+
+    def __init__(self, kv_heads: int, head_dim: int):
+        self.key = np.zeros((kv_heads, 16, head_dim), np.float32)
+        self.value = np.zeros_like(self.key)
+        self.length = 0
+
+    def append(self, key: np.ndarray, value: np.ndarray) -> None:
+        end = self.length + key.shape[1]
+        if end > self.key.shape[1]:
+            capacity = max(end, 2 * self.key.shape[1])
+            for name in ("key", "value"):
+                grown = np.zeros((self.key.shape[0], capacity, self.key.shape[2]), np.float32)
+                grown[:, : self.length] = getattr(self, name)[:, : self.length]
+                setattr(self, name, grown)
+        self.key[:, self.length : end] = key
+        self.value[:, self.length : end] = value
+        self.length = end
+
+
+class Eagle3Head:
+    """A compiled EAGLE-3 head: fusion, embedding and decoder-layer models, and per-sequence KV."""
+
+    def __init__(
+        self,
+        config: Eagle3HeadConfig,
+        weights: Eagle3HeadWeights,
+        embedding: ov.Model,
+        device: str = "CPU",
+        properties: PropertiesArg = None,
+        core: ov.Core | None = None,
+        weight_type: str = "f32",
+    ):
+        core = core or ov.Core()
+        compile_properties: dict[str, Any] = resolve_properties(properties) or {}
+        self.config = config
+        self.d2t = weights.d2t
+        self.target_ids = weights.draft_to_target  # [draft_vocab]
+        self._head = core.compile_model(
+            graph.build_head_model(config, weights, weight_type), device, compile_properties
+        ).create_infer_request()
+        self._fusion = core.compile_model(
+            graph.build_fusion_model(config, weights, weight_type), device, compile_properties
+        ).create_infer_request()
+        self._embedding = core.compile_model(embedding, device, compile_properties).create_infer_request()
+        ids_shape = embedding.input(INPUT_IDS).get_partial_shape()
+        self._ids_rank = ids_shape.rank.get_length()
+        width = embedding.output(EMBEDDINGS).get_partial_shape()[-1]
+        if width.is_static and width.get_length() != config.hidden_size:
+            raise ValueError(
+                f"the embedding gives {width.get_length()} features, the head expects {config.hidden_size}: "
+                f"it is not this head's target"
+            )
+        self._caches: dict[str, _SequenceCache] = {}
+
+    @classmethod
+    def from_folders(
+        cls,
+        head_dir: str | Path,
+        target_dir: str | Path,
+        device: str = "CPU",
+        properties: PropertiesArg = None,
+        core: ov.Core | None = None,
+        weight_type: str = "f32",
+    ) -> Eagle3Head:
+        """A published-layout head folder and its target's IR folder (checked against each other)."""
+        config = Eagle3HeadConfig.from_folder(head_dir)
+        config.check_target(target_dir)
+        weights = load_head_weights(head_dir, config)
+        if weights.embed_tokens is not None:
+            logger.info("%s ships embed_tokens; embedding with the target's table instead", head_dir)
+        core = core or ov.Core()
+        embedding = target_embedding_model(target_dir, core)
+        return cls(config, weights, embedding, device, properties, core, weight_type)
+
+    # --- per-sequence KV -------------------------------------------------------------------------
+
+    def kv_length(self, sequence_id: str) -> int:
+        cache = self._caches.get(sequence_id)
+        return 0 if cache is None else cache.length
+
+    def truncate(self, sequence_id: str, length: int) -> None:
+        """Keep the first ``length`` cached positions (after rejection drops the rest)."""
+        if length < 0:
+            raise ValueError(f"cannot truncate {sequence_id} to {length} positions")
+        cache = self._caches.get(sequence_id)
+        if cache is not None:
+            cache.length = min(cache.length, length)
+
+    def release(self, sequence_id: str) -> None:
+        self._caches.pop(sequence_id, None)
+
+    # --- model calls -----------------------------------------------------------------------------
+
+    def fuse(self, target_hidden: np.ndarray) -> np.ndarray:
+        """``[m, 3*hidden]`` target states (the runner's ``hidden_states()`` rows) -> ``[m, hidden]``."""
+        target_hidden = np.asarray(target_hidden, dtype=np.float32)
+        if target_hidden.ndim != 2 or target_hidden.shape[1] != 3 * self.config.hidden_size:
+            raise ValueError(
+                f"target states must be [m, {3 * self.config.hidden_size}] (three taps of "
+                f"{self.config.hidden_size}), got {list(target_hidden.shape)}"
+            )
+        self._fusion.infer({graph.TARGET_HIDDEN: target_hidden})
+        return self._fusion.get_tensor(graph.FUSED).data.copy()
+
+    def embed(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``[m]`` target ids -> ``[m, hidden]`` embeddings from the target's table."""
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        self._embedding.infer({INPUT_IDS: ids.reshape((1, -1) if self._ids_rank == 2 else (-1,))})
+        return self._embedding.get_tensor(EMBEDDINGS).data.reshape(ids.shape[0], -1).copy()
+
+    def run(self, steps: Sequence[HeadStep]) -> list[HeadStepResult]:
+        """One padded pass over every step's positions; appends each sequence's new KV to its cache."""
+        if not steps:
+            return []
+        if len({step.sequence_id for step in steps}) != len(steps):
+            raise ValueError("one head pass takes each sequence once")
+        config = self.config
+        batch = len(steps)
+        pasts = [self.kv_length(step.sequence_id) for step in steps]
+        lengths = [step.token_ids.shape[0] for step in steps]
+        past, new = max(pasts), max(lengths)
+        rows = max(len(step.logits_rows) for step in steps)
+
+        embeds = np.zeros((batch, new, config.hidden_size), np.float32)
+        hidden = np.zeros_like(embeds)
+        positions = np.zeros((batch, new), np.int64)
+        past_key = np.zeros((batch, config.num_key_value_heads, past, config.head_dim), np.float32)
+        past_value = np.zeros_like(past_key)
+        # Padded query rows attend to themselves only, so no row is fully masked.
+        mask = np.zeros((batch, new, past + new), np.bool_)
+        mask[:, np.arange(new), past + np.arange(new)] = True
+        logits_indices = np.zeros((batch, rows), np.int64)
+        flat_embeds = self.embed(np.concatenate([step.token_ids for step in steps]))
+        offset = 0
+        for i, (step, length, cached) in enumerate(zip(steps, lengths, pasts, strict=True)):
+            if step.hidden.shape[1] != config.hidden_size:
+                raise ValueError(
+                    f"head step for {step.sequence_id}: hidden has {step.hidden.shape[1]} features, the head "
+                    f"{config.hidden_size} (fuse the target's states first)"
+                )
+            embeds[i, :length] = flat_embeds[offset : offset + length]
+            offset += length
+            hidden[i, :length] = step.hidden
+            positions[i, :length] = cached + np.arange(length) if step.positions is None else step.positions
+            if cached:
+                cache = self._caches[step.sequence_id]
+                past_key[i, :, :cached] = cache.key[:, :cached]
+                past_value[i, :, :cached] = cache.value[:, :cached]
+            if step.attention_mask is None:
+                mask[i, :length, :cached] = True
+                mask[i, :length, past : past + length] = np.tril(np.ones((length, length), np.bool_))
+            else:
+                given = np.asarray(step.attention_mask, dtype=np.bool_)
+                if given.shape != (length, cached + length):
+                    raise ValueError(
+                        f"head step for {step.sequence_id}: attention_mask must be "
+                        f"[{length}, {cached + length}] ({cached} cached + {length} new positions), "
+                        f"got {list(given.shape)}"
+                    )
+                mask[i, :length, :cached] = given[:, :cached]
+                mask[i, :length, past : past + length] = given[:, cached:]
+            logits_indices[i, : len(step.logits_rows)] = step.logits_rows
+
+        self._head.infer(
+            {
+                graph.INPUTS_EMBEDS: embeds,
+                graph.HIDDEN_IN: hidden,
+                graph.POSITION_IDS: positions,
+                graph.PAST_KEY: past_key,
+                graph.PAST_VALUE: past_value,
+                graph.ATTENTION_MASK: mask,
+                graph.LOGITS_INDICES: logits_indices,
+            }
+        )
+        logits = self._head.get_tensor(graph.LOGITS).data  # [b, rows, draft_vocab]
+        hidden_out = self._head.get_tensor(graph.HIDDEN_OUT).data  # [b, new, hidden]
+        present_key = self._head.get_tensor(graph.PRESENT_KEY).data  # [b, kv, new, head_dim]
+        present_value = self._head.get_tensor(graph.PRESENT_VALUE).data
+        results = []
+        for i, (step, length) in enumerate(zip(steps, lengths, strict=True)):
+            cache = self._caches.setdefault(
+                step.sequence_id, _SequenceCache(config.num_key_value_heads, config.head_dim)
+            )
+            cache.append(present_key[i, :, :length], present_value[i, :, :length])
+            results.append(
+                HeadStepResult(
+                    logits=logits[i, : len(step.logits_rows)].copy(), hidden=hidden_out[i, :length].copy()
+                )
+            )
+        return results
+
+    # --- vocabularies ----------------------------------------------------------------------------
+
+    def draft_to_target(self, draft_ids: np.ndarray | Sequence[int] | int) -> np.ndarray:
+        """Target ids of draft ids (``id + d2t[id]``), same shape."""
+        return self.target_ids[np.asarray(draft_ids, dtype=np.int64)]
+
+    def target_logits(self, draft_logits: np.ndarray, fill: float = -np.inf) -> np.ndarray:
+        """``[..., draft_vocab]`` -> ``[..., vocab]``: each draft column at its target id, ``fill`` elsewhere.
+
+        With the default ``-inf`` the softmax over the target vocabulary is the head's distribution with
+        zero mass on ids it cannot draft; pass ``fill=0`` to scatter probabilities instead.
+        """
+        draft_logits = np.asarray(draft_logits)
+        if draft_logits.shape[-1] != self.config.draft_vocab_size:
+            raise ValueError(
+                f"draft logits must end in the draft vocabulary ({self.config.draft_vocab_size}), "
+                f"got {list(draft_logits.shape)}"
+            )
+        out = np.full(draft_logits.shape[:-1] + (self.config.vocab_size,), fill, dtype=np.float32)
+        out[..., self.target_ids] = draft_logits
+        return out
+
+    @property
+    def sequences(self) -> Mapping[str, int]:
+        """Cached positions per sequence id (for checks and logging)."""
+        return {sequence_id: cache.length for sequence_id, cache in self._caches.items()}
