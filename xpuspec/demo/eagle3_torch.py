@@ -164,14 +164,23 @@ class Eagle3Head(nn.Module):
         self.t2d[ids] = True
 
 
-def save_head(module: Eagle3Head, config: Eagle3HeadConfig, folder: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (with ``d2t``/``t2d``) in the published layout."""
+def save_head(
+    module: Eagle3Head, config: Eagle3HeadConfig, folder: str | Path, dtype: torch.dtype | None = None
+) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (with ``d2t``/``t2d``) in the published layout.
+
+    ``dtype`` (e.g. ``torch.float16``, how a head ships) casts the float tensors; the maps keep theirs.
+    """
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    state = {name: tensor.detach().contiguous().cpu() for name, tensor in module.state_dict().items()}
+    state = {}
+    for name, tensor in module.state_dict().items():
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[name] = tensor.detach().contiguous().cpu()
     save_file(state, str(folder / SAFETENSORS_FILE))
     return folder
 
