@@ -211,7 +211,7 @@ class Eagle3Proposer:
         sequence = chunk.sequence
         request_id = sequence.request_id
         state = self._states.get(request_id)
-        first = None if state is None else state.start + self.head.kv_length(request_id)
+        first = -1 if state is None else state.start + self.head.kv_length(request_id)
         if (
             state is None
             or state.num_pending == 0
