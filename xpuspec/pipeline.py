@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpuspec.devices.executors import create_runner
 from xpuspec.devices.placement import (
@@ -35,6 +35,9 @@ from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, Ngra
 from xpuspec.spec_decode.tree import parse_draft_tree
 from xpuspec.structured.matcher import grammar_compiler
 from xpuspec.text import ChatTemplate, Tokenizer
+
+if TYPE_CHECKING:
+    from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +78,12 @@ class Pipeline:
         overlap: bool | None = None,
         enable_prefix_caching: bool = True,
         draft_tree: object = None,
+        eagle3_head: str | Path | None = None,
     ):
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
+        if eagle3_head is not None and drafter == "auto":
+            drafter = "eagle3"  # a head given is the drafter asked for
         # "exact" (f32 compute, f32 KV cache, no activation quantisation) or a dict of OpenVINO properties.
         properties = resolve_properties(properties)
         # The tree shape of requests that leave SamplingParams.draft_tree unset (None: chains).
@@ -94,6 +100,12 @@ class Pipeline:
             choose_placement(self.bundle, requested, core, registry) if use_placement else requested
         )
         drafter = self.placement.drafter
+        if (drafter == "eagle3") != (eagle3_head is not None):
+            raise ValueError(
+                "drafter='eagle3' needs eagle3_head=<an EAGLE-3 head folder>"
+                if eagle3_head is None
+                else f"eagle3_head is given but the drafter is {drafter!r}: pass drafter='eagle3'"
+            )
         # The speculation length of requests that leave num_draft_tokens unset (None: adaptive).
         self.default_num_draft_tokens = self.placement.num_draft_tokens
         if drafter == "draft" and self.bundle.draft is None:
@@ -111,7 +123,9 @@ class Pipeline:
         self.drafter = drafter
         self.target_device = resolve_device(self.placement.target_device, core, registry)
         self.draft_device = (
-            resolve_device(self.placement.draft_device, core, registry) if drafter == "draft" else None
+            resolve_device(self.placement.draft_device, core, registry)
+            if drafter in ("draft", "eagle3")
+            else None
         )
         # Compile properties `xpuspec plan --write` measured for each role on its device (the user's
         # own properties go on top; see xpuspec.devices.properties).
@@ -120,7 +134,7 @@ class Pipeline:
             if use_placement
             else None,
             "draft": recorded_properties(self.bundle, "draft", self.draft_device.device)
-            if use_placement and self.draft_device is not None
+            if use_placement and drafter == "draft" and self.draft_device is not None
             else None,
         }
         self.tokenizer = Tokenizer(self.bundle.target.path)
@@ -147,6 +161,13 @@ class Pipeline:
             # Tree acceptance moves single tokens' KV; the CPU's u8 key cache is quantised per
             # channel over a block unless keys carry per-token scales (xpuspec.engine.model_runner).
             target_properties = {**(properties or {}), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}
+        # An EAGLE-3 target taps the residual stream at the head's layers (checked against the target
+        # first); other drafters keep the plain target graph.
+        tap_layers = None
+        if eagle3_head is not None:
+            from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
+
+            tap_layers = Eagle3HeadConfig.from_folder(eagle3_head).check_target(self.bundle.target.path)
         self.target_runner = create_runner(
             self.target_device,
             self.bundle.target,
@@ -154,10 +175,13 @@ class Pipeline:
             target_properties,
             tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
+            hidden_state_layers=tap_layers,
             **runner_limits,
         )
         proposer: DraftProposer | None = None
-        if self.draft_device is not None:
+        if drafter == "eagle3":
+            proposer = self._eagle3_proposer(eagle3_head, core, draft_properties, properties)  # type: ignore[arg-type]
+        elif self.draft_device is not None:
             draft_runner = create_runner(
                 self.draft_device,
                 self.bundle.draft,  # type: ignore[arg-type]
@@ -177,7 +201,11 @@ class Pipeline:
         elif drafter == "ngram":
             proposer = NgramDraftProposer()
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
-        draft_device_name = self.draft_device.device if self.draft_device is not None else None
+        draft_device_name = self.draft_device.device if drafter == "draft" and self.draft_device else None
+        if drafter == "eagle3" and overlap:
+            raise ValueError(
+                "overlap=True needs a draft model: EAGLE-3 drafts from the step the target verifies"
+            )
         self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
         engine_class = OverlappedEngine if self.overlap else LLMEngine
         self.engine = engine_class(self.target_runner, proposer, config, self.bundle.eos_token_ids)
@@ -191,6 +219,34 @@ class Pipeline:
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).
         self.last_stats: dict[str, Any] | None = None
+
+    def _eagle3_proposer(
+        self, head_dir: str | Path, core: Any, draft_properties: PropertiesArg, properties: PropertiesArg
+    ) -> Eagle3Proposer:
+        """The EAGLE-3 head on the draft device, drafting from the tapped target."""
+        from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
+        from xpuspec.spec_decode.eagle3.runtime import Eagle3Head
+
+        head = Eagle3Head.from_folders(
+            head_dir,
+            self.bundle.target.path,
+            device=self.draft_device.device,  # type: ignore[union-attr]
+            properties=draft_properties if draft_properties is not None else properties,
+            core=core,
+        )
+        width = self.target_runner.hidden_state_width
+        if width != 3 * head.config.hidden_size:
+            raise ValueError(
+                f"the target's tapped states have {width} features, the EAGLE-3 head fuses "
+                f"3 x {head.config.hidden_size}: it is not this target's head"
+            )
+        logger.info(
+            "EAGLE-3 head %s: target layers %s, draft vocabulary %d",
+            head_dir,
+            self.target_runner.hidden_state_layers,
+            head.config.draft_vocab_size,
+        )
+        return Eagle3Proposer(head, self.target_runner.hidden_states, self.target_runner.vocab_size)
 
     # ------------------------------------------------------------------ prompts
     def apply_chat_template(self, messages: Messages) -> str:

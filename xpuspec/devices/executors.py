@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
@@ -26,6 +27,7 @@ def create_runner(
     max_sequences: int,
     max_context: int,
     core: Any,
+    hidden_state_layers: Sequence[int] | None = None,
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
@@ -33,6 +35,8 @@ def create_runner(
     tables); OpenVINO runners pick it themselves and the caller checks the two agree.
     ``user_properties`` may name a preset ("exact"); ``tuned_properties`` are what `xpuspec plan`
     recorded for this role and device (see :mod:`xpuspec.devices.properties` for the layering).
+    ``hidden_state_layers``: tap the residual stream entering these layers (an EAGLE-3 target); only
+    the paged executor has taps.
     """
     plugin = device.plugin
     user = layer_tuned(tuned_properties, resolve_properties(user_properties))
@@ -43,6 +47,11 @@ def create_runner(
     else:
         properties = plugin.compile_properties(role, user, max_draft_tokens=max_draft_tokens)
     logger.debug("%s on %s (%s executor): %s", role, device.device, plugin.executor_kind, properties)
+    if hidden_state_layers is not None and plugin.executor_kind != "paged":
+        raise ValueError(
+            f"EAGLE-3 drafting reads the target's hidden states, which only the paged executor taps; "
+            f"{device.device} runs the {plugin.executor_kind} executor"
+        )
     if plugin.executor_kind == "paged":
         from xpuspec.engine.model_runner import PagedModelRunner
 
@@ -57,6 +66,7 @@ def create_runner(
             # copy for the latter spares the plugin a change of shapes twice a step (see the runner).
             # The draft is small; the target's weights are not doubled.
             decode_lane=role == "draft",
+            hidden_state_layers=hidden_state_layers,
         )
     if plugin.executor_kind == "stateful":
         try:

@@ -24,7 +24,7 @@ from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)
 
-DRAFTERS = ("auto", "draft", "ngram", "none")
+DRAFTERS = ("auto", "draft", "ngram", "eagle3", "none")
 DEFAULT_DEVICE = "CPU"
 DEFAULT_DRAFTER = "auto"
 # Device strings OpenVINO resolves itself (virtual devices over the physical ones).

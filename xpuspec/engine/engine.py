@@ -184,7 +184,12 @@ class LLMEngine:
     def prefix_caching(self) -> bool:
         """Whether prefixes are cached: asked for, and the target keeps its KV in the shared blocks
         (a stateful executor, one with ``release``, keeps each sequence's KV to itself)."""
-        return self.config.enable_prefix_caching and not hasattr(self.target, "release")
+        return (
+            self.config.enable_prefix_caching
+            and not hasattr(self.target, "release")
+            # A drafter reading the target's states of every token (EAGLE-3) finds none in a cached prefix.
+            and not getattr(self.proposer, "needs_every_target_state", False)
+        )
 
     def _init_trees(self) -> None:
         """Tree speculation (``SamplingParams.draft_tree``) needs a draft model and tree-capable
@@ -429,6 +434,9 @@ class LLMEngine:
         ]
         logits = self._forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
         self._accept_all(chunks, runner_chunks, logits, proposals)
+        observe = getattr(self.proposer, "observe_target", None)
+        if observe is not None:  # a drafter that drafts from the target's hidden states (EAGLE-3)
+            observe(chunks, runner_chunks)
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.

@@ -58,6 +58,11 @@ class OverlappedEngine(LLMEngine):
             raise ValueError("overlap needs a drafter: there is nothing to overlap the target with")
         if not (hasattr(self.target, "start") and hasattr(self.target, "wait")):
             raise ValueError("overlap needs a target runner with start()/wait() (asynchronous inference)")
+        if hasattr(self.proposer, "observe_target"):
+            raise ValueError(
+                "overlap cannot run a drafter that reads the target's hidden states (EAGLE-3): it drafts "
+                "from the states of the step the target verifies"
+            )
         self._pending: dict[str, _PendingProposal] = {}
 
     # --------------------------------------------------------------------- step

@@ -1,7 +1,10 @@
 """Drafters: what proposes the γ tokens that the target verifies.
 
-Two drafters exist: a draft model with its own paged KV cache (it shares the target's block
-tables, so both caches must have the same block size and block count) and n-gram prompt lookup.
+Drafters: a draft model with its own paged KV cache (it shares the target's block tables, so both
+caches must have the same block size and block count), n-gram prompt lookup, and an EAGLE-3 head
+(:mod:`xpuspec.spec_decode.eagle3.proposer`), which also has ``observe_target(chunks, runner_chunks)``:
+the engine calls it after accepting each target step, so it can keep the target's hidden states of the
+tokens now computed.
 """
 
 from __future__ import annotations
