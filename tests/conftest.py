@@ -50,3 +50,36 @@ def smollm2_gguf() -> Path:
         return SMOLLM2.locate_gguf()
     except BundleError as error:
         pytest.skip(f"the SmolLM2 GGUF is not installed: {error}")
+
+
+EAGLE3_TAPS = (0, 1, 2)  # the tiny targets have 2 layers; EAGLE-3's default taps need 6
+EAGLE3_DRAFT_VOCAB = 96
+
+
+@pytest.fixture(scope="session")
+def eagle3_head(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random EAGLE-3 head for the pair's target, in the published layout (needs torch)."""
+    import json
+
+    pytest.importorskip("torch")
+    from xpuspec.demo.eagle3_torch import random_head, save_head
+
+    target_config = json.loads((pair_bundle / "target" / "config.json").read_text())
+    module, config = random_head(target_config, EAGLE3_DRAFT_VOCAB, seed=5, aux_layer_ids=EAGLE3_TAPS)
+    return save_head(module, config, tmp_path_factory.mktemp("eagle3_head") / "head")
+
+
+@pytest.fixture(scope="session")
+def eagle3_bundle(pair_bundle: Path, eagle3_head: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pair (its IR folders, so nothing is exported again) with the random head."""
+    from xpuspec.prepare import PrepareConfig, prepare_bundle
+
+    return prepare_bundle(
+        PrepareConfig(
+            target=str(pair_bundle / "target"),
+            draft=str(pair_bundle / "draft"),
+            eagle3=str(eagle3_head),
+            output=tmp_path_factory.mktemp("eagle3_bundle") / "bundle",
+            weights="fp16",
+        )
+    )

@@ -6,6 +6,8 @@ Layout::
       xpuspec.json              the manifest (this module reads and verifies it)
       target/                   stateful OpenVINO IR + HF config files + openvino_(de)tokenizer.xml
       draft/                    the same for the draft model (absent for a target-only bundle)
+      eagle3/                   an EAGLE-3 head, config.json + model.safetensors (optional; see
+                                xpuspec.prepare.eagle3), described by manifest["eagle3"]
 
 The target folder on its own loads with ``openvino_genai.LLMPipeline``.
 Every file except the manifest is listed in ``manifest["files"]`` with its SHA-256,
@@ -154,6 +156,29 @@ class ModelInfo:
         return str(self.facts.get("architecture", "unknown"))
 
 
+@dataclass(frozen=True)
+class Eagle3Info:
+    """The bundle's EAGLE-3 head as the manifest describes it (``xpuspec prepare --eagle3``)."""
+
+    path: Path
+    facts: dict[str, Any]
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        """The target boundaries whose hidden states the head fuses (checked when it was prepared)."""
+        return tuple(int(layer) for layer in self.facts.get("tap_layers") or ())
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.facts["draft_vocab_size"])
+
+    def config(self) -> Any:
+        """The head's :class:`xpuspec.spec_decode.eagle3.config.Eagle3HeadConfig`, read from its folder."""
+        from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
+
+        return Eagle3HeadConfig.from_folder(self.path)
+
+
 class ModelBundle:
     """A prepared bundle on disk: its manifest, its models and tokenizer facts."""
 
@@ -265,6 +290,14 @@ class ModelBundle:
     @property
     def draft(self) -> ModelInfo | None:
         return self.model("draft")
+
+    @property
+    def eagle3(self) -> Eagle3Info | None:
+        """The EAGLE-3 head, or ``None`` when the bundle has none."""
+        facts = self.manifest.get("eagle3")
+        if not facts:
+            return None
+        return Eagle3Info(path=self.root / facts["path"], facts=facts)
 
     @property
     def tokenizer_facts(self) -> dict[str, Any]:

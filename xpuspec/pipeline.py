@@ -100,12 +100,15 @@ class Pipeline:
             choose_placement(self.bundle, requested, core, registry) if use_placement else requested
         )
         drafter = self.placement.drafter
-        if (drafter == "eagle3") != (eagle3_head is not None):
-            raise ValueError(
-                "drafter='eagle3' needs eagle3_head=<an EAGLE-3 head folder>"
-                if eagle3_head is None
-                else f"eagle3_head is given but the drafter is {drafter!r}: pass drafter='eagle3'"
-            )
+        if drafter == "eagle3" and eagle3_head is None:  # the bundle's own head
+            if self.bundle.eagle3 is None:
+                raise ValueError(
+                    f"{self.bundle.root} has no EAGLE-3 head; add one with `xpuspec prepare TARGET "
+                    "--eagle3 HEAD_DIR -o BUNDLE`, or pass eagle3_head=<a head folder>"
+                )
+            eagle3_head = self.bundle.eagle3.path
+        if eagle3_head is not None and drafter != "eagle3":
+            raise ValueError(f"eagle3_head is given but the drafter is {drafter!r}: pass drafter='eagle3'")
         # The speculation length of requests that leave num_draft_tokens unset (None: adaptive).
         self.default_num_draft_tokens = self.placement.num_draft_tokens
         if drafter == "draft" and self.bundle.draft is None:

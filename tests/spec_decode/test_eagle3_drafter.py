@@ -313,7 +313,7 @@ def test_a_head_that_does_not_fit_raises(pair_bundle, target_config, tmp_path, c
 
 
 def test_eagle3_needs_a_head(pair_bundle):
-    with pytest.raises(ValueError, match="needs eagle3_head"):
+    with pytest.raises(ValueError, match="has no EAGLE-3 head; add one with `xpuspec prepare"):
         Pipeline(pair_bundle, drafter="eagle3", properties=EXACT_PRESET)
 
 

@@ -211,6 +211,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         "models": {
             "target": bundle.target.architecture,
             "draft": bundle.draft.architecture if bundle.draft is not None else None,
+            "eagle3": bundle.eagle3.facts.get("source") if bundle.eagle3 is not None else None,
             "root": str(bundle.root),
         },
         "prompts": [

@@ -107,6 +107,7 @@ def add_speedups(
     results: list[LatencyResult],
     summaries: dict[str, dict[str, Any]],
     step_costs: dict[str, dict[int, float]] | None = None,
+    baseline_of: dict[str, str] | None = None,
 ) -> None:
     """Speed-up of each configuration over its engine's target-only run, and Leviathan's prediction.
 
@@ -114,14 +115,17 @@ def add_speedups(
     passes plus verifying γ + 1 tokens, the engine's Python included; from its cost curve). For a
     fixed-γ row the prediction is ``(1 − α^(γ+1)) / (1 − α) · TPOT(target-only) / step(γ)`` at the
     row's measured α, compared with the measured decode speed-up ``TPOT(target-only) / TPOT(γ)``
-    (TPOT: time per output token after the first, so prefill is left out of both).
+    (TPOT: time per output token after the first, so prefill is left out of both). ``baseline_of``
+    names, for an engine without target-only rows, the engine whose target-only run it is compared with.
     """
     baselines = {r.engine: summaries[r.name] for r in results if r.draft_length is None and r.status == OK}
     for result in results:
         summary = summaries[result.name]
         if result.status != OK:
             continue
-        baseline = baselines.get(result.engine, {})
+        baseline = baselines.get(result.engine) or baselines.get(
+            (baseline_of or {}).get(result.engine, ""), {}
+        )
         rate, base_rate = summary.get("tokens_per_s"), baseline.get("tokens_per_s")
         summary["speedup"] = rate / base_rate if rate and base_rate else None
         summary["predicted_speedup"] = summary["decode_speedup"] = summary["measured_over_predicted"] = None

@@ -1,12 +1,14 @@
 """Batch-1 latency mode: xpuspec target-only and speculative at each draft length, beside its peers.
 
-Three groups of rows:
+Three groups of rows (four with an EAGLE-3 head in the bundle):
 
 - **same properties**: xpuspec and OpenVINO GenAI compiled with the same OpenVINO properties (the
   user's, or GenAI's defaults made explicit: the CPU plugin's compute precision, a cache of that
   precision and its dynamic-quantisation group), so that ``÷ GenAI`` compares the engines alone;
 - **default**: each engine as a user gets it: xpuspec with the properties `xpuspec plan` recorded in
   the bundle (or its CPU plugin's defaults), GenAI's ``LLMPipeline`` with none;
+- **EAGLE-3**: xpuspec drafting with the bundle's EAGLE-3 head at each draft length and adaptive, with
+  the same properties (its speed-ups are over the same-properties target-only row);
 - **exact**: xpuspec target-only in exact mode (f32 compute, f32 KV cache, no dynamic quantisation),
   the reference of every row's "same tokens" (greedy agreement: requests whose tokens equal it).
 
@@ -165,8 +167,11 @@ def median_curve(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 SAME, DEFAULT, EXACT = "same properties", "default", "exact"
 XPUSPEC_DEFAULT, GENAI_DEFAULT, XPUSPEC_EXACT = f"{XPUSPEC} default", f"{GENAI} default", f"{XPUSPEC} exact"
+XPUSPEC_EAGLE3, EAGLE3_KEY = f"{XPUSPEC} EAGLE-3", f"{XPUSPEC}/eagle3"
 # The engine label of each row group; the row's peer for the ÷ GenAI column.
 PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT}
+# Row groups without target-only rows of their own: their speed-ups are over this group's.
+BASELINE_OF = {XPUSPEC_EAGLE3: XPUSPEC}
 
 
 @dataclass
@@ -251,6 +256,10 @@ def _configurations(
         for length in lengths:
             add(label, length, spec, "the bundle has no draft model")
         add(label, TREE_AUTO, spec, "the bundle has no draft model")
+    if bundle.eagle3 is not None:  # the head's rows, same properties; speed-ups over xpuspec target-only
+        eagle3 = xpuspec_engine(EAGLE3_KEY, "eagle3", same_properties, same_properties)
+        for length in lengths:
+            add(XPUSPEC_EAGLE3, length, eagle3, None)
     add(XPUSPEC_EXACT, None, xpuspec_engine("exact/none", "none", "exact", None), None, reference_only=True)
 
     reason = genai_unavailable()
@@ -355,9 +364,13 @@ def run_latency(
             _guarded(entry, one_round)
             seconds = entry.result.round_seconds[-1] if entry.engine_key else float("nan")
             progress.advance(f"round {round_index + 1}/{config.rounds} {entry.result.name}: {seconds:.2f} s")
-        for label in (XPUSPEC, XPUSPEC_DEFAULT):
-            if f"{label}/draft" in built:
-                model = built[f"{label}/draft"].pipeline.engine.cost_model
+        for label, key in (
+            (XPUSPEC, f"{XPUSPEC}/draft"),
+            (XPUSPEC_DEFAULT, f"{XPUSPEC_DEFAULT}/draft"),
+            (XPUSPEC_EAGLE3, EAGLE3_KEY),
+        ):
+            if key in built:
+                model = built[key].pipeline.engine.cost_model
                 curves.setdefault(label, []).append(cost_curve(model, max(config.draft_lengths, default=0)))
         del built
 
@@ -371,6 +384,7 @@ def run_latency(
             label: {int(g): ms / 1000 for g, ms in curve["step_ms"].items()}
             for label, curve in cost_model.items()
         },
+        BASELINE_OF,
     )
     _compare_tokens(results, summaries)
     _peer_ratios(results, summaries)

@@ -146,7 +146,8 @@ def markdown(report: dict[str, Any]) -> str:
             "cost curve below: the draft's passes and the verification of γ + 1 tokens, the engine's "
             "Python included); *÷ predicted* is decode speed-up over predicted. ÷ peer is xpuspec "
             "tokens/s over the peer's at the same draft length and properties (the adaptive row: over "
-            "GenAI's best fixed-γ row).",
+            "GenAI's best fixed-γ row). *xpuspec EAGLE-3* rows, when the bundle has a head, draft with "
+            "it at the same properties; their speed-ups are over xpuspec target-only.",
         ]
         for engine, curve in (latency.get("engine_cost_model") or {}).items():
             steps = ", ".join(f"γ={g}: {_number(ms, 3)}" for g, ms in curve.get("step_ms", {}).items())

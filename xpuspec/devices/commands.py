@@ -314,7 +314,7 @@ def run_plan(args: argparse.Namespace) -> int:
         rows = [
             (
                 m.placement.target_device,
-                m.placement.draft_device if m.placement.drafter == "draft" else "-",
+                m.placement.draft_device if m.placement.drafter in ("draft", "eagle3") else "-",
                 m.placement.drafter,
                 "adaptive" if m.placement.num_draft_tokens is None else str(m.placement.num_draft_tokens),
                 f"{m.tokens_per_s:.1f}",

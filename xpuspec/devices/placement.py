@@ -150,6 +150,10 @@ def _checked_manifest_placement(
             if bundle.draft is None:
                 raise ValueError("it names the draft model, but the bundle has none")
             resolve_device(placement.draft_device, core, registry)
+        if placement.drafter == "eagle3":
+            if bundle.eagle3 is None:
+                raise ValueError("it names the EAGLE-3 head, but the bundle has none")
+            resolve_device(placement.draft_device, core, registry)
     except ValueError as error:
         logger.warning(
             "ignoring the placement in %s (%s); using the defaults: target and draft on %s, drafter %s",

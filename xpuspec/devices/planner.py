@@ -6,7 +6,8 @@ Two stages:
    greedy agreement with the exact reference of candidate precisions, KV caches and dynamic-
    quantisation group sizes; the plugin's default stays unless a candidate is clearly faster with
    agreement at least as high.
-2. **Placement**: a candidate is (target device, draft device, drafter, γ). Each (target, draft,
+2. **Placement**: a candidate is (target device, draft device, drafter, γ); the drafters are the
+   bundle's draft model (else n-grams), none, and its EAGLE-3 head when it has one. Each (target, draft,
    drafter) triple is loaded once, with the properties of stage 1, and runs a short greedy workload
    for every γ: 0 (the target alone), a few fixed lengths and adaptive (``None``). Candidates run in
    interleaved rounds (order reversed every other round); a round of one candidate repeats the
@@ -180,6 +181,9 @@ def candidate_placements(bundle: ModelBundle, devices: Sequence[str], config: Pl
         # The n-gram drafter runs on the host: its "draft device" is just the target's.
         for draft in devices if drafter == "draft" else [target]:
             candidates += [Placement(target, draft, drafter, length) for length in lengths]
+        if bundle.eagle3 is not None:  # the head runs on a device of its own choosing, like a draft model
+            for draft in devices:
+                candidates += [Placement(target, draft, "eagle3", length) for length in lengths]
     default = default_placement(bundle, devices)
     if default not in candidates:  # the reference every other candidate is judged against
         candidates.append(default)

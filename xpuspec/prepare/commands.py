@@ -35,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument(
         "--draft", metavar="DRAFT", help="draft model: checkpoint folder, IR folder, GGUF file or hub id"
     )
+    prepare.add_argument(
+        "--eagle3",
+        metavar="HEAD_DIR",
+        help="an EAGLE-3 head folder in the published Hugging Face layout (config.json + model.safetensors "
+        "or pytorch_model.bin), checked against the target and stored in the bundle",
+    )
     prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
     prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
     prepare.add_argument(
@@ -170,6 +176,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             force_pair=args.force_pair,
             overwrite=args.overwrite,
             group_size_fallback=args.group_size_fallback,
+            eagle3=args.eagle3,
         )
     except ValueError as error:
         _error(str(error))
@@ -186,6 +193,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     try:  # the options do not fit the models: a usage error, found before any work
         if not gguf_source:
             _check_local_configs(config)
+        if config.eagle3 is not None:
+            _check_eagle3_head(config, gguf_source)
     except PrepareError as error:
         _error(_one_line(str(error)))
         return EXIT_USAGE
@@ -246,6 +255,36 @@ def _check_local_configs(config: PrepareConfig) -> None:
             read[role] = facts
     if "target" in read and "draft" in read:
         check_vocab_sizes(read["target"], read["draft"])
+
+
+def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
+    """The head's config against the target's sizes (from its config.json or GGUF metadata), before
+    any export; the head's tensors are checked when it is written."""
+    from xpuspec.prepare.eagle3 import check_head_fits, head_folder
+
+    if gguf_source:
+        from xpuspec.prepare.gguf import GgufModel
+
+        check_head_fits(
+            config.eagle3, GgufModel.read(Path(config.target).expanduser(), "target").architecture_facts()
+        )  # type: ignore[arg-type]
+        return
+    from xpuspec.prepare.export import ModelSource
+    from xpuspec.prepare.validate import read_local_config
+
+    source = ModelSource.resolve(config.target, "target")
+    facts = read_local_config(source.local_path) if source.local_path is not None else None
+    if facts is None or not hasattr(facts, "num_hidden_layers"):
+        head_folder(config.eagle3)  # type: ignore[arg-type]  # a hub target: checked once its config is read
+        return
+    check_head_fits(
+        config.eagle3,  # type: ignore[arg-type]
+        {
+            "hidden_size": facts.hidden_size,
+            "vocab_size": facts.vocab_size,
+            "num_layers": facts.num_hidden_layers,
+        },
+    )
 
 
 def _one_line(message: str) -> str:

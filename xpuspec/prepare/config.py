@@ -106,6 +106,8 @@ class PrepareConfig:
     ``target`` / ``draft`` are local Hugging Face checkpoint folders, folders already exported to
     OpenVINO IR (``openvino_model.xml`` + config and tokenizer files; the export is then skipped),
     or hub ids passed through to optimum. Options left ``None`` come from the ``device`` preset.
+    ``eagle3`` is a local EAGLE-3 head folder in the published layout, checked against the target and
+    written to the bundle's ``eagle3/`` (:mod:`xpuspec.prepare.eagle3`).
     """
 
     target: str
@@ -123,9 +125,12 @@ class PrepareConfig:
     force_pair: bool = False
     overwrite: bool = False
     group_size_fallback: str = "error"
+    eagle3: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", Path(self.output).expanduser())
+        if self.eagle3 is not None:
+            object.__setattr__(self, "eagle3", str(self.eagle3))
         object.__setattr__(self, "target", str(self.target))
         if self.draft is not None:
             object.__setattr__(self, "draft", str(self.draft))

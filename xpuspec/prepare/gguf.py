@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.prepare.config import PrepareConfig, PrepareError
+from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
@@ -313,15 +314,22 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
         draft_gguf = GgufModel.read(Path(str(draft_spec)).expanduser(), "draft")
         draft_gguf.check_supported("draft")
     roles = ["target"] + (["draft"] if draft_spec else [])
-    steps = StepProgress(total_steps=2 + 2 * len(roles), sink=progress)
+    head_steps = 1 if config.eagle3 is not None else 0
+    steps = StepProgress(total_steps=2 + 2 * len(roles) + head_steps, sink=progress)
     with staging_folder(output) as staging:
         with steps.step("reading GGUF metadata" + (", checking the pair" if draft_spec else "")):
             pairing, draft_source = _check_gguf_pair(target, draft_spec, draft_gguf, config.force_pair)
+            if config.eagle3 is not None:
+                check_head_fits(config.eagle3, target.architecture_facts())
         facts = {"target": _prepare_gguf_model(target, "target", config, staging, steps)}
         if draft_gguf is not None:
             facts["draft"] = _prepare_gguf_model(draft_gguf, "draft", config, staging, steps)
         elif draft_source is not None:
             facts["draft"] = _prepare_folder_draft(draft_source, config, staging, steps)
+        eagle3 = None
+        if config.eagle3 is not None:
+            with steps.step("checking and writing the EAGLE-3 head"):
+                eagle3 = write_head(config.eagle3, staging, facts["target"])
         with steps.step("hashing files and writing the manifest"):
             write_manifest(
                 staging,
@@ -330,6 +338,7 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
                 models=facts,
                 tokenizer=target.tokenizer_facts(),
                 pairing=pairing,
+                eagle3=eagle3,
             )
         commit_bundle(staging, output, config.overwrite)
     logger.info("bundle ready at %s (%.1fs)", output, steps.elapsed)

@@ -19,6 +19,7 @@ from xpuspec.prepare.compress import (
     save_model,
 )
 from xpuspec.prepare.config import PrepareConfig, PrepareError, WeightCompression
+from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.export import (
     IR_MODEL_NAME,
     ModelSource,
@@ -63,7 +64,8 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
     check_output_path(output, config.overwrite)
     check_conversion_stack()
     roles = ["target"] + (["draft"] if config.draft is not None else [])
-    steps = StepProgress(total_steps=2 + 3 * len(roles), sink=progress)
+    head_steps = 1 if config.eagle3 is not None else 0
+    steps = StepProgress(total_steps=2 + 3 * len(roles) + head_steps, sink=progress)
     with staging_folder(output) as staging:
         # Everything knowable from configs and tokenizers is checked here, before any export starts.
         with steps.step("reading configs and tokenizers" + (", checking the pair" if config.draft else "")):
@@ -71,7 +73,13 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
             for model in models:
                 check_group_size(model.role, model.config, model.compression)
             pairing = _check_pairing(models, config.force_pair)
+            if config.eagle3 is not None:
+                check_head_fits(config.eagle3, architecture_facts(models[0].config))
         model_facts = {model.role: _prepare_model(model, config, staging, steps) for model in models}
+        eagle3 = None
+        if config.eagle3 is not None:
+            with steps.step("checking and writing the EAGLE-3 head"):
+                eagle3 = write_head(config.eagle3, staging, model_facts["target"])
         with steps.step("hashing files and writing the manifest"):
             target = models[0]
             write_manifest(
@@ -83,6 +91,7 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
                     target.tokenizer, target.config, load_generation_config(target.source.loadable)
                 ),
                 pairing=pairing,
+                eagle3=eagle3,
             )
         commit_bundle(staging, output, config.overwrite)
     logger.info("bundle ready at %s (%.1fs)", output, steps.elapsed)

@@ -43,6 +43,7 @@ def summarize_bundle(bundle: ModelBundle) -> str:
             f"context {facts.get('max_position_embeddings')}",
             f"  weights: {describe_compression(facts.get('compression', {}))}",
         ]
+    lines += describe_eagle3(bundle)
     tokenizer = bundle.tokenizer_facts
     specials = tokenizer.get("special_tokens", {})
     special_text = ", ".join(
@@ -70,6 +71,24 @@ def summarize_bundle(bundle: ModelBundle) -> str:
     else:
         lines.append("placement: none (decided when the bundle is loaded)")
     return "\n".join(lines)
+
+
+def describe_eagle3(bundle: ModelBundle) -> list[str]:
+    """The head's lines: where it is, the target layers it reads, its draft vocabulary and size."""
+    head = bundle.eagle3
+    if head is None:
+        return []
+    facts = head.facts
+    size = facts.get("size_bytes")
+    parameters = facts.get("num_parameters")
+    return [
+        f"eagle3: {facts.get('architecture')} in {facts.get('path')}/ (`--drafter eagle3`)",
+        f"  source: {facts.get('source')}",
+        f"  reads target layers {list(head.tap_layers)}, hidden {facts.get('hidden_size')}, "
+        f"draft vocab {facts.get('draft_vocab_size')} of {facts.get('vocab_size')}",
+        f"  weights: {'?' if parameters is None else f'{parameters / 1e6:.2f}M parameters'}, "
+        f"{'?' if size is None else f'{size / 1e6:.1f} MB'}",
+    ]
 
 
 def _cell(value: Any) -> str:

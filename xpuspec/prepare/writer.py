@@ -59,6 +59,7 @@ def write_manifest(
     models: dict[str, Any],
     tokenizer: dict[str, Any],
     pairing: dict[str, Any],
+    eagle3: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Hash every file, then write the manifest (the last file of a complete bundle).
 
@@ -73,6 +74,7 @@ def write_manifest(
         "models": models,
         "tokenizer": tokenizer,
         "pairing": pairing,
+        "eagle3": eagle3,  # the EAGLE-3 head (xpuspec.prepare.eagle3), or None
         "placement": None,
         "files": hash_tree(staging),
     }

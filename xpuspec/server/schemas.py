@@ -121,7 +121,9 @@ class GenerationFields(BaseModel):
         None, ge=0, le=MAX_DRAFT_TOKENS, description="xpuspec: fixed speculation length (default adaptive)"
     )
     drafter: str | None = Field(
-        None, description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter"
+        None,
+        description="xpuspec: 'none' runs the target alone; otherwise only the server's own drafter "
+        "('draft', 'ngram' or 'eagle3', as `xpuspec serve --drafter` chose) or 'auto'",
     )
     ignore_eos: bool | None = Field(False, description="xpuspec: keep generating past end-of-sequence")
     response_format: ResponseFormat | None = Field(
