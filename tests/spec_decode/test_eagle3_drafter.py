@@ -121,7 +121,8 @@ def test_a_cached_prefix_restarts_the_head_after_it(eagle3, target_only, monkeyp
         eagle3.engine._build_scheduler()
 
 
-def test_draft_tree_falls_back_to_a_chain(eagle3, target_only):
+def test_draft_tree_drafts_a_tree(eagle3, target_only):
+    """A request asking for a tree drafts one with the head (tests/spec_decode/test_eagle3_tree.py)."""
     params = SamplingParams(
         max_tokens=MAX_TOKENS,
         temperature=0.0,
@@ -131,7 +132,7 @@ def test_draft_tree_falls_back_to_a_chain(eagle3, target_only):
     )
     result = eagle3.generate(PROMPTS[1], params)[0]
     assert result.token_ids == target_only[1]
-    assert result.stats["drafted"] > 0
+    assert result.stats["drafted"] > 0 and result.stats["tree_verifications"] > 0
 
 
 # ----------------------------------------------------------------------- drafts against the reference

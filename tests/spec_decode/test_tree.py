@@ -10,8 +10,8 @@ from xpuspec import SamplingParams
 from xpuspec.spec_decode.speculation_length import CostModel, LinearCostFit
 from xpuspec.spec_decode.tree import DraftTree, TreeShape, parse_draft_tree
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
+from xpuspec.spec_decode.tree_build import draw_without_replacement
 from xpuspec.spec_decode.tree_policy import RankAcceptance, TreeShapePolicy
-from xpuspec.spec_decode.tree_proposer import _draw_without_replacement
 
 VOCAB = 5
 
@@ -100,8 +100,8 @@ def test_greedy_takes_the_longest_matching_path_and_the_next_token():
 def _sampled_tree(rng, q_root, q_child, width=3):
     """Draw a two-level tree as the drafter does: `width` children of the root without replacement,
     the first of them expanded with `width` children."""
-    first = _draw_without_replacement(q_root, width, rng)
-    second = _draw_without_replacement(q_child[first[0]], width, rng)
+    first = draw_without_replacement(q_root, width, rng)
+    second = draw_without_replacement(q_child[first[0]], width, rng)
     tokens = first + second
     parents = [-1] * len(first) + [0] * len(second)
     probs = np.stack([q_root] * len(first) + [q_child[first[0]]] * len(second))
@@ -144,5 +144,5 @@ def test_sampled_tree_emits_the_target_distribution(broken, monkeypatch):
 
 def test_draw_without_replacement_is_distinct_and_stops_at_the_support():
     rng = np.random.default_rng(1)
-    drawn = _draw_without_replacement(np.array([0.5, 0.0, 0.5, 0.0]), 3, rng)
+    drawn = draw_without_replacement(np.array([0.5, 0.0, 0.5, 0.0]), 3, rng)
     assert sorted(drawn) == [0, 2]

@@ -46,6 +46,7 @@ from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
 from xpuspec.spec_decode.tree import DraftTree, TreeShape
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance, TreeVerification
+from xpuspec.spec_decode.tree_build import TreeDrafting
 from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 from xpuspec.spec_decode.tree_proposer import TreeDrafter
 from xpuspec.structured import speculation as structured
@@ -192,19 +193,24 @@ class LLMEngine:
         )
 
     def _init_trees(self) -> None:
-        """Tree speculation (``SamplingParams.draft_tree``) needs a draft model and tree-capable
-        runners; the overlapped engine verifies drafts a step later and keeps chains."""
+        """Tree speculation (``SamplingParams.draft_tree``) needs a tree-capable target runner and a
+        drafter of trees: a draft model whose runner runs tree chunks, or a proposer that makes its
+        own (``tree_drafter()``, the EAGLE-3 head's). The overlapped engine verifies drafts a step
+        later and keeps chains."""
         draft_runner = getattr(self.proposer, "runner", None)
-        self.tree_drafter: TreeDrafter | None = None
-        if (
-            getattr(self.target, "supports_trees", False)
-            and getattr(draft_runner, "supports_tree_masks", False)
-            and type(self)._step is LLMEngine._step
-        ):
-            self.tree_drafter = TreeDrafter(draft_runner, self.target.vocab_size)
+        make_tree_drafter = getattr(self.proposer, "tree_drafter", None)
+        self.tree_drafter: TreeDrafting | None = None
+        if getattr(self.target, "supports_trees", False) and type(self)._step is LLMEngine._step:
+            if getattr(draft_runner, "supports_tree_masks", False):
+                self.tree_drafter = TreeDrafter(draft_runner, self.target.vocab_size)
+            elif callable(make_tree_drafter):
+                self.tree_drafter = make_tree_drafter()
         self.tree_acceptance = TreeAcceptance()
         self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
         self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
+        # The accepted path (node indices) of each tree verified this step: a drafter reading the
+        # target's states (EAGLE-3) keeps those of the path's rows only.
+        self._tree_paths: dict[str, list[int]] = {}
         self._draft_timings: list[tuple[int, float]] = []  # the drafting passes of this step
         self._warned_no_trees = False
 
@@ -436,7 +442,7 @@ class LLMEngine:
         self._accept_all(chunks, runner_chunks, logits, proposals)
         observe = getattr(self.proposer, "observe_target", None)
         if observe is not None:  # a drafter that drafts from the target's hidden states (EAGLE-3)
-            observe(chunks, runner_chunks)
+            observe(chunks, runner_chunks, self._tree_paths)
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.
@@ -530,6 +536,7 @@ class LLMEngine:
     def _schedule(self) -> list[ScheduledChunk]:
         """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
         self._step_trees = {}
+        self._tree_paths = {}
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
             self._states[sequence.request_id].stats.num_preemptions += 1
@@ -610,8 +617,8 @@ class LLMEngine:
                 self._warned_no_trees = True
                 logger.warning(
                     "draft_tree was asked for but this engine drafts chains only: trees need a draft "
-                    "model, paged runners with qq_bias inputs and a target KV cache whose tokens can "
-                    "move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
+                    "model or an EAGLE-3 head, paged runners with qq_bias inputs and a target KV cache "
+                    "whose tokens can move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
                 )
             return None
         if isinstance(wanted, TreeShape):
@@ -826,6 +833,7 @@ class LLMEngine:
             [first + index for index in range(result.num_accepted)],
         )
         state.stats.record_tree(len(tree), result.num_accepted)
+        self._tree_paths[sequence.request_id] = result.accepted_nodes
         return result, tree.depth
 
     def _truncate(

@@ -25,49 +25,25 @@ Greedy requests draft deterministically (top-``width`` by probability). Sampled 
 children of a node without replacement from the draft distribution q, keep all of them (step 4
 then keeps every node: the budget bounds the expansion instead) and record q for each node, as
 the exact verification of :mod:`xpuspec.spec_decode.tree_acceptance` needs.
+
+The node rules (scores, frontier, final choice, draws) live in :mod:`xpuspec.spec_decode.tree_build`,
+shared with the EAGLE-3 head's trees (:mod:`xpuspec.spec_decode.eagle3.tree`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
-from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.proposal import Proposal, catch_up_chunk
-from xpuspec.spec_decode.tree import DraftTree, TreeShape
+from xpuspec.spec_decode.tree import TreeShape
+from xpuspec.spec_decode.tree_build import TreeBuild
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Node:
-    token: int
-    parent: int  # index into _Build.nodes, -1 for the root's children
-    depth: int
-    score: float  # cumulative draft log-probability of the path root -> this node
-    probs: np.ndarray | None  # [target vocab] q this node was drawn from (sampled requests)
-
-
-@dataclass
-class _Build:
-    """One sequence's tree while it is drafted."""
-
-    chunk: ScheduledChunk
-    shape: TreeShape
-    budget: int  # nodes the scheduler granted
-    rng: np.random.Generator | None
-    nodes: list[_Node] = field(default_factory=list)
-    expanded: list[int] = field(default_factory=list)  # node ids run in the draft, breadth-first
-    error: str | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self.chunk.sequence.request_id
 
 
 class TreeDrafter:
@@ -97,7 +73,7 @@ class TreeDrafter:
         """
         self.step_timings = []
         builds = [
-            _Build(chunk, shape, chunk.num_draft_tokens, (rngs or {}).get(chunk.sequence.request_id))
+            TreeBuild(chunk, shape, chunk.num_draft_tokens, (rngs or {}).get(chunk.sequence.request_id))
             for chunk, shape in requests
             if chunk.num_draft_tokens > 0
         ]
@@ -106,12 +82,10 @@ class TreeDrafter:
         catch_up = [catch_up_chunk(build.chunk.sequence) for build in builds]
         logits = self._forward(catch_up)  # [len(builds), draft vocab]
         for row, build in enumerate(builds):
-            self._expand(build, [-1], logits[row : row + 1])
+            build.expand([-1], logits[row : row + 1], self.target_vocab_size)
 
         for depth in range(1, max(build.shape.depth for build in builds)):
-            active = [
-                build for build in builds if build.error is None and self._choose_frontier(build, depth)
-            ]
+            active = [build for build in builds if build.choose_frontier(depth)]
             if not active:
                 break
             chunks = [self._tree_chunk(build) for build in active]
@@ -119,30 +93,12 @@ class TreeDrafter:
             row = 0
             for build, chunk in zip(active, chunks, strict=True):
                 frontier = build.expanded[-chunk.num_logits :]
-                self._expand(build, frontier, logits[row : row + chunk.num_logits])
+                build.expand(frontier, logits[row : row + chunk.num_logits], self.target_vocab_size)
                 row += chunk.num_logits
-        return {build.request_id: self._proposal(build) for build in builds}
-
-    # ------------------------------------------------------------------ internals
-    def _choose_frontier(self, build: _Build, depth: int) -> bool:
-        """Mark the best nodes of ``depth`` as expanded; False when none can be."""
-        if depth >= min(build.shape.depth, build.budget):
-            return False
-        if build.rng is None:
-            room = build.budget - len(build.expanded)  # the draft chunk must fit the granted KV slots
-        else:
-            # A sampled tree keeps every drawn child (see _proposal): expand only what fits.
-            room = (build.budget - len(build.nodes)) // build.shape.width
-        level = [index for index, node in enumerate(build.nodes) if node.depth == depth]
-        level.sort(key=lambda index: -build.nodes[index].score)
-        frontier = level[: min(build.shape.width, room)]
-        if not frontier:
-            return False
-        build.expanded.extend(sorted(frontier))
-        return True
+        return {build.request_id: build.proposal() for build in builds}
 
     @staticmethod
-    def _tree_chunk(build: _Build) -> SequenceChunk:
+    def _tree_chunk(build: TreeBuild) -> SequenceChunk:
         """The expanded nodes as one tree chunk after the sequence's tokens; logits for the deepest."""
         sequence = build.chunk.sequence
         position = {node: index for index, node in enumerate(build.expanded)}
@@ -160,80 +116,3 @@ class TreeDrafter:
             sequence_id=sequence.request_id,
             tree_parents=parents,
         )
-
-    def _expand(self, build: _Build, parents: list[int], logits: np.ndarray) -> None:
-        """Add the children of each of ``parents`` (-1: the root) from their draft logits rows."""
-        if build.error is not None:
-            return
-        if not np.all(np.isfinite(logits.max(axis=-1))):
-            build.error = "drafting failed: the draft's logits hold NaN or infinity"
-            return
-        params = build.chunk.sequence.params
-        width = build.shape.width
-        for parent, row in zip(parents, logits, strict=True):
-            base = 0.0 if parent < 0 else build.nodes[parent].score
-            depth = 1 if parent < 0 else build.nodes[parent].depth + 1
-            if params.greedy:
-                log_probs = row.astype(np.float64) - row.max()
-                log_probs -= np.log(np.exp(log_probs).sum())
-                top = np.argpartition(-log_probs, width - 1)[:width]
-                top = top[np.argsort(-log_probs[top], kind="stable")]
-                for token in top:
-                    build.nodes.append(_Node(int(token), parent, depth, base + float(log_probs[token]), None))
-                continue
-            q = probabilities(row[None, :], params)[0]  # [draft vocab]
-            if q.shape[0] < self.target_vocab_size:
-                q = np.pad(q, (0, self.target_vocab_size - q.shape[0]))
-            count = min(width, build.budget - len(build.nodes))
-            for token in _draw_without_replacement(q, count, build.rng):
-                build.nodes.append(_Node(int(token), parent, depth, base + float(np.log(q[token])), q))
-
-    @staticmethod
-    def _proposal(build: _Build) -> Proposal:
-        if build.error is not None:
-            logger.warning("tree drafting failed for %s: %s", build.request_id, build.error)
-            return Proposal([], None, error=build.error)
-        if build.rng is None:
-            # The best nodes by path score; on equal scores the shallower first, so parents precede.
-            ranked = sorted(
-                range(len(build.nodes)), key=lambda i: (-build.nodes[i].score, build.nodes[i].depth, i)
-            )
-            chosen = sorted(ranked[: build.budget], key=lambda i: (build.nodes[i].depth, i))
-        else:
-            # Sampled: every drawn child stays, in draw order. Keeping children by their own
-            # probability would bias the candidates that verification assumes were drawn from q
-            # without replacement (tree_acceptance); which nodes get children may depend on
-            # tokens drawn before (the frontier choice), which verification allows.
-            chosen = sorted(range(len(build.nodes)), key=lambda i: (build.nodes[i].depth, i))
-        index_of = {node: index for index, node in enumerate(chosen)}
-        parents = []
-        for node in chosen:
-            parent = build.nodes[node].parent
-            if parent >= 0 and parent not in index_of:
-                raise AssertionError("a chosen tree node lacks its parent")
-            parents.append(index_of[parent] if parent >= 0 else -1)
-        probs = None
-        if not build.chunk.sequence.params.greedy:
-            probs = np.stack([build.nodes[node].probs for node in chosen])
-        tree = DraftTree([build.nodes[node].token for node in chosen], parents, probs)
-        return Proposal(tree.token_ids, tree.probs, tree_parents=tree.parents)
-
-
-def _draw_without_replacement(q: np.ndarray, count: int, rng: np.random.Generator | None) -> list[int]:
-    """``count`` distinct tokens drawn one after another from q renormalised over the tokens left
-    (sampling without replacement; fewer when q has fewer non-zero tokens)."""
-    if rng is None:
-        raise ValueError("a sampled tree needs the request's random stream")
-    remaining = q.astype(np.float64).copy()
-    drawn: list[int] = []
-    for _ in range(count):
-        total = remaining.sum()
-        if not total > 0.0:
-            break
-        token = int(np.searchsorted(np.cumsum(remaining), rng.random() * total, side="right"))
-        token = min(token, remaining.shape[0] - 1)
-        while remaining[token] == 0.0:  # rounding at the top end of the cumulative sum
-            token -= 1
-        drawn.append(token)
-        remaining[token] = 0.0
-    return drawn

@@ -2,7 +2,8 @@
 
 ``config`` and ``weights`` read a head in the published Hugging Face layout, ``head_model`` builds its
 OpenVINO graphs (no torch), ``embedding`` cuts the target's token embedding out of its IR, and
-``runtime.Eagle3Head`` runs it with per-sequence KV for a drafter.
+``runtime.Eagle3Head`` runs it with per-sequence KV for a drafter: ``proposer`` drafts chains, ``tree``
+EAGLE-2-style dynamic trees (requests with ``draft_tree``).
 """
 
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig

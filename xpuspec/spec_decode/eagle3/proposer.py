@@ -18,6 +18,9 @@ drafted. Rollout slots hold the head's own states, not the target's, so the head
 the target-backed slots at the end of every ``propose``; the verified tokens' target states replace them
 at the next catch-up, as in the EAGLE reference and vLLM.
 
+A verified tree's computed tokens are its root and accepted path, not a prefix of the chunk's rows: the
+engine names the path (``tree_paths``), and only those rows' states are kept.
+
 Preemption releases a sequence (its recomputed prefill brings every state again); a gap in the states
 (a prefill that starts past the head's slots, e.g. a cached prefix) restarts the sequence's head at the
 first state it has, with the true positions: drafting stays exact, only its context is shorter. The
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +42,9 @@ from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.eagle3.runtime import Eagle3Head, HeadStep, HeadStepResult
 from xpuspec.spec_decode.proposal import Proposal, TokenDraw
+
+if TYPE_CHECKING:
+    from xpuspec.spec_decode.eagle3.tree import Eagle3TreeDrafter
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +83,8 @@ class _SequenceStates:
 
 
 class Eagle3Proposer:
-    """A :class:`xpuspec.spec_decode.proposal.DraftProposer` drafting chains with an EAGLE-3 head.
+    """A :class:`xpuspec.spec_decode.proposal.DraftProposer` drafting chains with an EAGLE-3 head (trees:
+    :meth:`tree_drafter`, :mod:`xpuspec.spec_decode.eagle3.tree`, on the same per-sequence states).
 
     ``target_states`` returns the last target step's tapped states ``[num_tokens, 3 * hidden]``
     (``PagedModelRunner.hidden_states``); ``target_vocab_size`` is the width of the target's logits.
@@ -104,11 +112,18 @@ class Eagle3Proposer:
 
     # --- the engine's hand-off -------------------------------------------------------------------
 
-    def observe_target(self, chunks: list[ScheduledChunk], runner_chunks: list[SequenceChunk]) -> None:
+    def observe_target(
+        self,
+        chunks: list[ScheduledChunk],
+        runner_chunks: list[SequenceChunk],
+        tree_paths: Mapping[str, list[int]] | None = None,
+    ) -> None:
         """Keep the target states of the step's tokens that are computed after acceptance.
 
         Called after the engine accepted the step (``num_computed_tokens`` moved past the accepted
-        tokens), before anything runs the target again.
+        tokens), before anything runs the target again. ``tree_paths`` holds, per sequence that
+        verified a tree, the accepted path's node indices (``TreeVerification.accepted_nodes``): its
+        computed tokens are the root (row 0) and those nodes (rows ``1 + node``), not a prefix.
         """
         states = self.target_states()  # [num_tokens, 3 * hidden], rows in chunk order
         kept: list[np.ndarray] = []
@@ -120,7 +135,10 @@ class Eagle3Proposer:
             # Rows past num_computed_tokens are rejected drafts: their states must never reach the head.
             valid = min(rows, sequence.num_computed_tokens - runner_chunk.past_length)
             if valid > 0 and not sequence.is_finished:  # a finished sequence was released already
-                kept.append(states[offset : offset + valid])
+                if runner_chunk.tree_parents is None:
+                    kept.append(states[offset : offset + valid])
+                else:
+                    kept.append(states[offset + self._tree_rows(sequence.request_id, tree_paths, valid)])
                 owners.append((sequence.request_id, runner_chunk.past_length, valid))
             offset += rows
         if offset != states.shape[0]:
@@ -134,6 +152,18 @@ class Eagle3Proposer:
         for request_id, first, count in owners:
             self._sequence_at(request_id, first).add(fused[row : row + count])
             row += count
+
+    @staticmethod
+    def _tree_rows(request_id: str, tree_paths: Mapping[str, list[int]] | None, valid: int) -> np.ndarray:
+        """Rows ``[valid]`` of a verified tree chunk (root first) that hold the accepted path's states."""
+        path = (tree_paths or {}).get(request_id, [])
+        rows = np.array([0] + [1 + node for node in path], np.int64)[:valid]
+        if rows.shape[0] < valid:
+            raise RuntimeError(
+                f"{request_id} verified a tree and computed {valid} tokens, but the accepted path has "
+                f"{len(path)} nodes: its target states cannot be told apart from rejected nodes'"
+            )
+        return rows
 
     def _sequence_at(self, request_id: str, position: int) -> _SequenceStates:
         """The sequence's states, ready to take the state of ``position`` next."""
@@ -158,6 +188,12 @@ class Eagle3Proposer:
         return state
 
     # --- DraftProposer ---------------------------------------------------------------------------
+
+    def tree_drafter(self) -> Eagle3TreeDrafter:
+        """The drafter of trees with this head (the engine's ``draft_tree`` requests)."""
+        from xpuspec.spec_decode.eagle3.tree import Eagle3TreeDrafter
+
+        return Eagle3TreeDrafter(self)
 
     def release(self, sequence_id: str) -> None:
         self._states.pop(sequence_id, None)
