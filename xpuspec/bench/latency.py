@@ -8,7 +8,10 @@ Three groups of rows (four with an EAGLE-3 head in the bundle):
 - **default**: each engine as a user gets it: xpuspec with the properties `xpuspec plan` recorded in
   the bundle (or its CPU plugin's defaults), GenAI's ``LLMPipeline`` with none;
 - **EAGLE-3**: xpuspec drafting with the bundle's EAGLE-3 head at each draft length and adaptive, with
-  the same properties (its speed-ups are over the same-properties target-only row);
+  the same properties (its speed-ups are over the same-properties target-only row), beside OpenVINO
+  GenAI's EAGLE-3 with the same head (converted by :mod:`xpuspec.bench.genai_eagle3`) at each draft
+  length, same properties (its speed-ups are over GenAI's same-properties target-only row; ``÷ GenAI``
+  of the xpuspec EAGLE-3 rows is over it);
 - **exact**: xpuspec target-only in exact mode (f32 compute, f32 KV cache, no dynamic quantisation),
   the reference of every row's "same tokens" (greedy agreement: requests whose tokens equal it).
 
@@ -32,6 +35,7 @@ from typing import Any
 
 from xpuspec.bench.config import BenchConfig
 from xpuspec.bench.figures import SKIPPED, LatencyResult, RequestTiming, add_speedups
+from xpuspec.bench.genai_eagle3 import convert_head, genai_eagle3_unavailable
 from xpuspec.bench.peers import (
     GenaiLatencyRunner,
     TransformersLatencyRunner,
@@ -168,10 +172,11 @@ def median_curve(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 SAME, DEFAULT, EXACT = "same properties", "default", "exact"
 XPUSPEC_DEFAULT, GENAI_DEFAULT, XPUSPEC_EXACT = f"{XPUSPEC} default", f"{GENAI} default", f"{XPUSPEC} exact"
 XPUSPEC_EAGLE3, EAGLE3_KEY = f"{XPUSPEC} EAGLE-3", f"{XPUSPEC}/eagle3"
+GENAI_EAGLE3, GENAI_EAGLE3_KEY = f"{GENAI} EAGLE-3", f"{GENAI}/eagle3"
 # The engine label of each row group; the row's peer for the ÷ GenAI column.
-PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT}
+PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT, XPUSPEC_EAGLE3: GENAI_EAGLE3}
 # Row groups without target-only rows of their own: their speed-ups are over this group's.
-BASELINE_OF = {XPUSPEC_EAGLE3: XPUSPEC}
+BASELINE_OF = {XPUSPEC_EAGLE3: XPUSPEC, GENAI_EAGLE3: GENAI}
 
 
 @dataclass
@@ -281,6 +286,8 @@ def _configurations(
             add(label, length, key if not why else None, why)
         # GenAI's LLMPipeline has no adaptive draft length; say so rather than leave the row out.
         add(label, ADAPTIVE, None, "LLMPipeline has no adaptive draft length (num_assistant_tokens is fixed)")
+    if bundle.eagle3 is not None:
+        _genai_eagle3_rows(config, bundle, same_properties, configs, engines)
 
     reason = transformers_unavailable(config.hf_target, config.hf_draft)
     hf_key = None
@@ -297,6 +304,42 @@ def _configurations(
 
     add(LLAMA_CPP, None, None, llama_cpp_unavailable())
     return configs, engines
+
+
+def _genai_eagle3_rows(
+    config: BenchConfig,
+    bundle: ModelBundle,
+    same_properties: dict[str, Any],
+    configs: list[_Config],
+    engines: dict[str, _Engine],
+) -> None:
+    """GenAI's EAGLE-3 with the bundle's head, a chain of each draft length, same properties; or one row
+    saying why it does not run ("not run: <reason>")."""
+
+    def add(name: str, draft_length: int | str | None, key: str | None, reason: str | None) -> None:
+        result = LatencyResult(name, GENAI_EAGLE3, draft_length)
+        if key is None:
+            result.status, result.reason = SKIPPED, reason
+        configs.append(_Config(result, key, draft_length))
+
+    reason = genai_eagle3_unavailable(bundle)
+    if reason is not None:
+        add(GENAI_EAGLE3, None, None, f"not run: {reason}")
+        return
+
+    def build() -> Any:
+        # Converted once into the cache (torch tracing, seconds); later rounds only compile it afresh.
+        return GenaiLatencyRunner(bundle.target.path, convert_head(bundle), same_properties)
+
+    engines[GENAI_EAGLE3_KEY] = _Engine(GENAI_EAGLE3_KEY, GENAI, build)
+    for length in config.draft_lengths:
+        add(_label(GENAI_EAGLE3, length), length, GENAI_EAGLE3_KEY, None)
+    add(
+        _label(GENAI_EAGLE3, ADAPTIVE),
+        ADAPTIVE,
+        None,
+        "GenAI's EAGLE-3 has no adaptive draft length (num_assistant_tokens is fixed)",
+    )
 
 
 def run_latency(
