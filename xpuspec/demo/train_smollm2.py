@@ -455,7 +455,7 @@ def train(args: argparse.Namespace) -> dict:
         + " ".join(
             f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {v}")
             for k, v in vars(args).items()
-            if k not in ("gguf", "out", "data_only") and v is not False
+            if k not in ("gguf", "out", "data_only") and v is not False and v is not None
         ),
         "target": gguf_path.name,
         "draft": {
