@@ -170,3 +170,20 @@ def test_sigint_during_prepare_leaves_nothing(target_checkpoints: dict[str, Path
     process.stderr.read()
     assert process.wait(timeout=120) == 130
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_swallowed_interrupt_still_stops_at_the_step_boundary() -> None:
+    """Ctrl-C caught by library code inside a step: the step's end raises it again."""
+    from xpuspec.prepare.progress import StepProgress, interrupt_requested
+
+    steps = StepProgress(total_steps=2, sink=lambda line: None)
+    interrupt_requested.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with steps.step("exporting"):
+                try:
+                    raise KeyboardInterrupt
+                except BaseException:  # what a broad except in an exporter does
+                    pass
+    finally:
+        interrupt_requested.clear()

@@ -20,6 +20,7 @@ from xpuspec.prepare.config import (
     PrepareError,
 )
 from xpuspec.prepare.presets import DEVICE_PRESETS, TARGET_DEVICES, WEIGHT_FORMATS
+from xpuspec.prepare.progress import interrupt_requested
 from xpuspec.prepare.quiet import StageLines, conversion_log_path, third_party_output_to
 
 
@@ -141,16 +142,20 @@ def _error(message: str) -> None:
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C, so a killed prepare also cleans up its temp folder."""
+    """Treat SIGTERM like Ctrl-C, so a killed prepare also cleans up its temp folder; both also set
+    ``interrupt_requested``, which the next step boundary honours if a library swallowed the interrupt."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
+        interrupt_requested.set()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    interrupt_requested.clear()
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_prepare(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +11,12 @@ from contextlib import contextmanager
 logger = logging.getLogger(__name__)
 
 ProgressSink = Callable[[str], None]
+
+
+# Set by prepare's signal handler. A Ctrl-C that lands inside library code can be swallowed there (a
+# broad ``except`` around an export), so every step also ends by checking this flag: an interrupted
+# prepare then still stops before the next step and before the bundle is committed.
+interrupt_requested = threading.Event()
 
 
 class StepProgress:
@@ -28,6 +35,8 @@ class StepProgress:
         self.sink(f"{label} {description} ...")
         step_start = time.monotonic()
         yield
+        if interrupt_requested.is_set():
+            raise KeyboardInterrupt
         self.sink(f"{label} {description} ... {time.monotonic() - step_start:.1f}s")
 
     @property
