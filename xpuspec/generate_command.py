@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from xpuspec.devices.placement import DRAFTERS
+from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.tree import parse_draft_tree_text
 
@@ -51,13 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help='tree speculation: "auto" (the cost model picks the shape), DEPTH,WIDTH,NODES such as 4,2,8, '
         'or "none" (chains, the default)',
     )
-    parser.add_argument(
-        "--drafter",
-        choices=DRAFTERS,
-        default="auto",
-        help="auto: the bundle's draft model, else n-grams (or what `xpuspec plan --write` recorded); "
-        "eagle3: the bundle's EAGLE-3 head (`xpuspec prepare --eagle3`)",
-    )
+    add_drafter_argument(parser)
     parser.add_argument(
         "--no-draft", action="store_true", help="run the target alone (same as --drafter none)"
     )

@@ -8,6 +8,7 @@ them itself. A bundle's manifest may carry the placement `xpuspec plan --write` 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -249,3 +250,14 @@ def write_placement(bundle_root: Path, placement: dict[str, Any]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def add_drafter_argument(parser: argparse.ArgumentParser) -> None:
+    """The ``--drafter`` option of ``generate`` and ``serve``: one list of choices, one help text."""
+    parser.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        default="auto",
+        help="auto: the bundle's draft model, else n-grams (or what `xpuspec plan --write` recorded); "
+        "eagle3: the bundle's EAGLE-3 head (`xpuspec prepare --eagle3`)",
+    )

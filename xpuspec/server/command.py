@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from xpuspec.devices.placement import DRAFTERS
+from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.model_bundle import DEMO_BUNDLE_NAME
 from xpuspec.server.config import DEFAULT_STREAM_INTERVAL_S, DEMO_MODEL_NAME, ServerConfig
 from xpuspec.server.http_server import ListenerLimits
@@ -67,13 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--target-device", default="CPU")
     parser.add_argument("--draft-device", default="CPU")
-    parser.add_argument(
-        "--drafter",
-        choices=DRAFTERS,
-        default="auto",
-        help="auto: the bundle's draft model, else n-grams (or what `xpuspec plan --write` recorded); "
-        "eagle3: the bundle's EAGLE-3 head (`xpuspec prepare --eagle3`)",
-    )
+    add_drafter_argument(parser)
     parser.add_argument(
         "--no-prefix-caching",
         action="store_true",
