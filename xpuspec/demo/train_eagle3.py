@@ -54,7 +54,7 @@ from xpuspec.demo.eagle3_features import (
 from xpuspec.demo.eagle3_torch import Eagle3Head, save_head
 from xpuspec.demo.eagle3_ttt import collate, heldout_acceptance, ttt_loss
 from xpuspec.demo.smollm2_data import read_records
-from xpuspec.demo.train_smollm2 import batches
+from xpuspec.demo.train_smollm2 import batches, swap_in
 from xpuspec.engine.hidden_taps import eagle3_default_layers
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
 from xpuspec.spec_decode.eagle3.weights import SAFETENSORS_FILE
@@ -116,12 +116,7 @@ def save_checkpoint(head: Eagle3Head, config: Eagle3HeadConfig, out_dir: Path) -
     scratch = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(scratch, ignore_errors=True)
     save_head(head, config, scratch, dtype=torch.float16)
-    old = out_dir.with_name(out_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(old)
-    scratch.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_in(scratch, out_dir)
     return (out_dir / SAFETENSORS_FILE).stat().st_size
 
 

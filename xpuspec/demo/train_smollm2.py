@@ -298,6 +298,11 @@ def save_checkpoint(model, tokenizer_dir: Path, out_dir: Path) -> None:
     for path in tokenizer_dir.iterdir():
         if path.is_file():
             shutil.copy2(path, scratch / path.name)
+    swap_in(scratch, out_dir)
+
+
+def swap_in(scratch: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` with the finished ``scratch`` folder, so a crash never leaves half a checkpoint."""
     old = out_dir.with_name(out_dir.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():
