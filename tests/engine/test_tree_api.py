@@ -42,6 +42,17 @@ def test_server_field_reaches_the_sampling_params():
         CompletionRequest(model="m", prompt="x", draft_tree={"depth": 3})
 
 
+def test_a_request_gets_its_tree_from_a_pipeline_without_a_default_tree(pair_bundle):
+    """Default CPU properties and no default tree: the per-request field still works."""
+    from xpuspec import Pipeline, SamplingParams
+
+    pipe = Pipeline(pair_bundle, drafter="draft", use_placement=False)
+    assert pipe.target_runner.supports_trees and pipe.engine.tree_drafter is not None
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, draft_tree=TreeShape(3, 2, 6))
+    assert pipe.generate(["def add(a, b):"], params)[0].stats["tree_verifications"] > 0
+    assert Pipeline(pair_bundle, drafter="ngram", use_placement=False).engine.tree_drafter is None
+
+
 def test_metrics_expose_tree_figures(pair_bundle):
     """A request's tree figures, from a real tree run, reach the Prometheus exposition."""
     from xpuspec import Pipeline, SamplingParams

@@ -26,6 +26,8 @@ from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
 logger = logging.getLogger(__name__)
 
 DRAFTERS = ("auto", "draft", "ngram", "eagle3", "none")
+# The drafters that can draft trees (SamplingParams.draft_tree); n-grams draft chains only.
+TREE_DRAFTERS = ("draft", "eagle3")
 DEFAULT_DEVICE = "CPU"
 DEFAULT_DRAFTER = "auto"
 # Device strings OpenVINO resolves itself (virtual devices over the physical ones).
