@@ -145,6 +145,19 @@ def test_a_changed_draft_changes_the_cache_key(tiny_default, tmp_path):
     assert model.cache_key() not in (key, changed)
 
 
+def test_a_draft_vocabulary_is_recorded_and_keys_the_cache(tiny_default, tmp_path):
+    """A default model whose draft proposes a cut vocabulary: a cache of its own, the manifest says so,
+    and the pipeline's draft runner proposes only those ids."""
+    cut = dataclasses.replace(tiny_default, draft_vocab=100)
+    assert cut.cache_key() != tiny_default.cache_key()
+    path = default_bundle_path(cut, root=tmp_path, progress=lambda line: None)
+    bundle = ModelBundle.open(path, verify=True)
+    assert bundle.draft.facts["draft_vocab"] == 100 and bundle.target.facts.get("draft_vocab") is None
+    pipe = Pipeline(path, drafter="draft", properties=EXACT, use_placement=False)
+    assert pipe.draft_vocab == 100 and pipe.engine.proposer.runner.vocab_size == 100
+    assert Pipeline(path, drafter="draft", draft_vocab=50, use_placement=False).draft_vocab == 50
+
+
 def test_a_stamped_draft_is_not_read_for_the_cache_key(tiny_default, tmp_path, monkeypatch):
     draft = tmp_path / "draft"
     shutil.copytree(tiny_default.draft_dir, draft)
@@ -220,6 +233,9 @@ def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypa
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     pipe = Pipeline(None, properties=EXACT, use_placement=False)  # from the cache now
     assert pipe.drafter == "draft" and pipe.bundle.root.parent == tmp_path / "cache"
+    # The shipped pair drafts from a cut vocabulary (cheaper draft passes), recorded in the manifest.
+    assert pipe.bundle.draft.facts["draft_vocab"] == SMOLLM2.draft_vocab == pipe.draft_vocab
+    assert pipe.engine.proposer.runner.vocab_size == SMOLLM2.draft_vocab
     messages = [{"role": "user", "content": question}]
     alone = Pipeline(None, drafter="none", properties=EXACT, use_placement=False)
     params = SamplingParams(max_tokens=32, temperature=0.0)

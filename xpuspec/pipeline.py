@@ -80,7 +80,11 @@ class Pipeline:
         enable_prefix_caching: bool = True,
         draft_tree: object = None,
         eagle3_head: str | Path | None = None,
+        draft_vocab: int | None = None,
     ):
+        """``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
+        (its LM head is cut to them, :func:`xpuspec.engine.graph_edits.cut_logits_vocab`); default: what
+        the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -125,6 +129,7 @@ class Pipeline:
                 )
                 drafter = "ngram"
         self.drafter = drafter
+        self.draft_vocab: int | None = None  # the draft model's proposal vocabulary, when cut
         self.target_device = resolve_device(self.placement.target_device, core, registry)
         self.draft_device = (
             resolve_device(self.placement.draft_device, core, registry)
@@ -189,6 +194,9 @@ class Pipeline:
         if drafter == "eagle3":
             proposer = self._eagle3_proposer(eagle3_head, core, draft_properties, properties)  # type: ignore[arg-type]
         elif self.draft_device is not None:
+            if draft_vocab is None:
+                draft_vocab = self.bundle.draft.facts.get("draft_vocab")  # type: ignore[union-attr]
+            self.draft_vocab = draft_vocab
             draft_runner = create_runner(
                 self.draft_device,
                 self.bundle.draft,  # type: ignore[arg-type]
@@ -197,6 +205,7 @@ class Pipeline:
                 tuned_properties=self.tuned_properties["draft"],
                 num_blocks=self.target_runner.num_blocks,
                 block_size=self.target_runner.block_size,
+                logits_vocab=draft_vocab,
                 **runner_limits,
             )
             if draft_runner.block_size != self.target_runner.block_size:

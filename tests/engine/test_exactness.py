@@ -151,3 +151,30 @@ def test_probes_that_find_no_gain_come_ever_more_rarely(pair_bundle):
     result = pipe.generate(PROMPTS[0], params)[0]
     assert 2 <= result.stats["drafted"] <= 4
     assert pipe.engine._probe_interval >= 4 * PROBE_INTERVAL_STEPS
+
+
+def test_a_draft_with_a_cut_vocabulary_keeps_output_exact(pair_bundle, target_only):
+    """``draft_vocab``: the draft proposes only the lower half of the ids; greedy output is unchanged
+    (one at a time and 16 in flight, chains and a tree), and sampled requests run (q padded with zeros)."""
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    half = pipe.target_runner.vocab_size // 2
+    del pipe
+    cut = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET, draft_vocab=half)
+    assert cut.engine.proposer.runner.vocab_size == half
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=4)
+    results = [cut.generate(prompt, params)[0] for prompt in PROMPTS]
+    assert _mismatches(target_only, results) == []
+    assert sum(r.stats["accepted"] for r in results) > 0
+    assert _mismatches(target_only[:16], cut.generate(PROMPTS[:16], params)) == []
+    tree = SamplingParams(
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        ignore_eos=True,
+        draft_tree={"depth": 3, "width": 2, "nodes": 6},
+    )
+    assert _mismatches(target_only[:4], cut.generate(PROMPTS[:4], tree)) == []
+    sampled = SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=1.0, ignore_eos=True, num_draft_tokens=3, seed=None
+    )
+    for result in cut.generate(PROMPTS[:4], sampled):
+        assert len(result.token_ids) == MAX_TOKENS and max(result.token_ids) < cut.target_runner.vocab_size

@@ -298,3 +298,37 @@ def test_warm_up_touches_block_zero_only(ir_dir: Path, runner: PagedModelRunner)
     table = [block + 1 for block in table if block + 1 < NUM_BLOCKS]  # block 0 holds the warm-up's KV
     chunk = SequenceChunk(tokens, 0, table, 5)
     np.testing.assert_array_equal(fresh.forward([chunk]), runner.forward([chunk]))
+
+
+DEMO_DRAFT = Path(__file__).resolve().parents[2] / "xpuspec" / "demo" / "bundle" / "draft"
+
+
+@pytest.mark.parametrize("source", ["tiny", "demo-int8"])
+def test_a_cut_lm_head_gives_the_first_columns_of_the_logits(
+    ir_dir: Path, architecture: str, source: str
+) -> None:
+    """``logits_vocab``: the LM head keeps its first rows, rebuilt from sliced (and for int8 weights,
+    still compressed) constants; the logits are exactly the full model's first columns."""
+    if source == "demo-int8" and architecture != "llama":
+        pytest.skip("the demo draft is one model")
+    model_dir = ir_dir if source == "tiny" else DEMO_DRAFT
+    full = PagedModelRunner(model_dir, properties=F32_PROPERTIES, num_blocks=8)
+    keep = full.vocab_size // 3
+    cut = PagedModelRunner(model_dir, properties=F32_PROPERTIES, num_blocks=8, logits_vocab=keep)
+    assert cut.vocab_size == keep
+    tokens = random_tokens(24, seed=3, vocab_size=full.vocab_size)  # ids above the cut still embed
+    rows: dict[int, list[np.ndarray]] = {}
+    for each in (full, cut):
+        table = BlockPool(8).table(25, each.block_size)
+        rows[each.vocab_size] = [
+            each.forward([SequenceChunk(tokens, 0, table, 3)]).copy(),
+            each.forward([SequenceChunk([tokens[-1]], 24, table, 1)]).copy(),
+        ]
+    for got, want in zip(rows[keep], rows[full.vocab_size], strict=True):
+        np.testing.assert_allclose(got, want[:, :keep], rtol=0, atol=RUNNER_ATOL)
+    from xpuspec.engine.graph_edits import cut_logits_vocab
+
+    model = make_paged_model(ov.Core().read_model(model_dir / MODEL_FILE))
+    for bad in (0, full.vocab_size + 1):
+        with pytest.raises(ValueError, match="draft vocabulary"):
+            cut_logits_vocab(model, bad)

@@ -50,6 +50,8 @@ def test_draft_weights_default_to_the_target() -> None:
         ({"weights": "int4", "group_size": 0}, "group_size must be"),
         ({"draft_weights": "int8"}, "without a draft"),
         ({"force_pair": True}, "without a draft"),
+        ({"draft_vocab": 1000}, "without a draft"),
+        ({"draft": "d", "draft_vocab": 0}, "positive number of ids"),
         ({"weights": "int4", "awq": True, "calibration_prompts": ()}, "calibration prompt"),
         ({"target": ""}, "target must name"),
     ],
@@ -57,3 +59,13 @@ def test_draft_weights_default_to_the_target() -> None:
 def test_invalid_configs_raise_actionable_errors(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         config(**overrides)
+
+
+def test_a_draft_vocabulary_is_recorded_within_the_drafts_own() -> None:
+    from xpuspec.prepare.config import PrepareError, record_draft_vocab
+
+    facts = {"vocab_size": 49152, "num_layers": 3}
+    assert record_draft_vocab(facts, None) is facts
+    assert record_draft_vocab(facts, 16384) == {**facts, "draft_vocab": 16384}
+    with pytest.raises(PrepareError, match="exceeds the draft's vocabulary"):
+        record_draft_vocab(facts, 50000)

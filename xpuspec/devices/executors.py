@@ -28,6 +28,7 @@ def create_runner(
     max_context: int,
     core: Any,
     hidden_state_layers: Sequence[int] | None = None,
+    logits_vocab: int | None = None,
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
@@ -36,7 +37,9 @@ def create_runner(
     ``user_properties`` may name a preset ("exact"); ``tuned_properties`` are what `xpuspec plan`
     recorded for this role and device (see :mod:`xpuspec.devices.properties` for the layering).
     ``hidden_state_layers``: tap the residual stream entering these layers (an EAGLE-3 target); only
-    the paged executor has taps.
+    the paged executor has taps. ``logits_vocab``: a draft proposing only the first ids of the shared
+    vocabulary (:func:`xpuspec.engine.graph_edits.cut_logits_vocab`); the other executors keep the
+    whole LM head, which drafts the same way, only slower.
     """
     plugin = device.plugin
     user = layer_tuned(tuned_properties, resolve_properties(user_properties))
@@ -67,6 +70,13 @@ def create_runner(
             # The draft is small; the target's weights are not doubled.
             decode_lane=role == "draft",
             hidden_state_layers=hidden_state_layers,
+            logits_vocab=logits_vocab,
+        )
+    if logits_vocab is not None:
+        logger.debug(
+            "the %s executor keeps the whole LM head (logits_vocab=%d ignored)",
+            plugin.executor_kind,
+            logits_vocab,
         )
     if plugin.executor_kind == "stateful":
         try:

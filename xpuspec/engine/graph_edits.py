@@ -99,6 +99,68 @@ def add_sampled_token_gather(model: ov.Model) -> None:
     logger.debug("gather on LM head input '%s' added", matmul.get_friendly_name())
 
 
+# The ops of a weight-decompression chain (NNCF's int8/int4 layout: Constant -> Convert -> Subtract
+# zero point -> Multiply scale -> Convert) that cut_logits_vocab rebuilds around sliced constants.
+_DECOMPRESSION_OPS = {
+    "Convert": lambda args, node: opset.convert(args[0], node.get_output_element_type(0)),
+    "Subtract": lambda args, node: opset.subtract(*args),
+    "Multiply": lambda args, node: opset.multiply(*args),
+}
+
+
+def cut_logits_vocab(model: ov.Model, vocab: int) -> ov.Model:
+    """Keep the LM head's first ``vocab`` rows: the logits output becomes ``[..., vocab]``, in place.
+
+    A draft that proposes only the first ``vocab`` ids of a vocabulary it shares with its target
+    (byte-level BPE ids run roughly from frequent to rare) reads a fraction of its largest matrix in
+    every pass: on SmolLM2's 3-layer draft the 49152 x 256 head is 12.6 of its 15.7 MB of int8
+    weights, and the target's weights evict it from the caches between drafting passes. The weight
+    is rebuilt from sliced constants, not sliced after decompression, so the plugin still sees the
+    compressed-weight pattern it fuses; constants shared with the input embedding stay whole (every
+    id still embeds). Exactness does not depend on it: ids the draft cannot propose get draft
+    probability 0 and the target still emits them (xpuspec.spec_decode.proposal pads q with zeros).
+    """
+    matmul = find_logits_matmul(model)
+    full = matmul.get_output_partial_shape(0)[-1]
+    if full.is_dynamic:
+        raise ValueError("the LM head's vocabulary is dynamic; cannot cut it")
+    full_vocab = full.get_length()
+    if not 0 < vocab <= full_vocab:
+        raise ValueError(f"the draft vocabulary must be in 1..{full_vocab} (the model's), got {vocab}")
+    if vocab == full_vocab:
+        return model
+
+    def sliced(output: ov.Output) -> ov.Output:
+        node = output.get_node()
+        kind = node.get_type_name()
+        if kind == "Constant":
+            data = node.get_data()
+            if data.ndim >= 1 and data.shape[0] == full_vocab:  # per-row weights, zero points, scales
+                return opset.constant(
+                    np.ascontiguousarray(data[:vocab]), dtype=node.get_output_element_type(0)
+                ).output(0)
+            return output  # a scalar or broadcast constant
+        rebuild = _DECOMPRESSION_OPS.get(kind)
+        if rebuild is None:
+            raise ValueError(
+                f"cannot cut the LM head: its weight goes through a {kind} node "
+                f"('{node.get_friendly_name()}'); known: Constant, {', '.join(_DECOMPRESSION_OPS)}"
+            )
+        # No rt_info is copied: the CPU plugin marks decompression chains itself when it compiles,
+        # and the rebuilt head runs as a compressed FullyConnected (tests/engine/test_model_runner.py).
+        return rebuild([sliced(value) for value in node.input_values()], node).output(0)
+
+    weight = matmul.input_value(1)
+    if not is_constant_like(weight):
+        raise ValueError("the LM head's weight is not a constant (a tied head computed at run time?)")
+    if not matmul.get_attributes().get("transpose_b", False):
+        raise ValueError("expected the LM head weight as [vocab, hidden] (MatMul transpose_b)")
+    matmul.input(1).replace_source_output(sliced(weight))
+    model.validate_nodes_and_infer_types()
+    logger.debug("LM head '%s' cut to the first %d of %d ids", matmul.get_friendly_name(), vocab, full_vocab)
+    return model
+
+
 def make_paged_model(model: ov.Model, allow_qq_bias: bool = True) -> ov.Model:
     """Apply the paged-attention transformation and the sampled-row gather to ``model`` in place.
 

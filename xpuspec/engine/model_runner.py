@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
+from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, cut_logits_vocab, make_paged_model
 from xpuspec.engine.hidden_taps import add_hidden_state_taps
 
 logger = logging.getLogger(__name__)
@@ -146,6 +146,9 @@ class PagedModelRunner:
     ``hidden_state_layers`` (an EAGLE-3 target): the compiled graph gets one more output, the residual
     stream entering each of these layers for every scheduled token (:mod:`xpuspec.engine.hidden_taps`),
     read with :meth:`hidden_states` after a step. Without it the graph is the plain paged model.
+
+    ``logits_vocab`` (a draft): keep the LM head's first ``logits_vocab`` rows
+    (:func:`~xpuspec.engine.graph_edits.cut_logits_vocab`), so ``vocab_size`` is that.
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class PagedModelRunner:
         capacity_tokens: int | None = None,
         decode_lane: bool = False,
         hidden_state_layers: Sequence[int] | None = None,
+        logits_vocab: int | None = None,
     ) -> None:
         model_path = Path(model_dir) / MODEL_FILE
         if not model_path.is_file():
@@ -169,6 +173,8 @@ class PagedModelRunner:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         core = core or ov.Core()
         model = make_paged_model(core.read_model(model_path))
+        if logits_vocab is not None:
+            cut_logits_vocab(model, logits_vocab)
         self.hidden_state_layers: tuple[int, ...] | None = None
         tapped_name = None
         if hidden_state_layers is not None:

@@ -92,6 +92,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where conversion libraries' output goes (default: ~/.cache/xpuspec/logs/prepare-*.log; "
         "with --verbose it stays on the terminal)",
     )
+    prepare.add_argument(
+        "--draft-vocab",
+        metavar="N",
+        type=int,
+        default=None,
+        help="the draft proposes only token ids below N (its LM head is cut to them at load time: a "
+        "cheaper draft pass; output stays exact)",
+    )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
     prepare.set_defaults(func=run_prepare)
 
@@ -182,6 +190,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             group_size_fallback=args.group_size_fallback,
             eagle3=args.eagle3,
+            draft_vocab=args.draft_vocab,
         )
     except ValueError as error:
         _error(str(error))

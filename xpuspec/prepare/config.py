@@ -126,6 +126,9 @@ class PrepareConfig:
     overwrite: bool = False
     group_size_fallback: str = "error"
     eagle3: str | None = None
+    # The draft proposes only the first draft_vocab ids (recorded in the manifest; the runtime cuts the
+    # draft's LM head to them, xpuspec.engine.graph_edits.cut_logits_vocab).
+    draft_vocab: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", Path(self.output).expanduser())
@@ -145,6 +148,11 @@ class PrepareConfig:
                 raise ValueError(f"{name} must be one of {WEIGHT_FORMATS}, got {value!r}")
         if self.draft_weights is not None and self.draft is None:
             raise ValueError("draft_weights given without a draft model")
+        if self.draft_vocab is not None:
+            if self.draft is None:
+                raise ValueError("draft_vocab given without a draft model")
+            if not isinstance(self.draft_vocab, int) or self.draft_vocab < 1:
+                raise ValueError(f"draft_vocab must be a positive number of ids, got {self.draft_vocab!r}")
         if self.force_pair and self.draft is None:
             raise ValueError("force_pair given without a draft model")
         if self.group_size_fallback not in GROUP_SIZE_FALLBACKS:
@@ -192,3 +200,13 @@ class PrepareConfig:
             scale_estimation=self.scale_estimation,
             group_size_fallback=self.group_size_fallback,
         )
+
+
+def record_draft_vocab(draft_facts: dict, draft_vocab: int | None) -> dict:
+    """The draft's manifest facts with ``draft_vocab`` (checked against its vocabulary) when given."""
+    if draft_vocab is None:
+        return draft_facts
+    vocab_size = int(draft_facts.get("vocab_size") or 0)
+    if vocab_size and draft_vocab > vocab_size:
+        raise PrepareError(f"--draft-vocab {draft_vocab} exceeds the draft's vocabulary ({vocab_size} ids)")
+    return {**draft_facts, "draft_vocab": draft_vocab}

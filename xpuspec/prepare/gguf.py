@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xpuspec.prepare.config import PrepareConfig, PrepareError
+from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
@@ -326,6 +326,8 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
             facts["draft"] = _prepare_gguf_model(draft_gguf, "draft", config, staging, steps)
         elif draft_source is not None:
             facts["draft"] = _prepare_folder_draft(draft_source, config, staging, steps)
+        if "draft" in facts:
+            facts["draft"] = record_draft_vocab(facts["draft"], config.draft_vocab)
         eagle3 = None
         if config.eagle3 is not None:
             with steps.step("checking and writing the EAGLE-3 head"):

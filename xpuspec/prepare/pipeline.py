@@ -18,7 +18,7 @@ from xpuspec.prepare.compress import (
     count_low_precision_weights,
     save_model,
 )
-from xpuspec.prepare.config import PrepareConfig, PrepareError, WeightCompression
+from xpuspec.prepare.config import PrepareConfig, PrepareError, WeightCompression, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.export import (
     IR_MODEL_NAME,
@@ -76,6 +76,8 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
             if config.eagle3 is not None:
                 check_head_fits(config.eagle3, architecture_facts(models[0].config))
         model_facts = {model.role: _prepare_model(model, config, staging, steps) for model in models}
+        if "draft" in model_facts:
+            model_facts["draft"] = record_draft_vocab(model_facts["draft"], config.draft_vocab)
         eagle3 = None
         if config.eagle3 is not None:
             with steps.step("checking and writing the EAGLE-3 head"):

@@ -43,6 +43,8 @@ def summarize_bundle(bundle: ModelBundle) -> str:
             f"context {facts.get('max_position_embeddings')}",
             f"  weights: {describe_compression(facts.get('compression', {}))}",
         ]
+        if facts.get("draft_vocab"):
+            lines.append(f"  proposes token ids below {facts['draft_vocab']} (its LM head is cut to them)")
     lines += describe_eagle3(bundle)
     tokenizer = bundle.tokenizer_facts
     specials = tokenizer.get("special_tokens", {})
