@@ -39,3 +39,10 @@ def test_tokens_must_be_positive():
 
     with pytest.raises(SystemExit):
         main(["--tokens", "0"])
+
+
+def test_a_missing_bundle_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--bundle", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2
+    assert "no such bundle folder" in capsys.readouterr().err
