@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from xpuspec.bench.perf_counters import VARIANTS, main, measure
 from xpuspec.demo import demo_bundle_path
 
@@ -35,8 +37,6 @@ def test_verification_steps_of_several_tokens(capsys):
 
 
 def test_tokens_must_be_positive():
-    import pytest
-
     with pytest.raises(SystemExit):
         main(["--tokens", "0"])
 
