@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     workload = args.workload or ("code" if args.bundle == "demo" else str(HELDOUT_INSTRUCTIONS))
     report = collect(bundle, workload, args.prompts, args.max_tokens)
     args.out.write_text(json.dumps(report) + "\n", encoding="utf-8")
-    print(f"{len(report['traces'])} traces, greedy match rate {report['greedy_match_rate']:.3f} -> {args.out}")
+    print(
+        f"{len(report['traces'])} traces, greedy match rate {report['greedy_match_rate']:.3f} -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -254,14 +254,17 @@ def format_table(name: str, table: dict[str, dict[str, ReplayResult]]) -> str:
         cells = "  ".join(f"{mode} {r.tokens_per_s:6.1f}" for mode, r in row.items())
         lines.append(
             f"{name:>10} {curve:>12}: {cells}  | adaptive/best {adaptive.tokens_per_s / fixed - 1:+.1%}"
-            f"  accepted/step {adaptive.accepted / max(adaptive.steps, 1):.2f}  shape changes {adaptive.shape_changes}"
+            f"  accepted/step {adaptive.accepted / max(adaptive.steps, 1):.2f}"
+            f"  shape changes {adaptive.shape_changes}"
             f"  γ histogram {adaptive.gamma_histogram}"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Replay adaptive γ over acceptance traces (simulated clock).")
+    parser = argparse.ArgumentParser(
+        description="Replay adaptive γ over acceptance traces (simulated clock)."
+    )
     parser.add_argument("traces", nargs="+", type=Path, help="JSON from xpuspec.bench.acceptance_traces")
     parser.add_argument("--curves", default=",".join(CURVES), help=f"comma-separated, of {sorted(CURVES)}")
     parser.add_argument("--gammas", default="1,2,3,4,6", help="fixed γ to compare with")
