@@ -3,7 +3,9 @@ with a draft that is never right and with one that is always right. Simulated cl
 
 from __future__ import annotations
 
-from xpuspec.bench.policy_replay import HERE, CostCurve, replay
+import json
+
+from xpuspec.bench.policy_replay import HERE, SHIPPED_TRACES, CostCurve, replay
 
 NEVER = [{"prompt_tokens": 16, "match": [0] * 128} for _ in range(12)]
 ALWAYS = [{"prompt_tokens": 16, "match": [1] * 96} for _ in range(3)]
@@ -35,3 +37,12 @@ def test_the_replay_is_deterministic():
     traces = [{"prompt_tokens": 20, "match": [(i * 7) % 3 != 0 for i in range(64)]} for _ in range(2)]
     first, second = replay(traces, HERE, None), replay(traces, HERE, None)
     assert first == second
+
+
+def test_on_the_default_models_trace_adaptive_gamma_keeps_up_with_the_best_fixed_gamma():
+    """SmolLM2 and its draft (α 0.31) on this machine's measured costs: γ = 1 beats target-only by ~5%
+    and γ = 2 loses; adaptive γ must come within 1% of the better (it ran 3.9% below before its
+    acceptance estimate was shrunk towards the pooled rate and the 5% margin dropped)."""
+    traces = json.loads(SHIPPED_TRACES[0].read_text(encoding="utf-8"))["traces"]
+    best = max(replay(traces, HERE, gamma).tokens_per_s for gamma in (0, 1, 2))
+    assert replay(traces, HERE, None).tokens_per_s >= 0.99 * best
