@@ -133,6 +133,18 @@ MAX_TOKENS_PER_SEQUENCE = 17
 #: where it is when a change pays within a few steps; a longer one would change γ on every wobble
 #: of the acceptance estimate).
 SHAPE_CHANGE_HORIZON_STEPS = 4
+#: How many tested drafts the pool's acceptance rate is worth in a sequence's estimate: the
+#: per-sequence α is shrunk towards the pool's. A sequence's own evidence is a few decayed steps
+#: (decay 0.9: ~10 steps, ~13 tested drafts at γ = 1), so its α wanders by ±0.13 around the truth
+#: on a 0.3 draft, while the sequences' true rates differ far less (held-out chat, SmolLM2's draft:
+#: sd 0.08 between requests, of which 0.04 is the 128-token sampling). Maximising the predicted rate
+#: over a noisy α picks γ too large when α is high by chance, and γ = 0 when it is low, where it
+#: then stays, learning nothing: a winner's curse. With weight 2, adaptive γ replayed 2-4% below
+#: the best fixed γ (``python -m xpuspec.bench.policy_replay``); 4 came within 1% on both drafts and
+#: every cost curve tried, 6-8 within 1% on most, and 16-32 lost on the demo pair, whose requests'
+#: rates really differ (0.7-1.0).
+POOLED_PRIOR_WEIGHT = 4.0
+
 #: The policy reuses its step costs until this many new measurements have come in.
 COSTS_REFRESH_RECORDS = 16
 
@@ -360,15 +372,22 @@ class AcceptanceTracker:
     (accepted / drafted) would underestimate α badly at large γ.
 
     The estimate is ``(accepted + prior * prior_weight) / (tested + prior_weight)`` over decayed
-    counts. Steps without drafts (``update(0, 0)``) decay the counts by the slower ``idle_decay``,
-    so a sequence that stopped speculating drifts back towards the prior and is retried later, but
-    not every few steps: each retry changes the target's step shape twice and catches the draft up,
-    which on the demo pair cost ~2 steps' time per retry (with ``decay`` for idle steps too, retries
-    came every ~15 steps and adaptive γ ran 4-7% below target-only).
+    counts, where the prior is fixed or, given a ``pool`` (the tracker of every sequence's drafts),
+    that pool's current rate. Steps without drafts (``update(0, 0)``) decay the counts by the slower
+    ``idle_decay``, so a sequence that stopped speculating drifts back towards the prior and is
+    retried later, but not every few steps: each retry changes the target's step shape twice and
+    catches the draft up, which on the demo pair cost ~2 steps' time per retry (with ``decay`` for
+    idle steps too and a fixed prior, retries came every ~15 steps and adaptive γ ran 4-7% below
+    target-only; a pooled prior is low when the draft does not pay, see :class:`AcceptanceRates`).
     """
 
     def __init__(
-        self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9, idle_decay: float = 0.99
+        self,
+        prior: float = 0.6,
+        prior_weight: float = 2.0,
+        decay: float = 0.9,
+        idle_decay: float = 0.99,
+        pool: AcceptanceTracker | None = None,
     ) -> None:
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior must be in [0, 1], got {prior}")
@@ -380,6 +399,7 @@ class AcceptanceTracker:
         self.prior_weight = prior_weight
         self.decay = decay
         self.idle_decay = idle_decay
+        self.pool = pool  # when given, its current rate is the prior (``prior`` is ignored)
         self._accepted = 0.0
         self._tested = 0.0
 
@@ -393,7 +413,8 @@ class AcceptanceTracker:
 
     @property
     def rate(self) -> float:
-        return (self._accepted + self.prior * self.prior_weight) / (self._tested + self.prior_weight)
+        prior = self.prior if self.pool is None else self.pool.rate
+        return (self._accepted + prior * self.prior_weight) / (self._tested + self.prior_weight)
 
 
 class AcceptanceRates:
@@ -402,16 +423,35 @@ class AcceptanceRates:
     A pool of every sequence's drafts (decaying slowly) gives new sequences their starting point on
     request (``pooled_prior``): with a draft that is rarely accepted, each new request would otherwise
     start from the optimistic fixed prior and draft for its first steps, a loss repeated for every
-    request. Seeded requests keep the fixed prior, so their drafting repeats run for run; as the
+    request. The pool's current rate stays in such a sequence's estimate with ``pooled_prior_weight``
+    (:data:`POOLED_PRIOR_WEIGHT`), shrinking a few steps' noisy evidence towards it. Its current rate,
+    not its rate when the sequence began: the first request on a fresh engine would keep the fixed
+    prior 0.6 as its anchor, and with a draft that is never accepted its estimate could not fall
+    below 0.6·4 / (4 + 10) ≈ 0.17 (10: the most decayed tested drafts), and would take many steps to
+    cross γ = 1's break-even (0.22 on the default model). Steps without drafts decay such a
+    sequence's counts by ``pooled_idle_decay`` (0.95), so an estimate that fell below the pool by
+    chance, and took γ to 0 where it learns nothing, drifts back to the pool in ~20 steps rather than
+    ~70; a draft that never pays is not retried for it, as the pool is low too (replayed, 0.95
+    instead of 0.99 halved the loss on a curve without shape-change costs, and changed nothing
+    elsewhere). Seeded requests keep the fixed prior, so their drafting repeats run for run; as the
     engine does not probe for them (their γ ignores timings), steps without drafts decay their
     counts at the drafting rate ``decay``, which alone retries them after a bad stretch.
     """
 
     def __init__(
-        self, prior: float = 0.6, prior_weight: float = 2.0, decay: float = 0.9, pool_decay: float = 0.99
+        self,
+        prior: float = 0.6,
+        prior_weight: float = 2.0,
+        decay: float = 0.9,
+        pool_decay: float = 0.99,
+        pooled_prior_weight: float = POOLED_PRIOR_WEIGHT,
+        pooled_idle_decay: float = 0.95,
     ) -> None:
         AcceptanceTracker(prior, prior_weight, decay)  # validates the settings once, up front
+        AcceptanceTracker(prior, pooled_prior_weight, decay, pooled_idle_decay)
         self._settings = (prior, prior_weight, decay)
+        self.pooled_prior_weight = pooled_prior_weight
+        self.pooled_idle_decay = pooled_idle_decay
         self._trackers: dict[str, AcceptanceTracker] = {}
         self.pool = AcceptanceTracker(prior, prior_weight, pool_decay)
 
@@ -420,7 +460,9 @@ class AcceptanceRates:
         if tracker is None:
             prior, prior_weight, decay = self._settings
             if pooled_prior:
-                tracker = AcceptanceTracker(self.pool.rate, prior_weight, decay)
+                tracker = AcceptanceTracker(
+                    prior, self.pooled_prior_weight, decay, self.pooled_idle_decay, pool=self.pool
+                )
             else:
                 tracker = AcceptanceTracker(prior, prior_weight, decay, idle_decay=decay)
             self._trackers[request_id] = tracker
@@ -452,12 +494,15 @@ class SpeculationLengthPolicy:
         expected_tokens_per_step(α, γ) / (γ·c_draft(num_sequences) + c_verify(γ + 1 tokens each))
 
     with both costs measured (:class:`CostModel`). γ > 0 is chosen only if its predicted rate beats
-    plain decoding by ``min_speedup`` (the costs are estimates; a marginal predicted gain is not worth
-    the draft's KV memory).
+    plain decoding by ``min_speedup``. It is 1.0 by default, no margin: on the default model (SmolLM2
+    135M and its draft, α ≈ 0.3) the best fixed γ (1) gains only 3-5% over plain decoding, so the
+    former 5% margin left adaptive γ at 0 for most steps, below γ = 1 (replayed: 2-4%). The noise the
+    margin guarded against is that of the acceptance estimate, which the pooled prior now damps
+    (:data:`POOLED_PRIOR_WEIGHT`); the costs are measured every step.
     """
 
     def __init__(
-        self, max_draft_tokens: int = 8, cost_model: CostModel | None = None, min_speedup: float = 1.05
+        self, max_draft_tokens: int = 8, cost_model: CostModel | None = None, min_speedup: float = 1.0
     ) -> None:
         if not isinstance(max_draft_tokens, int) or max_draft_tokens < 0:
             raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens!r}")
