@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.server.conftest import LiveServer
-from xpuspec.server.engine_loop import ChoiceEvent, EngineLoop, Generation
+from xpuspec.server.engine_loop import _WAKE_ANY, _WAKE_FINAL, ChoiceEvent, EngineLoop, Generation
 from xpuspec.server.responses import ResponseContext, _ChunkFrames, stream
 
 TRICKY_TEXTS = [
@@ -86,6 +86,35 @@ def test_held_text_waits_but_a_final_event_is_handed_over_at_once() -> None:
     reader.join(timeout=30)
     assert not reader.is_alive(), "a final event did not end the hold"
     assert [event.text for event in taken[0]] == ["a", "b", "c"]
+    assert gen.done
+
+
+def test_a_reader_between_slow_steps_waits_for_events_and_still_holds_early_ones() -> None:
+    gen = generation()
+    gen.deliver([text_event(0, "a")])
+    gen.deliver([text_event(0, "b")])
+    assert [event.text for event in gen.take_events(timeout=1.0)] == ["a", "b"]
+    gen._delivery_gap = 3600.0  # as if steps were an hour apart: far slower than the hold below
+    taken: list[list[ChoiceEvent]] = []
+    reader = threading.Thread(
+        target=lambda: taken.append(gen.take_events(timeout=60, hold_until=time.monotonic() + 60))
+    )
+    reader.start()
+    # With nothing to hold and the next step due after the hold ends, the reader sleeps until events
+    # arrive (no timer at hold_until)...
+    deadline = time.monotonic() + 30
+    while gen._waiting_for != _WAKE_ANY and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gen._waiting_for == _WAKE_ANY
+    # ...and text that still comes within the hold is held back until a final event.
+    gen.deliver([text_event(0, "c")])
+    while gen._waiting_for != _WAKE_FINAL and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gen._waiting_for == _WAKE_FINAL and reader.is_alive()
+    gen.deliver([final_event(0, "d")])
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "a final event did not end the hold"
+    assert [event.text for event in taken[0]] == ["c", "d"]
     assert gen.done
 
 

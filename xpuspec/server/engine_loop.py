@@ -109,12 +109,19 @@ class Generation:
         self._pending: list[ChoiceEvent] = []
         self._num_final_pending = 0
         self._waiting_for = _WAKE_NEVER  # what the reader sleeps on; read by deliver under the lock
+        # When the loop last delivered, and the gap before that: from them a reader with nothing
+        # pending predicts whether the next step's events arrive before its hold ends.
+        self._last_delivery = 0.0
+        self._delivery_gap = 0.0
         self._taken: collections.deque[ChoiceEvent] = collections.deque()  # for next_event
 
     def deliver(self, events: list[ChoiceEvent]) -> None:
         """Called by the loop thread with the events of one iteration, in order."""
         num_final = sum(1 for event in events if event.final)
+        now = time.monotonic()
         with self._ready:
+            self._delivery_gap = now - self._last_delivery
+            self._last_delivery = now
             self._pending.extend(events)
             self._num_final_pending += num_final
             if self._waiting_for == _WAKE_ANY or (num_final and self._waiting_for == _WAKE_FINAL):
@@ -133,7 +140,13 @@ class Generation:
                 ready = bool(self._pending) and (self._num_final_pending > 0 or now >= hold_until)
                 if ready or now >= deadline:
                     break
-                if self._pending or now < hold_until:
+                if not self._pending and now < hold_until <= self._last_delivery + self._delivery_gap:
+                    # Nothing to hold, and the next step's events are due after the hold ends anyway
+                    # (steps slower than the stream interval, as with many streams at once): a timer
+                    # at hold_until would wake this thread for nothing, so wait for the events. Any
+                    # that still come early make it wait out the hold below.
+                    self._waiting_for, wake_at = _WAKE_ANY, deadline
+                elif self._pending or now < hold_until:
                     # Holding: only a final event ends the wait early.
                     self._waiting_for, wake_at = _WAKE_FINAL, min(deadline, hold_until)
                 else:
