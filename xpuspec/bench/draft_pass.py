@@ -86,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--vocab must list integers, got {args.vocab!r}")
     if not vocabs or min(vocabs) < 0 or args.steps < 1 or args.rounds < 1:
         parser.error("--vocab needs integers >= 0, --steps and --rounds at least 1")
-    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16"}
-    for item in args.property:
-        key, _, value = item.partition("=")
-        if not value:
-            parser.error(f"--property wants KEY=VALUE, got {item!r}")
-        properties[key] = value
+    from xpuspec.generate_command import parse_properties
+
+    try:
+        user_properties = parse_properties(args.property)
+    except ValueError as error:
+        parser.error(str(error))
+    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16", **user_properties}
     from xpuspec.model_bundle import BundleError
 
     try:
