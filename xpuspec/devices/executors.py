@@ -39,7 +39,7 @@ def create_runner(
     ``hidden_state_layers``: tap the residual stream entering these layers (an EAGLE-3 target); only
     the paged executor has taps. ``logits_vocab``: a draft proposing only the first ids of the shared
     vocabulary (:func:`xpuspec.engine.graph_edits.cut_logits_vocab`); the other executors keep the
-    whole LM head, which drafts the same way, only slower.
+    whole LM head and draft from every id (output is exact either way; only the cost differs).
     """
     plugin = device.plugin
     user = layer_tuned(tuned_properties, resolve_properties(user_properties))
