@@ -23,7 +23,7 @@ def test_parity_prints_both_engines_and_their_ratios_per_draft_length(capsys):
     for line in lines:
         match = re.search(
             r"xpuspec ([\d.]+) tokens/s, GenAI ([\d.]+) \(best of 2\); "
-            r"÷ GenAI best ([\d.]+), median round ([\d.]+)",
+            r"÷ GenAI best ([\d.]+), median round ([\d.]+), per-prompt best ([\d.]+)",
             line,
         )
         assert match and all(float(value) > 0 for value in match.groups()), line
@@ -35,6 +35,37 @@ def test_parity_default_compares_adaptive_with_genai_as_it_comes(capsys):
         "xpuspec adaptive vs GenAI target-only",
         "xpuspec adaptive vs GenAI γ=2",
     ]
+
+
+def test_compare_alternates_prompt_by_prompt_and_sums_per_prompt_bests():
+    calls: list[tuple[str, int]] = []
+
+    class Engine:
+        def __init__(self, name: str, seconds: dict[int, list[float]]) -> None:
+            self.name, self.seconds = name, seconds
+
+        def generate(self, token_ids, max_tokens, draft_length):
+            calls.append((self.name, token_ids[0]))
+            parity.time.sleep(self.seconds[token_ids[0]].pop(0))
+
+    # Two prompts, two rounds (after one warm-up run each): xpuspec's prompt 0 is slow in round 0
+    # only, GenAI's prompt 1 in round 1 only; each prompt's best run is 10 ms for xpuspec, 20 for GenAI.
+    ours = Engine("xpuspec", {0: [0.0, 0.08, 0.01], 1: [0.0, 0.01, 0.01]})
+    genai = Engine("genai", {0: [0.0, 0.02, 0.02], 1: [0.0, 0.02, 0.09]})
+    result = parity.compare(ours, genai, [[0], [1]], 4, 2, None, None)
+    timed = calls[4:]  # after the warm-up
+    assert timed == [
+        ("xpuspec", 0),
+        ("genai", 0),
+        ("genai", 1),
+        ("xpuspec", 1),
+        ("genai", 0),
+        ("xpuspec", 0),
+        ("xpuspec", 1),
+        ("genai", 1),
+    ]
+    assert result["per_prompt_best_ratio"] == pytest.approx(2.0, rel=0.25)
+    assert result["tokens"] == 8
 
 
 def test_parity_rejects_bad_counts():

@@ -759,13 +759,17 @@ class LLMEngine:
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
         state = self._states[sequence.request_id]
         params = sequence.params
-        if not np.all(np.isfinite(rows.max(axis=-1))):  # max propagates NaN
-            raise ValueError("the target's logits for this request hold NaN or infinity")
         draft_ids = proposal.token_ids if proposal is not None else []
+        is_tree = proposal is not None and proposal.tree_parents is not None and bool(draft_ids)
+        # A greedy chain's argmax refuses NaN rows itself (verify_greedy), in the same pass.
+        if (is_tree or not params.greedy or state.guide is not None) and not np.all(
+            np.isfinite(rows.max(axis=-1))  # max propagates NaN
+        ):
+            raise ValueError("the target's logits for this request hold NaN or infinity")
         if state.guide is not None:
             rows = structured.mask_target_rows(rows, state.guide, draft_ids)
         num_drafted = len(draft_ids)
-        if proposal is not None and proposal.tree_parents is not None and draft_ids:
+        if is_tree:
             result, num_drafted = self._verify_tree(sequence, rows, proposal, state)
         elif params.greedy:
             result = self.rejection_sampler.verify_greedy(draft_ids, rows)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xpuspec.sample.sampler import argmax, race, sample
+from xpuspec.sample.sampler import finite_argmax, race, sample
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +68,18 @@ class RejectionSampler:
         draft_token_ids: Sequence[int],
         target_logits: np.ndarray,  # [γ+1, vocab]
     ) -> VerificationResult:
-        """Accept the longest draft prefix equal to the target's argmax, then one target argmax token."""
+        """Accept the longest draft prefix equal to the target's argmax, then one target argmax token.
+
+        Raises ``ValueError`` when a row's largest logit is NaN or infinite (no greedy token exists).
+        """
         num_drafts = len(draft_token_ids)
         _check_rows("target_logits", target_logits, num_drafts + 1)
-        target_tokens = argmax(target_logits)  # [γ+1]
+        target_tokens = finite_argmax(target_logits, "target's logits for this request")  # γ+1
         num_accepted = 0
         while num_accepted < num_drafts and int(draft_token_ids[num_accepted]) == target_tokens[num_accepted]:
             num_accepted += 1
         # At the first mismatch target_tokens[i] is the recovered token; after γ accepts, the bonus.
-        token_ids = [int(token) for token in target_tokens[: num_accepted + 1]]
-        return VerificationResult(token_ids=token_ids, num_accepted=num_accepted)
+        return VerificationResult(token_ids=target_tokens[: num_accepted + 1], num_accepted=num_accepted)
 
     def verify_sampled(
         self,
