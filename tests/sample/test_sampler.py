@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from xpuspec.sample.sampler import argmax, make_generator, probabilities, sample
+from xpuspec.sample.sampler import argmax, finite_argmax, make_generator, probabilities, sample
 from xpuspec.sample.sampling_params import SamplingParams
 
 
@@ -161,3 +161,19 @@ def test_top_p_finds_a_nucleus_far_below_the_first_threshold() -> None:
     expected = _reference_probabilities(logits, 1.0, 0, 0.95)
     assert 1 < np.count_nonzero(probs) < logits.shape[1]
     np.testing.assert_allclose(probs, expected, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [[0.0, np.nan, 1.0], [np.nan, 5.0, 1.0], [0.0, np.inf, 1.0], [-np.inf, -np.inf, -np.inf]],
+)
+def test_finite_argmax_refuses_a_row_whose_max_is_not_finite(bad_row):
+    logits = np.array([[0.0, 2.0, 1.0], bad_row], dtype=np.float32)
+    assert not np.isfinite(logits.max(axis=-1)).all()  # the check it replaces refuses it too
+    with pytest.raises(ValueError, match="the target's logits hold NaN or infinity"):
+        finite_argmax(logits, "target's logits")
+
+
+def test_finite_argmax_takes_rows_with_some_minus_infinity():
+    logits = np.array([[-np.inf, 2.0, 3.0], [1.0, -np.inf, 0.5]], dtype=np.float32)
+    assert finite_argmax(logits) == [2, 0]
