@@ -179,6 +179,30 @@ def test_a_batch_becomes_one_frame_with_one_text_chunk_per_choice() -> None:
     assert last[2] == "[DONE]"
 
 
+def test_a_stream_reads_its_hold_after_each_frame() -> None:
+    """The hold may be a function (the server's load-scaled interval): asked after every frame."""
+    gen = generation(1)
+    context = ResponseContext(kind="completion", model="m", num_prompt_tokens=3, num_choices=1)
+    asked: list[float] = []
+
+    def hold() -> float:
+        asked.append(time.monotonic())
+        return 60.0
+
+    frames = stream(gen, context, False, coalesce_s=hold)
+    gen.deliver([text_event(0, "a")])
+    assert json.loads(data_lines(next(frames))[0])["choices"][0]["text"] == "a"
+    assert asked == []  # asked when the generator resumes after the frame, not before
+    gen.deliver([text_event(0, "b")])
+    finisher = threading.Timer(0.3, lambda: gen.deliver([final_event(0, "c")]))
+    finisher.start()
+    # Held for 60 s after "a": "b" waits for the final event and goes out with it, in one chunk.
+    chunks = [json.loads(line) for line in data_lines(next(frames)) if line != "[DONE]"]
+    finisher.join()
+    assert len(asked) == 1
+    assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks] == [("bc", "length")]
+
+
 def test_chat_batches_keep_content_then_finish_reason() -> None:
     frames = list(
         frames_of(

@@ -19,7 +19,13 @@ from typing import Any
 
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.model_bundle import DEMO_BUNDLE_NAME
-from xpuspec.server.config import DEFAULT_STREAM_INTERVAL_S, DEMO_MODEL_NAME, ServerConfig
+from xpuspec.server.config import (
+    DEFAULT_STREAM_INTERVAL_PER_STREAM_S,
+    DEFAULT_STREAM_INTERVAL_S,
+    DEMO_MODEL_NAME,
+    MAX_STREAM_INTERVAL_S,
+    ServerConfig,
+)
 from xpuspec.server.http_server import ListenerLimits
 
 logger = logging.getLogger(__name__)
@@ -96,6 +102,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"last frame is never held (default {DEFAULT_STREAM_INTERVAL_S * 1e3:g}; 0: one frame per step)",
     )
     parser.add_argument(
+        "--stream-interval-per-stream-ms",
+        type=float,
+        default=DEFAULT_STREAM_INTERVAL_PER_STREAM_S * 1e3,
+        help="with many streams open, this much more interval per open stream, up to "
+        f"{MAX_STREAM_INTERVAL_S * 1e3:g} ms: fewer frames, less CPU taken from the engine "
+        f"(default {DEFAULT_STREAM_INTERVAL_PER_STREAM_S * 1e3:g}; 0: a fixed interval)",
+    )
+    parser.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
     )
     parser.add_argument(
@@ -156,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             max_queue=args.max_queue,
             max_body_bytes=args.max_body_bytes,
             stream_interval_s=args.stream_interval_ms / 1e3,
+            stream_interval_per_stream_s=args.stream_interval_per_stream_ms / 1e3,
         )
         limits = ListenerLimits(
             threads=args.threads,

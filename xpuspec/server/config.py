@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 DEMO_MODEL_NAME = "xpuspec-demo"
 # Text that arrives within this of a stream's previous text frame waits and shares the next frame.
 DEFAULT_STREAM_INTERVAL_S = 0.005
+# With many streams open, each one's frames come further apart: this much per open stream, up to
+# MAX_STREAM_INTERVAL_S. A frame costs the server and the client ~0.2 ms of CPU (a reader wakeup, a
+# JSON chunk, a socket write, its parsing), and on a small CPU those frames compete with the engine:
+# 16 streams on the 2-core test machine and the demo pair (a 5-ms step, a token per stream and step)
+# reached 0.65x the in-process tokens/s with a frame per step, 0.81x at 30 ms
+# (``python -m xpuspec.bench.http_parity --clients 16``). 50 ms still reads as smooth text.
+DEFAULT_STREAM_INTERVAL_PER_STREAM_S = 0.002
+MAX_STREAM_INTERVAL_S = 0.05
 
 
 @dataclass
@@ -21,6 +29,8 @@ class ServerConfig:
     ``stream_interval_s`` is the least time between two text frames of one stream: tokens that come
     faster (several engine steps within it) share a frame, which saves the server and the client a
     frame each; a choice's last frame is never held back, and 0 sends every step's tokens at once.
+    ``stream_interval_per_stream_s`` lengthens it with the number of streams open, up to
+    :data:`MAX_STREAM_INTERVAL_S` (0: a fixed interval; see :meth:`stream_interval_for`).
     """
 
     served_model_name: str = DEMO_MODEL_NAME
@@ -31,6 +41,7 @@ class ServerConfig:
     max_choices: int = 64  # prompts x n of one request
     retry_after_s: int = 1
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
+    stream_interval_per_stream_s: float = DEFAULT_STREAM_INTERVAL_PER_STREAM_S
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -44,9 +55,17 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        interval = self.stream_interval_s
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1:
-            raise ValueError(f"stream_interval_s must be a number of seconds in [0, 1], got {interval!r}")
+        for name in ("stream_interval_s", "stream_interval_per_stream_s"):
+            interval = getattr(self, name)
+            if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1:
+                raise ValueError(f"{name} must be a number of seconds in [0, 1], got {interval!r}")
+
+    def stream_interval_for(self, num_streams: int) -> float:
+        """The least time between two text frames of a stream while ``num_streams`` streams are open:
+        ``stream_interval_s``, or ``stream_interval_per_stream_s`` per stream where that is longer, at
+        most :data:`MAX_STREAM_INTERVAL_S` (unless ``stream_interval_s`` itself is longer)."""
+        scaled = min(self.stream_interval_per_stream_s * num_streams, MAX_STREAM_INTERVAL_S)
+        return max(self.stream_interval_s, scaled)
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -99,13 +99,13 @@ def _generate(
         constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
     )
     request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
-    state.response_opened()
+    state.response_opened(streamed=bool(body.stream))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames_of = stream(generation, context, include_usage, state.config.stream_interval_s)
+        frames_of = stream(generation, context, include_usage, state.stream_interval)
         if prepared.tools is not None:
             frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls)
-        frames = TrackedStream(frames_of, state.response_closed)
+        frames = TrackedStream(frames_of, lambda: state.response_closed(streamed=True))
         return Response(
             frames,  # type: ignore[arg-type]
             mimetype="text/event-stream",

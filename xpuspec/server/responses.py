@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25
 
 Kind = Literal["completion", "chat"]
+# How long a stream holds text back after a frame: seconds, or a function giving them when asked.
+HoldSeconds = float | Callable[[], float]
 # Said in a constrained choice (response_format, guided_*) that ran out of tokens: its text is cut
 # short of what the constraint requires, so it does not parse.
 CONSTRAINT_INCOMPLETE = (
@@ -67,14 +69,15 @@ class ResponseContext:
 
 
 def _batches(
-    generation: Generation, context: ResponseContext, hold_s: float = 0.0, finals_only: bool = False
+    generation: Generation, context: ResponseContext, hold_s: HoldSeconds = 0.0, finals_only: bool = False
 ) -> Iterator[list[ChoiceEvent]]:
     """The events until all choices finished, in batches of what arrived together.
 
     After each batch is handed out (the caller resumes this generator once it wrote its frame), the
-    next one is held back for ``hold_s`` unless a choice finishes meanwhile: tokens that arrive faster
-    than that go out together. ``finals_only`` wakes only for finished choices (a response built at
-    the end). Raises ClientGone when the client has left.
+    next one is held back for ``hold_s`` (seconds, or a function giving them at that moment) unless a
+    choice finishes meanwhile: tokens that arrive faster than that go out together. ``finals_only``
+    wakes only for finished choices (a response built at the end). Raises ClientGone when the client
+    has left.
     """
     client_disconnected = context.client_disconnected
     next_check = time.monotonic() + DISCONNECT_POLL_S
@@ -95,8 +98,9 @@ def _batches(
                     if event.stats.cached_tokens:
                         context.num_cached_tokens = max(context.num_cached_tokens, event.stats.cached_tokens)
             yield events
-            if hold_s > 0.0:
-                hold_until = time.monotonic() + hold_s
+            hold = hold_s() if callable(hold_s) else hold_s
+            if hold > 0.0:
+                hold_until = time.monotonic() + hold
 
 
 def failure(event: ChoiceEvent, num_choices: int) -> APIError:
@@ -202,7 +206,7 @@ class _ChunkFrames:
 
 
 def stream(
-    generation: Generation, context: ResponseContext, include_usage: bool, coalesce_s: float = 0.0
+    generation: Generation, context: ResponseContext, include_usage: bool, coalesce_s: HoldSeconds = 0.0
 ) -> Iterator[str]:
     """SSE frames: chunks per choice, one finish_reason each, the usage chunk if asked, then [DONE].
 

@@ -22,17 +22,25 @@ class ServerState:
     metrics: ServerMetrics
     started: int = field(default_factory=lambda: int(time.time()))
     _open_responses: int = 0
+    _open_streams: int = 0
     _lock: threading.Condition = field(default_factory=threading.Condition)
 
     # Responses whose body is still being produced: a drain waits for them, not only for the engine.
-    def response_opened(self) -> None:
+    # Streamed ones are counted apart: how many are open sets how often each one sends a frame.
+    def response_opened(self, streamed: bool = False) -> None:
         with self._lock:
             self._open_responses += 1
+            self._open_streams += streamed
 
-    def response_closed(self) -> None:
+    def response_closed(self, streamed: bool = False) -> None:
         with self._lock:
             self._open_responses -= 1
+            self._open_streams -= streamed
             self._lock.notify_all()
+
+    def stream_interval(self) -> float:
+        """The least time between two text frames of a stream now (``ServerConfig.stream_interval_for``)."""
+        return self.config.stream_interval_for(self._open_streams)
 
     @property
     def open_responses(self) -> int:
