@@ -34,7 +34,8 @@ def test_bad_intervals_are_refused_by_name(name: str, value: object) -> None:
 def test_the_state_counts_streamed_responses_apart() -> None:
     loop = EngineLoop(lambda: None, max_in_flight=4)  # type: ignore[arg-type,return-value]
     metrics = ServerMetrics(lambda: loop.snapshot, lambda: loop.num_in_flight)
-    state = ServerState(ServerConfig(stream_interval_per_stream_s=0.01), loop, metrics)
+    config = ServerConfig(stream_interval_s=0.005, stream_interval_per_stream_s=0.01)
+    state = ServerState(config, loop, metrics)
     state.response_opened()  # a whole response: no frames
     for _ in range(3):
         state.response_opened(streamed=True)

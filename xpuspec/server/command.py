@@ -98,8 +98,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--stream-interval-ms",
         type=float,
         default=DEFAULT_STREAM_INTERVAL_S * 1e3,
-        help="least time between two text frames of a stream; faster tokens share a frame, a choice's "
-        f"last frame is never held (default {DEFAULT_STREAM_INTERVAL_S * 1e3:g}; 0: one frame per step)",
+        help="least time between two text frames of a stream; faster tokens share a frame, the first "
+        "and a choice's last frame are never held: each frame costs the engine CPU "
+        f"(default {DEFAULT_STREAM_INTERVAL_S * 1e3:g}; 0: one frame per step)",
     )
     parser.add_argument(
         "--stream-interval-per-stream-ms",

@@ -6,13 +6,16 @@ from dataclasses import dataclass, field
 
 DEMO_MODEL_NAME = "xpuspec-demo"
 # Text that arrives within this of a stream's previous text frame waits and shares the next frame.
-DEFAULT_STREAM_INTERVAL_S = 0.005
+# A frame wakes three threads (the HTTP worker, the server's socket loop, the client), and when the
+# engine's OpenVINO threads hold every core, each wakeup preempts one of them and stalls its step:
+# on the 2-core test machine, one client streaming the demo pair (a ~1-ms step) reached 0.75x the
+# in-process tokens/s at 5 ms, 0.92-0.94x at 25 ms (``python -m xpuspec.bench.http_parity
+# --clients 1``). 25 ms is 40 frames a second, smoother than text needs; the first and last frames
+# are never held.
+DEFAULT_STREAM_INTERVAL_S = 0.025
 # With many streams open, each one's frames come further apart: this much per open stream, up to
-# MAX_STREAM_INTERVAL_S. A frame costs the server and the client ~0.2 ms of CPU (a reader wakeup, a
-# JSON chunk, a socket write, its parsing), and on a small CPU those frames compete with the engine:
-# 16 streams on the 2-core test machine and the demo pair (a 5-ms step, a token per stream and step)
-# reached 0.65x the in-process tokens/s with a frame per step, 0.81x at 30 ms
-# (``python -m xpuspec.bench.http_parity --clients 16``). 50 ms still reads as smooth text.
+# MAX_STREAM_INTERVAL_S. 16 streams (a 5-ms step, a token per stream and step) reached 0.65x the
+# in-process tokens/s with a 5-ms interval, 0.81x at 30 ms (``--clients 16``).
 DEFAULT_STREAM_INTERVAL_PER_STREAM_S = 0.002
 MAX_STREAM_INTERVAL_S = 0.05
 
