@@ -15,8 +15,9 @@ DEMO_MODEL_NAME = "xpuspec-demo"
 DEFAULT_STREAM_INTERVAL_S = 0.025
 # With many streams open, each one's frames come further apart: this much per open stream, up to
 # MAX_STREAM_INTERVAL_S. 16 streams (a 5-ms step, a token per stream and step) reached 0.65x the
-# in-process tokens/s with a 5-ms interval, 0.81x at 30 ms (``--clients 16``).
-DEFAULT_STREAM_INTERVAL_PER_STREAM_S = 0.002
+# in-process tokens/s with a 5-ms interval, 0.77-0.81x at 30-32 ms and 0.83x at 48 ms (``--clients
+# 16``): 48 ms at 16 streams is still 20 frames a second.
+DEFAULT_STREAM_INTERVAL_PER_STREAM_S = 0.003
 MAX_STREAM_INTERVAL_S = 0.05
 
 
