@@ -77,6 +77,9 @@ CASES = [
     BadRequest("top_p zero", COMPLETIONS, completion(top_p=0), 400, "top_p"),
     BadRequest("top_p above one", COMPLETIONS, completion(top_p=1.5), 400, "top_p"),
     BadRequest("top_k negative", COMPLETIONS, completion(top_k=-1), 400, "top_k"),
+    # Found by the schema fuzzer: an empty pattern passed the schema and failed in SamplingParams (500).
+    BadRequest("guided_regex empty", COMPLETIONS, completion(guided_regex=""), 400, "guided_regex"),
+    BadRequest("guided_grammar empty", CHAT, chat(guided_grammar=""), 400, "guided_grammar"),
     BadRequest("n zero", COMPLETIONS, completion(n=0), 400, "n"),
     BadRequest("n too large", COMPLETIONS, completion(n=17), 400, "n"),
     BadRequest("n a bool", COMPLETIONS, completion(n=True), 400, "n"),
@@ -215,6 +218,21 @@ def test_bad_request_gets_an_openai_error(client: FlaskClient, case: BadRequest)
         assert error["param"] == case.param
     if case.code is not None:
         assert error["code"] == case.code
+
+
+def test_parameters_the_engine_refuses_after_the_schema_passed_them_are_a_400(
+    client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xpuspec.server import choices
+
+    def refuse(**fields: Any) -> None:
+        raise ValueError("stop must hold at most 4 strings")
+
+    monkeypatch.setattr(choices, "SamplingParams", refuse)
+    response = client.post(COMPLETIONS, json=completion())
+    assert response.status_code == 400
+    assert response.get_json()["error"]["message"] == "stop must hold at most 4 strings"
+    assert response.get_json()["error"]["code"] == "invalid_value"
 
 
 def test_valid_requests_succeed_after_every_bad_one(client: FlaskClient) -> None:

@@ -69,6 +69,16 @@ def sampling_params(
 ) -> SamplingParams:
     # Choice i of a seeded request uses seed + i, wrapped into the engine's 64-bit seed range.
     seed = None if body.seed is None else (body.seed + choice) % SEED_LIMIT
+    try:
+        return _sampling_params(body, max_tokens, num_draft_tokens, seed)
+    except ValueError as error:
+        # The schema admits what SamplingParams refuses only by an oversight: still the client's 400.
+        raise APIError(400, str(error), code="invalid_value") from None
+
+
+def _sampling_params(
+    body: GenerationFields, max_tokens: int, num_draft_tokens: int | None, seed: int | None
+) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,

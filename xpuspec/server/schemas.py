@@ -131,8 +131,12 @@ class GenerationFields(BaseModel):
         description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
         '{"name": ..., "schema": {...}, "strict": true}}: the output is constrained to parse',
     )
-    guided_regex: str | None = Field(None, description="xpuspec: constrain the output to this regex")
-    guided_grammar: str | None = Field(None, description="xpuspec: constrain the output to this Lark grammar")
+    guided_regex: str | None = Field(
+        None, min_length=1, description="xpuspec: constrain the output to this regex"
+    )
+    guided_grammar: str | None = Field(
+        None, min_length=1, description="xpuspec: constrain the output to this Lark grammar"
+    )
     draft_tree: str | dict[str, int] | None = Field(
         None,
         description='xpuspec: tree speculation, "auto" or {"depth": d, "width": w, "nodes": n} '
