@@ -1,0 +1,28 @@
+"""`python -m xpuspec.bench.tree_compare`: every configuration runs, trees verify nodes, passes add up."""
+
+from __future__ import annotations
+
+import pytest
+
+from xpuspec.bench import tree_compare
+
+pytestmark = pytest.mark.slow
+
+
+def test_each_configuration_reports_tokens_per_pass_and_trees_draft_nodes(capsys):
+    arguments = ["--bundle", "demo", "--prompts", "1", "--max-tokens", "8", "--rounds", "1"]
+    assert tree_compare.main(arguments) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = {line[:14].strip(): line[14:].split() for line in lines[1:]}
+    assert list(rows) == list(tree_compare.CONFIGURATIONS)
+    assert float(rows["target-only"][0]) == pytest.approx(1.0)  # one token per pass without drafts
+    for name, (tokens_per_pass, _nodes_per_tree, ratio, tokens_per_second) in rows.items():
+        assert 1.0 <= float(tokens_per_pass) <= 11.0, name
+        assert float(ratio) > 0 and float(tokens_per_second) > 0, name
+    assert float(rows["tree 3,2,6"][1]) > 1.0  # fixed shapes verify trees of several nodes
+    assert float(rows["chain γ=2"][1]) == 0.0  # chains verify no tree
+
+
+def test_bad_counts_are_refused():
+    with pytest.raises(SystemExit):
+        tree_compare.main(["--rounds", "0"])
