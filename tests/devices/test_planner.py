@@ -205,3 +205,28 @@ def test_generate_says_when_the_recorded_plan_turns_drafting_off(pair_bundle, tm
     assert "the recorded plan turns drafting off" in capsys.readouterr().err
     assert main([*argv, "--drafter", "draft"]) == 0  # an explicit drafter: nothing to say
     assert "turns drafting off" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("compression", "expected"),
+    [
+        ({"weights": "int8"}, "int8"),
+        ({"weights": "int4", "int4_constants": 0}, "int4"),
+        # The default model's GGUF: its format names the GGUF blocks, its constants are int4.
+        ({"weights": "Q4_1+Q8_0", "int8_constants": 1, "int4_constants": 210}, "int4"),
+        ({"weights": "as given", "int8_constants": 22, "int4_constants": 0}, "int8"),
+        ({"weights": "fp16", "int8_constants": 0, "int4_constants": 0}, None),
+        (None, None),
+    ],
+)
+def test_quantized_weights_are_known_by_their_constants_whatever_the_format(compression, expected):
+    from pathlib import Path
+
+    from xpuspec.devices.executors import model_weights, quantized_weights
+    from xpuspec.model_bundle import ModelInfo
+
+    facts = {} if compression is None else {"compression": compression}
+    model = ModelInfo("target", Path("."), facts)
+    assert quantized_weights(model) == expected
+    # The plugin's defaults keep going by the recorded format name.
+    assert model_weights(model) == (None if compression is None else compression["weights"])

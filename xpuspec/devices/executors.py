@@ -106,3 +106,20 @@ def model_weights(model: ModelInfo) -> str | None:
     compression = model.facts.get("compression")
     weights = compression.get("weights") if isinstance(compression, dict) else None
     return str(weights) if weights else None
+
+
+def quantized_weights(model: ModelInfo) -> str | None:
+    """ "int4" or "int8" when ``model``'s matrix weights are quantised so, whatever put them there:
+    NNCF (the recorded format), a GGUF's Q4/Q8 blocks or an int8 IR taken as it is (the recorded
+    count of int4 / int8 weight constants); else None."""
+    weights = model_weights(model)
+    if weights in ("int4", "int8"):
+        return weights
+    compression = model.facts.get("compression")
+    if not isinstance(compression, dict):
+        return None
+    for kind in ("int4", "int8"):
+        count = compression.get(f"{kind}_constants")
+        if isinstance(count, int) and count > 0:
+            return kind
+    return None

@@ -199,7 +199,7 @@ def tune_properties(
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[tuple[str, str], TuneResult]:
     """Stage 1: the compile properties of each model on each device with a paged executor."""
-    from xpuspec.devices.executors import model_weights
+    from xpuspec.devices.executors import model_weights, quantized_weights
     from xpuspec.engine.model_runner import PagedModelRunner
     from xpuspec.text import Tokenizer
 
@@ -246,7 +246,9 @@ def tune_properties(
                 role,
                 device,
                 capabilities.precisions,
-                weights,
+                # Group-size candidates wherever the weights are quantised, whatever the format's name
+                # (a GGUF's Q4_1 is int4): the plugin's defaults keep going by the recorded format.
+                quantized_weights(model) or weights,
                 default_tuned or {"INFERENCE_PRECISION_HINT": "plugin's choice"},
                 prompts,
                 timing_prompt,
