@@ -190,13 +190,16 @@ class Eagle3Head:
                 f"target states must be [m, {3 * self.config.hidden_size}] (three taps of "
                 f"{self.config.hidden_size}), got {list(target_hidden.shape)}"
             )
-        self._fusion.infer({graph.TARGET_HIDDEN: target_hidden})
+        # share_inputs: the arrays are the request's inputs as they are, not copied in (synchronous
+        # calls, and nothing writes the arrays meanwhile); copying cost ~0.4 ms per head pass.
+        self._fusion.infer({graph.TARGET_HIDDEN: target_hidden}, share_inputs=True)
         return self._fusion.get_tensor(graph.FUSED).data.copy()
 
     def embed(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """``[m]`` target ids -> ``[m, hidden]`` embeddings from the target's table."""
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        self._embedding.infer({INPUT_IDS: ids.reshape((1, -1) if self._ids_rank == 2 else (-1,))})
+        shaped = ids.reshape((1, -1) if self._ids_rank == 2 else (-1,))
+        self._embedding.infer({INPUT_IDS: shaped}, share_inputs=True)
         return self._embedding.get_tensor(EMBEDDINGS).data.reshape(ids.shape[0], -1).copy()
 
     def run(self, steps: Sequence[HeadStep]) -> list[HeadStepResult]:
@@ -261,7 +264,8 @@ class Eagle3Head:
                 graph.PAST_VALUE: past_value,
                 graph.ATTENTION_MASK: mask,
                 graph.LOGITS_INDICES: logits_indices,
-            }
+            },
+            share_inputs=True,
         )
         logits = self._head.get_tensor(graph.LOGITS).data  # [b, rows, draft_vocab]
         hidden_out = self._head.get_tensor(graph.HIDDEN_OUT).data  # [b, new, hidden]
