@@ -201,16 +201,26 @@ def test_health_says_stalled_while_the_engine_does_not_step(client: FlaskClient,
 
     saved, loop.stall_after_s = loop.stall_after_s, 0.5
     engine.step = hung_step
+    # The request runs in a thread of its own: the test client reads a streamed body's first frame
+    # before it returns, and that frame waits for the hung step.
+    bodies: list[str] = []
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 4, "stream": True}
+    poster = threading.Thread(
+        target=lambda: bodies.append(
+            served_app.test_client().post("/v1/completions", json=body).get_data(as_text=True)
+        )
+    )
     try:
-        body = {"model": MODEL, "prompt": "a", "max_tokens": 4, "stream": True}
-        pending = client.post("/v1/completions", json=body)
+        poster.start()
         assert wait_until(lambda: client.get("/health").status_code == 503, 10)
         assert client.get("/health").get_json() == {"status": "stalled"}
         release.set()
         assert wait_until(lambda: client.get("/health").status_code == 200, 10)
-        assert sse_payloads(pending.get_data(as_text=True))[-1] == "[DONE]"
+        poster.join(30)
+        assert not poster.is_alive() and sse_payloads(bodies[0])[-1] == "[DONE]"
     finally:
         release.set()
+        poster.join(30)
         del engine.step
         loop.stall_after_s = saved
 
