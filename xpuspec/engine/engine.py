@@ -761,8 +761,9 @@ class LLMEngine:
         params = sequence.params
         draft_ids = proposal.token_ids if proposal is not None else []
         is_tree = proposal is not None and proposal.tree_parents is not None and bool(draft_ids)
-        # A greedy chain's argmax refuses NaN rows itself (verify_greedy), in the same pass.
-        if (is_tree or not params.greedy or state.guide is not None) and not np.all(
+        # Greedy verification (chain or tree) refuses NaN rows in its own argmax pass; a grammar's
+        # mask would hide NaN in the tokens it forbids, so guided rows are checked before it.
+        if (not params.greedy or state.guide is not None) and not np.all(
             np.isfinite(rows.max(axis=-1))  # max propagates NaN
         ):
             raise ValueError("the target's logits for this request hold NaN or infinity")

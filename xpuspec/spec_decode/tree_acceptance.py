@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xpuspec.sample.sampler import argmax, sample
+from xpuspec.sample.sampler import finite_argmax, sample
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.tree import DraftTree
 
@@ -94,7 +94,7 @@ class TreeAcceptance:
 
     def verify_greedy(self, tree: DraftTree, target_logits: np.ndarray) -> TreeVerification:
         _check_rows(tree, target_logits)
-        target_tokens = argmax(target_logits)  # [1 + n]
+        target_tokens = finite_argmax(target_logits, "target's logits for this request")  # 1 + n
         child_of = {
             (parent, token): node
             for node, (parent, token) in enumerate(zip(tree.parents, tree.token_ids, strict=True))
