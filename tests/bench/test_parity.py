@@ -37,6 +37,22 @@ def test_parity_default_compares_adaptive_with_genai_as_it_comes(capsys):
     ]
 
 
+def test_xpuspec_side_reuses_no_prompt_prefix_since_genai_side_cannot():
+    from xpuspec.sample.sampling_params import SamplingParams
+
+    pipeline = parity.xpuspec_pipeline("demo", None, needs_draft=False)
+    prompt = pipeline.encode("def fibonacci(n):\n    " * 8)
+    cached = []
+    for request_id in ("first", "again"):  # the same prompt twice, as every round repeats its prompts
+        pipeline.engine.add_request(request_id, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        finished = []
+        while not finished:
+            finished = [output for output in pipeline.engine.step() if output.finished]
+        cached.append(finished[0].stats.cached_tokens)
+    assert len(prompt) > 2 * pipeline.engine.block_manager.block_size  # a cache would hold full blocks
+    assert cached == [0, 0]
+
+
 def test_compare_alternates_prompt_by_prompt_and_sums_per_prompt_bests():
     calls: list[tuple[str, int]] = []
 

@@ -1,16 +1,20 @@
 """HTTP against in-process: ``python -m xpuspec.bench.http_parity [--bundle demo] [--clients 1,16]``.
 
-For each draft length (0 = target-only) and each concurrency N, rounds alternate (and alternate
-which goes first) between:
+For each draft length (0 = target-only) and each concurrency N, a round is ``--requests`` turns; in
+each turn both sides generate the same N prompts at once, one after the other (which goes first
+alternates by turn and round):
 
-- **in-process**: ``Pipeline.generate`` on N prompts at once, ``--requests`` times in turn;
+- **in-process**: ``Pipeline.generate`` on the N prompts;
 - **HTTP**: a real ``xpuspec serve`` subprocess (same bundle, drafter and properties) and N client
-  threads, each streaming ``--requests`` completions in turn (greedy, fixed length, end-of-sequence
-  ignored, ``stream_options.include_usage``), counting the usage chunk's tokens.
+  threads, each streaming one completion (greedy, fixed length, end-of-sequence ignored,
+  ``stream_options.include_usage``) over its own kept-alive connection, counting the usage chunk's
+  tokens.
 
-Both generate the same prompts to the same lengths, so the ratio of their aggregate tokens/s is the
-cost of the server path (HTTP, Flask/waitress, SSE frames, the engine thread's hand-over, and the
-client itself, which shares the machine). The ratio is taken per round pair; the median is reported.
+Prefix caching is alike on both sides: off unless ``--prefix-caching`` (each line counts the prompt
+tokens either side took from its cache). So the ratio of their aggregate tokens/s is the cost of the
+server path (HTTP, Flask/waitress, SSE frames, the engine thread's hand-over, and the client itself,
+which shares the machine). The ratio is taken per round; the median is reported. Interleaving turn by
+turn, not round by round, lets load from other tenants of the machine hit both sides alike.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ class ParityResult:
     local_cpu_ms: list[float] = field(default_factory=list)
     server_cpu_ms: list[float] = field(default_factory=list)
     client_cpu_ms: list[float] = field(default_factory=list)
+    # Prompt tokens served from the prefix cache, summed over the rounds: equal settings on both
+    # sides show as both zero (off) or both above zero (on, since the rounds repeat their prompts).
+    local_cached_tokens: int = 0
+    http_cached_tokens: int = 0
 
     @property
     def ratios(self) -> list[float]:
@@ -63,7 +71,8 @@ class ParityResult:
             f"{' '.join(f'{ratio:.2f}' for ratio in ratios)}, median {statistics.median(ratios):.2f}; "
             f"CPU ms/token in-process {statistics.median(self.local_cpu_ms):.3f}, "
             f"HTTP server {statistics.median(self.server_cpu_ms):.3f} + client "
-            f"{statistics.median(self.client_cpu_ms):.3f}"
+            f"{statistics.median(self.client_cpu_ms):.3f}; prompt tokens from the prefix cache "
+            f"in-process {self.local_cached_tokens}, HTTP {self.http_cached_tokens}"
         )
 
 
@@ -89,37 +98,49 @@ def _fitting_prompts(pipeline: Any, count: int, max_tokens: int) -> list[str]:
     return fitting[:count]
 
 
-def _local_round(
-    pipeline: Any, prompts: list[str], clients: int, params: SamplingParams
-) -> tuple[float, float]:
-    """(tokens/s, CPU ms per token) of generating ``prompts`` in-process, ``clients`` at a time."""
+@dataclass
+class _SideTotals:
+    """One side's sums over the turns of a round."""
+
+    seconds: float = 0.0
+    tokens: int = 0
+    cpu_s: float = 0.0  # in-process: this process; HTTP: the server process
+    client_cpu_s: float = 0.0  # HTTP only: this process, which runs the clients
+    cached_tokens: int = 0
+
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def cpu_ms_per_token(self, cpu_s: float) -> float:
+        return 1e3 * cpu_s / max(1, self.tokens)
+
+
+def _local_turn(pipeline: Any, prompts: list[str], params: SamplingParams, totals: _SideTotals) -> None:
+    """Generate ``prompts`` in-process, all at once, and add the turn to ``totals``."""
     cpu = time.process_time()
     started = time.perf_counter()
-    tokens = 0
-    for turn in range(0, len(prompts), clients):
-        tokens += sum(
-            len(result.token_ids) for result in pipeline.generate(prompts[turn : turn + clients], params)
-        )
-    seconds = time.perf_counter() - started
-    return tokens / seconds, 1e3 * (time.process_time() - cpu) / max(1, tokens)
+    results = pipeline.generate(prompts, params)
+    totals.seconds += time.perf_counter() - started
+    totals.cpu_s += time.process_time() - cpu
+    totals.tokens += sum(len(result.token_ids) for result in results)
+    totals.cached_tokens += sum(int(result.stats.get("cached_tokens") or 0) for result in results)
 
 
-def _http_round(
-    server: ServerProcess, prompts: list[str], clients: int, body: dict[str, Any]
-) -> tuple[float, float, float]:
-    """(tokens/s, server CPU ms per token, client CPU ms per token) of ``clients`` streaming clients."""
+def _http_turn(
+    server: ServerProcess,
+    clients: list[httpx.Client],
+    prompts: list[str],
+    body: dict[str, Any],
+    totals: _SideTotals,
+) -> None:
+    """Stream ``prompts`` at once, one client thread each, and add the turn to ``totals``."""
     assert server.process is not None
-    results: list[StreamedCompletion] = []
-    lock = threading.Lock()
+    results: list[StreamedCompletion] = [None] * len(prompts)  # type: ignore[list-item]
 
     def client(index: int) -> None:
-        with httpx.Client() as http:
-            for prompt in prompts[index::clients]:
-                completion = stream_completion(http, server, {**body, "prompt": prompt})
-                with lock:
-                    results.append(completion)
+        results[index] = stream_completion(clients[index], server, {**body, "prompt": prompts[index]})
 
-    threads = [threading.Thread(target=client, args=(index,)) for index in range(clients)]
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(len(prompts))]
     server_cpu = process_cpu_seconds(server.process.pid)
     client_cpu = time.process_time()
     started = time.perf_counter()
@@ -127,14 +148,14 @@ def _http_round(
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - started
-    server_cpu = process_cpu_seconds(server.process.pid) - server_cpu
-    client_cpu = time.process_time() - client_cpu
+    totals.seconds += time.perf_counter() - started
+    totals.cpu_s += process_cpu_seconds(server.process.pid) - server_cpu
+    totals.client_cpu_s += time.process_time() - client_cpu
     errors = [result.error for result in results if result.error]
     if errors:
         raise RuntimeError(f"{len(errors)} streaming requests failed, the first: {errors[0]}")
-    tokens = max(1, sum(result.output_tokens for result in results))
-    return tokens / seconds, 1e3 * server_cpu / tokens, 1e3 * client_cpu / tokens
+    totals.tokens += sum(result.output_tokens for result in results)
+    totals.cached_tokens += sum(result.cached_prompt_tokens for result in results)
 
 
 def measure(
@@ -146,13 +167,16 @@ def measure(
     max_tokens: int,
     properties: dict[str, Any] | None = None,
     server_args: list[str] | None = None,
+    prefix_caching: bool = False,
 ) -> list[ParityResult]:
     """Interleaved rounds for one draft length; one result per concurrency."""
     from xpuspec.pipeline import Pipeline
 
     drafter = "none" if num_draft_tokens == 0 else "draft"
     label = "target-only" if num_draft_tokens == 0 else f"γ = {num_draft_tokens}"
-    pipeline = Pipeline(bundle, drafter=drafter, properties=properties)
+    # Prefix caching is set alike on both sides: the rounds repeat their prompts, so a cache on one
+    # side only would skip that side's prefills (it made HTTP look ~6% slower than it is).
+    pipeline = Pipeline(bundle, drafter=drafter, properties=properties, enable_prefix_caching=prefix_caching)
     # As `xpuspec serve` does after loading: what loading allocated is out of the collector's reach.
     gc.collect()
     gc.freeze()
@@ -169,31 +193,69 @@ def measure(
     }
     with tempfile.TemporaryDirectory() as folder:
         server = ServerProcess(
-            Path(pipeline.bundle.root), Path(folder) / "server.log", drafter, properties=properties
+            Path(pipeline.bundle.root),
+            Path(folder) / "server.log",
+            drafter,
+            properties=properties,
+            prefix_caching=prefix_caching,
         )
         server.command += ["--quiet", *(server_args or [])]
         with server:
-            # Warm-up: the first shapes compile kernels, in both.
-            for clients in concurrencies:
-                warm = prompt_sets[clients][:clients]
-                _local_round(pipeline, warm, clients, params)
-                _http_round(server, warm, clients, body)
-            for round_index in range(rounds):
-                for result in results:
-                    prompts = prompt_sets[result.clients]
-                    order = ("local", "http") if round_index % 2 == 0 else ("http", "local")
-                    for kind in order:
-                        if kind == "local":
-                            rate, cpu_ms = _local_round(pipeline, prompts, result.clients, params)
-                            result.local.append(rate)
-                            result.local_cpu_ms.append(cpu_ms)
-                        else:
-                            rate, server_ms, client_ms = _http_round(server, prompts, result.clients, body)
-                            result.http.append(rate)
-                            result.server_cpu_ms.append(server_ms)
-                            result.client_cpu_ms.append(client_ms)
-                    logger.info("round %d: %s", round_index, result.line())
+            connections = [httpx.Client() for _ in range(max(concurrencies))]
+            try:
+                # Warm-up: the first shapes compile kernels, in both.
+                for clients in concurrencies:
+                    warm = prompt_sets[clients][:clients]
+                    _local_turn(pipeline, warm, params, _SideTotals())
+                    _http_turn(server, connections, warm, body, _SideTotals())
+                for round_index in range(rounds):
+                    for result in results:
+                        _measure_round(
+                            pipeline,
+                            server,
+                            connections,
+                            prompt_sets[result.clients],
+                            result,
+                            round_index,
+                            params,
+                            body,
+                        )
+                        logger.info("round %d: %s", round_index, result.line())
+            finally:
+                for connection in connections:
+                    connection.close()
     return results
+
+
+def _measure_round(
+    pipeline: Any,
+    server: ServerProcess,
+    connections: list[httpx.Client],
+    prompts: list[str],
+    result: ParityResult,
+    round_index: int,
+    params: SamplingParams,
+    body: dict[str, Any],
+) -> None:
+    """One round at ``result.clients``: turn by turn (each side generating that many prompts at once),
+    the sides alternating which goes first, so load from outside hits both alike."""
+    local, http = _SideTotals(), _SideTotals()
+    clients = result.clients
+    for turn_index, first in enumerate(range(0, len(prompts), clients)):
+        turn = prompts[first : first + clients]
+        sides = ("local", "http") if (round_index + turn_index) % 2 == 0 else ("http", "local")
+        for side in sides:
+            if side == "local":
+                _local_turn(pipeline, turn, params, local)
+            else:
+                _http_turn(server, connections, turn, body, http)
+    result.local.append(local.rate())
+    result.local_cpu_ms.append(local.cpu_ms_per_token(local.cpu_s))
+    result.local_cached_tokens += local.cached_tokens
+    result.http.append(http.rate())
+    result.server_cpu_ms.append(http.cpu_ms_per_token(http.cpu_s))
+    result.client_cpu_ms.append(http.cpu_ms_per_token(http.client_cpu_s))
+    result.http_cached_tokens += http.cached_tokens
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -207,6 +269,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=6, help="requests per client per round")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per request")
     parser.add_argument("--property", action="append", default=[], help="compile property KEY=VALUE")
+    parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="prefix caching on in both the server and the in-process engine (default: off in both)",
+    )
     parser.add_argument(
         "--server-arg", action="append", default=[], help="extra `xpuspec serve` argument (repeatable)"
     )
@@ -231,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_tokens,
             properties,
             args.server_arg,
+            args.prefix_caching,
         ):
             print(result.line())
             sys.stdout.flush()

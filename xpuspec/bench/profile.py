@@ -265,7 +265,14 @@ def http_profile(
     best_local = best_http = 0.0
     with (
         tempfile.TemporaryDirectory() as folder,
-        ServerProcess(bundle, Path(folder) / "server.log", pipeline.drafter) as server,
+        # The server caches prompt prefixes exactly when the in-process engine does: the rounds
+        # repeat their prompts, so a cache on one side only would skip that side's prefills.
+        ServerProcess(
+            bundle,
+            Path(folder) / "server.log",
+            pipeline.drafter,
+            prefix_caching=pipeline.engine.config.enable_prefix_caching,
+        ) as server,
         httpx.Client() as client,
     ):
         stream_completion(client, server, {**body, "prompt": prompts[0]})  # warm-up
@@ -322,12 +329,19 @@ def main(argv: list[str] | None = None) -> int:
     for gamma in gammas:
         drafter = "none" if gamma == 0 else "draft"
         if drafter not in pipelines:
-            pipelines[drafter] = Pipeline(args.bundle, drafter=drafter, properties=properties)
+            # No prefix cache: the prompts repeat (rounds, the HTTP comparison), and each request
+            # should pay its prefill as a new one does.
+            pipelines[drafter] = Pipeline(
+                args.bundle, drafter=drafter, properties=properties, enable_prefix_caching=False
+            )
         label = {0: "target-only", None: "adaptive γ"}.get(gamma, f"γ = {gamma}")
         profile = profile_configuration(pipelines[drafter], prompts, args.max_tokens, gamma or None, label)
         if args.layers:
             counted = Pipeline(
-                args.bundle, drafter=drafter, properties={**(properties or {}), "PERF_COUNT": True}
+                args.bundle,
+                drafter=drafter,
+                properties={**(properties or {}), "PERF_COUNT": True},
+                enable_prefix_caching=False,
             )
             profile.layers = layer_times(counted, prompts, args.max_tokens, gamma or None)
             del counted

@@ -41,6 +41,7 @@ class ServerProcess:
         drafter: str = "auto",
         properties: dict[str, Any] | None = None,
         startup_timeout_s: float = 300.0,
+        prefix_caching: bool = False,
     ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -48,8 +49,10 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.command = [sys.executable, "-m", "xpuspec.cli", "serve", "--port", str(self.port)]
         self.command += ["--host", "127.0.0.1", "--drafter", drafter]
-        # The peers run with prefix caching off and the load prompts repeat: compare like with like.
-        self.command += ["--no-prefix-caching"]
+        # Off unless asked: the peers run with prefix caching off and the load prompts repeat, so a
+        # cache would compare unlike with like.
+        if not prefix_caching:
+            self.command += ["--no-prefix-caching"]
         if bundle is not None:
             self.command += ["--bundle", str(bundle)]
         for key, value in (properties or {}).items():
@@ -132,6 +135,7 @@ class StreamedCompletion:
     ttft_s: float | None
     tpot_s: float | None
     error: str | None = None
+    cached_prompt_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
 
 
 def stream_completion(
@@ -141,7 +145,7 @@ def stream_completion(
     payload = {**body, "model": server.model, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first = last = None
-    tokens = 0
+    tokens = cached = 0
     try:
         with client.stream(
             "POST", f"{server.base_url}/v1/completions", json=payload, timeout=600
@@ -164,7 +168,10 @@ def stream_completion(
                         first = first or last
                     if event.get("usage"):
                         tokens = int(event["usage"]["completion_tokens"])
+                        details = event["usage"].get("prompt_tokens_details") or {}
+                        cached = int(details.get("cached_tokens") or 0)
     except (httpx.HTTPError, RuntimeError, json.JSONDecodeError) as error:
         return StreamedCompletion(0, time.perf_counter() - started, None, None, str(error))
     tpot = (last - first) / (tokens - 1) if first is not None and last is not None and tokens > 1 else None
-    return StreamedCompletion(tokens, time.perf_counter() - started, first - started if first else None, tpot)
+    ttft = first - started if first else None
+    return StreamedCompletion(tokens, time.perf_counter() - started, ttft, tpot, cached_prompt_tokens=cached)
