@@ -23,6 +23,35 @@ def test_each_configuration_reports_tokens_per_pass_and_trees_draft_nodes(capsys
     assert float(rows["chain γ=2"][1]) == 0.0  # chains verify no tree
 
 
+def test_concurrent_batches_count_every_request(capsys):
+    arguments = [
+        "--bundle",
+        "demo",
+        "--prompts",
+        "2",
+        "--max-tokens",
+        "6",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "3",
+    ]
+    assert tree_compare.main(arguments) == 0
+    rows = {line[:14].strip(): line[14:].split() for line in capsys.readouterr().out.strip().splitlines()[1:]}
+    assert list(rows) == list(tree_compare.CONFIGURATIONS)
+    # Passes are counted per request, so target-only still gives exactly one token per pass.
+    assert float(rows["target-only"][0]) == pytest.approx(1.0)
+    assert float(rows["tree 3,2,6"][1]) > 1.0
+
+
+def test_unknown_configurations_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        tree_compare.main(["--configurations", "tree 9,9,9"])
+    assert "unknown configurations ['tree 9,9,9']" in capsys.readouterr().err
+
+
 def test_bad_counts_are_refused():
     with pytest.raises(SystemExit):
         tree_compare.main(["--rounds", "0"])
+    with pytest.raises(SystemExit):
+        tree_compare.main(["--concurrency", "0"])

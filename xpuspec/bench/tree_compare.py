@@ -4,8 +4,10 @@ Runs the held-out chat instructions (greedy, ``--max-tokens`` each, end-of-seque
 ``Pipeline``'s engine under each configuration: target-only, chains of fixed γ, adaptive γ, fixed tree
 shapes and ``draft_tree="auto"``. The configurations alternate prompt by prompt (the order reversed every
 other prompt), ``--rounds`` times. Per configuration it prints the tokens per target pass (output tokens
-over the engine steps that gave the request tokens: deterministic for greedy requests), the nodes per
-tree, and the median over prompts of target-only seconds over this configuration's (noisy).
+over the engine steps that gave the request tokens: deterministic for greedy requests at batch 1), the
+nodes per tree, and the median over prompts of target-only seconds over this configuration's (noisy).
+``--concurrency N`` runs N requests at once instead (the prompts cycled to fill the batch), the
+configurations alternating batch by batch: the ratio is then of aggregate throughput.
 
 All configurations share the engine's cost model, so adaptive γ and ``"auto"`` also see the steps of the
 fixed shapes: this compares shapes, it does not show what adaptive γ reaches alone (``xpuspec bench``).
@@ -49,45 +51,65 @@ class Tally:
     nodes: int = 0
 
 
-def _run_request(engine: Any, request_id: str, token_ids: list[int], params: Any) -> tuple[float, int, Any]:
-    """Seconds, target passes that gave tokens, and the final stats of one request run alone."""
+def _run_batch(
+    engine: Any, request_ids: list[str], prompts: list[list[int]], params: Any
+) -> tuple[float, int, list[Any]]:
+    """Seconds, request-passes that gave tokens (summed over the requests), and each request's final
+    stats, of ``prompts`` run at once."""
     started = time.perf_counter()
-    engine.add_request(request_id, token_ids, params)
-    passes, stats = 0, None
+    for request_id, token_ids in zip(request_ids, prompts, strict=True):
+        engine.add_request(request_id, token_ids, params)
+    passes, stats = 0, {}
     while engine.has_unfinished():
         for output in engine.step():
             passes += bool(output.new_token_ids)
-            stats = output.stats
-    return time.perf_counter() - started, passes, stats
+            if output.finished:
+                stats[output.request_id] = output.stats
+    return time.perf_counter() - started, passes, [stats[request_id] for request_id in request_ids]
 
 
-def compare(pipeline: Any, prompts: list[list[int]], max_tokens: int, rounds: int) -> dict[str, Tally]:
+def compare(
+    pipeline: Any,
+    prompts: list[list[int]],
+    max_tokens: int,
+    rounds: int,
+    concurrency: int = 1,
+    names: list[str] | None = None,
+) -> dict[str, Tally]:
+    """The configurations ``names`` (default: all) over ``prompts`` in batches of ``concurrency`` (1:
+    one request at a time)."""
     from xpuspec import SamplingParams
 
     engine = pipeline.engine
+    chosen = {name: CONFIGURATIONS[name] for name in names or CONFIGURATIONS}
     params = {
         name: SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **fields)
-        for name, fields in CONFIGURATIONS.items()
+        for name, fields in chosen.items()
     }
-    tallies = {name: Tally() for name in CONFIGURATIONS}
-    request_ids = iter(range(1 << 62))
-    for token_ids in prompts[:2]:  # warm-up: every shape compiles its kernels once
-        for name in CONFIGURATIONS:
-            _run_request(engine, f"warm-{next(request_ids)}", token_ids, params[name])
+    tallies = {name: Tally() for name in chosen}
+    counter = iter(range(1 << 62))
+    # One batch per prompt: that prompt and the next ones, cycled, `concurrency` in all.
+    batches = [
+        [prompts[(first + offset) % len(prompts)] for offset in range(concurrency)]
+        for first in range(len(prompts))
+    ]
+    for batch in batches[:2]:  # warm-up: every shape compiles its kernels once
+        for name in chosen:
+            _run_batch(engine, [f"warm-{next(counter)}" for _ in batch], batch, params[name])
     for round_index in range(rounds):
-        for prompt_index, token_ids in enumerate(prompts):
-            names = list(CONFIGURATIONS)
-            if (round_index + prompt_index) % 2:
-                names.reverse()
-            for name in names:
-                request_id = f"r-{next(request_ids)}"
-                seconds, passes, stats = _run_request(engine, request_id, token_ids, params[name])
+        for batch_index, batch in enumerate(batches):
+            order = list(chosen)
+            if (round_index + batch_index) % 2:
+                order.reverse()
+            for name in order:
+                request_ids = [f"r-{next(counter)}" for _ in batch]
+                seconds, passes, stats = _run_batch(engine, request_ids, batch, params[name])
                 tally = tallies[name]
                 tally.seconds.append(seconds)
-                tally.tokens += stats.num_output_tokens
+                tally.tokens += sum(request.num_output_tokens for request in stats)
                 tally.passes += passes
-                tally.trees += stats.tree_verifications
-                tally.nodes += stats.tree_nodes_verified
+                tally.trees += sum(request.tree_verifications for request in stats)
+                tally.nodes += sum(request.tree_nodes_verified for request in stats)
     return tallies
 
 
@@ -99,9 +121,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=6, help="held-out chat instructions (default: 6)")
     parser.add_argument("--max-tokens", type=int, default=96, help="new tokens per request (default: 96)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds over the prompts (default: 2)")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="requests run at once (default: 1, batch 1)"
+    )
+    parser.add_argument(
+        "--configurations",
+        default=";".join(CONFIGURATIONS),
+        help="names to run, separated by ';' (target-only always runs: the ratios' baseline; "
+        "default: all of " + "; ".join(CONFIGURATIONS) + ")",
+    )
     args = parser.parse_args(argv)
-    if args.prompts < 1 or args.max_tokens < 1 or args.rounds < 1:
-        parser.error("--prompts, --max-tokens and --rounds must be >= 1")
+    if args.prompts < 1 or args.max_tokens < 1 or args.rounds < 1 or args.concurrency < 1:
+        parser.error("--prompts, --max-tokens, --rounds and --concurrency must be >= 1")
+    names = [name.strip() for name in args.configurations.split(";") if name.strip()]
+    unknown = [name for name in names if name not in CONFIGURATIONS]
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGURATIONS)}")
+    args.configurations = ["target-only"] + [name for name in names if name != "target-only"]
     return args
 
 
@@ -116,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [
         pipeline.encode(pipeline.apply_chat_template(messages)) for messages in conversations[: args.prompts]
     ]
-    tallies = compare(pipeline, prompts, args.max_tokens, args.rounds)
+    tallies = compare(pipeline, prompts, args.max_tokens, args.rounds, args.concurrency, args.configurations)
     baseline = tallies["target-only"].seconds
     print(f"{'configuration':14s}  tokens/pass  nodes/tree  ÷ target-only  tokens/s")
     for name, tally in tallies.items():
