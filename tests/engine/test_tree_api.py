@@ -76,3 +76,21 @@ def test_metrics_expose_tree_figures(pair_bundle):
     assert 'xpuspec_spec_tree_accepted_depth_total{depth="0"}' in text or "depth=" in text
     per_pass = (stats.accepted + stats.verification_steps) / stats.verification_steps
     assert f"xpuspec_spec_accepted_tokens_per_target_pass {per_pass}" in text
+
+
+def test_auto_tree_requests_start_from_the_pooled_acceptance_as_chains_do(pair_bundle):
+    """Whichever choice asks first fixes a request's acceptance prior: an "auto" request, asked by
+    the tree policy, must get the rate pooled over the engine's drafts, as an adaptive chain does,
+    not the fixed prior (which had "auto" requests drafting chains where adaptive γ drafted none)."""
+    from xpuspec import Pipeline, SamplingParams
+
+    pipe = Pipeline(pair_bundle, drafter="draft", use_placement=False)
+    engine = pipe.engine
+    for request_id, tree in (("auto", "auto"), ("chain", None)):
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, draft_tree=tree)
+        engine.add_request(request_id, pipe.encode("def add(a, b):"), params)
+    for _ in range(3):
+        engine.step()
+    assert engine.has_unfinished()
+    for request_id in ("auto", "chain"):
+        assert engine.acceptance.tracker(request_id).pool is engine.acceptance.pool, request_id

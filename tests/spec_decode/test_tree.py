@@ -59,6 +59,37 @@ def test_auto_shape_shrinks_to_chains_then_nothing():
     assert _policy(0.0002, 0.02).choose(chain_alpha=0.6, batch_tokens=1, num_sequences=1) is None
 
 
+def test_auto_shape_skips_the_search_only_where_no_tree_can_win():
+    rng = np.random.default_rng(0)
+    searched = 0
+    for _ in range(300):
+        policy = _policy(
+            target_per_token=float(rng.choice([0.00005, 0.0002, 0.001, 0.004])),
+            draft_per_token=float(rng.choice([0.00001, 0.00005, 0.0005])),
+        )
+        for _ in range(int(rng.integers(0, 40))):
+            depth = int(rng.integers(1, 4))
+            policy.acceptance.record(
+                [int(rng.integers(1, 5))] * depth, list(rng.integers(0, 3, size=depth - 1))
+            )
+        alpha = float(rng.uniform(0.05, 0.95))
+        batch = int(rng.choice([1, 2, 4, 16, 64]))
+        # The pruned answer equals the exhaustive search's, for every cost model, α and batch.
+        assert policy.choose(alpha, batch, batch) == policy._choose(round(alpha, 2), batch, batch)
+        searched += not policy._hopeless[(batch, batch)]
+    assert 0 < searched < 300  # both branches ran
+
+
+def test_auto_shape_under_load_costs_no_search_per_sequence():
+    loaded = _policy(target_per_token=0.004, draft_per_token=0.0005)
+    calls = []
+    rates = loaded.acceptance.rates
+    loaded.acceptance.rates = lambda alpha: calls.append(alpha) or rates(alpha)  # type: ignore[method-assign]
+    for alpha in np.linspace(0.1, 0.9, 16):  # 16 sequences, each with its own α
+        assert loaded.choose(float(alpha), batch_tokens=16, num_sequences=16) is None
+    assert calls == []  # no per-α search: the batch alone rules trees out
+
+
 def test_rank_acceptance_counts_the_path():
     counts = RankAcceptance()
     for _ in range(200):

@@ -624,13 +624,19 @@ class LLMEngine:
         if isinstance(wanted, TreeShape):
             return wanted if not wanted.is_chain else None
         running = self.scheduler.num_running
-        return self.tree_policy.choose(self.acceptance.rate(sequence.request_id), running, running)
+        return self.tree_policy.choose(self._acceptance_rate(sequence), running, running)
+
+    def _acceptance_rate(self, sequence: Sequence) -> float:
+        """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the
+        tree and chain choices must ask alike: unseeded requests start from the rate pooled over
+        every sequence's drafts, not from the fixed prior."""
+        return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
 
     def _choose_chain_length(self, sequence: Sequence) -> int:
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
             return min(fixed, self.config.max_draft_tokens)
-        rate = self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
+        rate = self._acceptance_rate(sequence)
         if sequence.params.seed is not None:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.

@@ -87,6 +87,10 @@ class TreeShapePolicy:
         # are reused for the same (α to 2 digits, batch) until new acceptance counts arrive or
         # REFRESH_CALLS calls have passed (the measured costs move slowly).
         self._cache: dict[tuple[float, int, int], TreeShape | None] = {}
+        # Per (batch tokens, sequences): whether no tree could win even with every draft accepted.
+        # Under load that holds for every α, and the per-α search above is skipped (its cost was ~4%
+        # of a 16-sequence step on the default model).
+        self._hopeless: dict[tuple[int, int], bool] = {}
         self._calls = 0
         self._recorded = 0
 
@@ -97,23 +101,45 @@ class TreeShapePolicy:
         if self._recorded % REFRESH_RECORDS == 0:
             self._cache.clear()
 
-    def tokens_per_second(
-        self, rates: np.ndarray, depth: int, width: int, batch_tokens: int, num_sequences: int
-    ) -> float:
+    def step_seconds(self, depth: int, width: int, batch_tokens: int, num_sequences: int) -> float:
+        """Predicted seconds of a step drafting and verifying a depth x width tree per sequence."""
         nodes = depth * width
         seconds = self.cost_model.target_cost(batch_tokens + nodes * num_sequences)
         if depth:
             seconds += self.cost_model.draft_cost(num_sequences)  # the catch-up pass
             for level in range(1, depth):  # each later pass runs the tree expanded so far
                 seconds += self.cost_model.draft_cost(num_sequences * width * level)
+        return max(seconds, 1e-12)
+
+    def tokens_per_second(
+        self, rates: np.ndarray, depth: int, width: int, batch_tokens: int, num_sequences: int
+    ) -> float:
         level_rates = rates[:depth, :width].sum(axis=1)
-        return (1.0 + expected_accepted(level_rates)) / max(seconds, 1e-12)
+        seconds = self.step_seconds(depth, width, batch_tokens, num_sequences)
+        return (1.0 + expected_accepted(level_rates)) / seconds
+
+    def _no_tree_can_win(self, batch_tokens: int, num_sequences: int) -> bool:
+        """True when no tree of width >= 2 beats plain decoding by ``min_speedup`` even if all its
+        levels were accepted (1 + depth tokens per step): then :meth:`_choose` returns None for any α."""
+        num_sequences = max(num_sequences, 1)
+        threshold = self.min_speedup / self.step_seconds(0, 1, batch_tokens, num_sequences)
+        return all(
+            (1.0 + depth) / self.step_seconds(depth, width, batch_tokens, num_sequences) <= threshold
+            for width in range(2, MAX_RANK + 1)
+            for depth in range(1, min(self.max_nodes // width, MAX_TREE_DEPTH) + 1)
+        )
 
     def choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
         """The best tree of width >= 2, or None when a chain (or no drafting) predicts as well."""
         self._calls += 1
         if self._calls % REFRESH_CALLS == 0:
             self._cache.clear()
+            self._hopeless.clear()
+        batch = (batch_tokens, num_sequences)
+        if batch not in self._hopeless:
+            self._hopeless[batch] = self._no_tree_can_win(batch_tokens, num_sequences)
+        if self._hopeless[batch]:
+            return None
         key = (round(chain_alpha, 2), batch_tokens, num_sequences)
         if key not in self._cache:
             self._cache[key] = self._choose(round(chain_alpha, 2), batch_tokens, num_sequences)
