@@ -22,6 +22,7 @@ chains and then to nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,9 +126,14 @@ class TreeShapePolicy:
         threshold = self.min_speedup / self.step_seconds(0, 1, batch_tokens, num_sequences)
         return all(
             (1.0 + depth) / self.step_seconds(depth, width, batch_tokens, num_sequences) <= threshold
-            for width in range(2, MAX_RANK + 1)
-            for depth in range(1, min(self.max_nodes // width, MAX_TREE_DEPTH) + 1)
+            for depth, width in self._shapes(min_width=2)
         )
+
+    def _shapes(self, min_width: int = 1) -> Iterator[tuple[int, int]]:
+        """(depth, width) of every shape within the node budget, widths from ``min_width`` up."""
+        for width in range(min_width, MAX_RANK + 1):
+            for depth in range(1, min(self.max_nodes // width, MAX_TREE_DEPTH) + 1):
+                yield depth, width
 
     def choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
         """The best tree of width >= 2, or None when a chain (or no drafting) predicts as well."""
@@ -151,11 +157,10 @@ class TreeShapePolicy:
         plain = self.tokens_per_second(rates, 0, 1, batch_tokens, num_sequences)
         best, best_rate = None, self.min_speedup * plain
         chain_rate = 0.0
-        for width in range(1, MAX_RANK + 1):
-            for depth in range(1, min(self.max_nodes // width, MAX_TREE_DEPTH) + 1):
-                rate = self.tokens_per_second(rates, depth, width, batch_tokens, num_sequences)
-                if width == 1:
-                    chain_rate = max(chain_rate, rate)
-                elif rate > max(best_rate, chain_rate):
-                    best, best_rate = TreeShape(depth=depth, width=width, nodes=depth * width), rate
+        for depth, width in self._shapes():
+            rate = self.tokens_per_second(rates, depth, width, batch_tokens, num_sequences)
+            if width == 1:
+                chain_rate = max(chain_rate, rate)
+            elif rate > max(best_rate, chain_rate):
+                best, best_rate = TreeShape(depth=depth, width=width, nodes=depth * width), rate
         return best if best is not None and best_rate > chain_rate else None
