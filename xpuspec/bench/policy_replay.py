@@ -200,7 +200,7 @@ def replay(
     engine = LLMEngine(
         target,
         drafter,
-        EngineConfig(max_draft_tokens=max_draft_tokens, enable_prefix_caching=False),
+        EngineConfig(max_draft_tokens=max_draft_tokens, enable_prefix_caching=False, decode_burst_steps=1),
         [EOS],
         clock=clock,
     )

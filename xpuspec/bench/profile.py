@@ -2,12 +2,13 @@
 
 Runs greedy requests one at a time through ``Pipeline.generate`` (the real path: engine step, text,
 stop strings) with timers wrapped around the parts of a step, then prints for each configuration
-(target-only and each fixed γ) the time per step and per token of:
+(target-only and each fixed γ) the time per target pass ("step") and per token of:
 
 - ``target device`` / ``draft device``: waiting for the inference (``wait``); ``dispatch``: the
   ``start_async`` call; ``input binding``: writing the batch description into the bound tensors;
-- ``schedule``, ``propose (Python)`` (the draft loop without its device time), ``verify/accept``,
-  ``other engine Python`` (the rest of ``LLMEngine.step``);
+- ``schedule``, ``propose (Python)`` (the draft loop without its device time), ``verify/accept``
+  (``LLMEngine._accept``, per sequence and pass), ``other engine Python`` (the rest of
+  ``LLMEngine.step``, decode bursts included);
 - ``text``: ``RequestText.push``, of which ``detokenize`` is the incremental detokenizer;
 - ``outside the step``: the generate loop itself.
 
@@ -106,7 +107,7 @@ def instrumented(pipeline: Any, timers: Timers) -> Iterator[None]:
         (engine, "step", STEP),
         (engine, "_schedule", SCHEDULE),
         (engine, "_propose", PROPOSE),
-        (engine, "_accept_all", ACCEPT),
+        (engine, "_accept", ACCEPT),
         (pipeline_module.RequestText, "push", TEXT),
         (IncrementalDetokenizer, "push", DETOKENIZE),
         (IncrementalDetokenizer, "flush", DETOKENIZE),
@@ -142,7 +143,7 @@ class StageProfile:
         per_step = 1e3 / max(1, self.num_steps)
         per_token = 1e3 / max(1, self.num_tokens)
         lines = [
-            f"{self.label}: {self.num_tokens} tokens in {self.num_steps} steps, "
+            f"{self.label}: {self.num_tokens} tokens in {self.num_steps} target passes, "
             f"{self.wall_seconds:.3f} s, {self.num_tokens / self.wall_seconds:.1f} tokens/s, "
             f"{self.wall_seconds * per_step:.3f} ms/step",
             f"  {'stage':32s} {'ms/step':>8s} {'ms/token':>9s} {'share':>6s}",
@@ -209,7 +210,8 @@ def profile_configuration(
         for prompt in prompts:
             num_tokens += len(pipeline.generate([prompt], params)[0].token_ids)
         wall = time.perf_counter() - started
-    return StageProfile(label, wall, num_tokens, timers.calls[STEP], stage_rows(timers, wall))
+    # Per target pass, not per step(): a target-only step may run a burst of passes (LLMEngine._burst).
+    return StageProfile(label, wall, num_tokens, timers.calls[TARGET_DEVICE], stage_rows(timers, wall))
 
 
 def layer_times(

@@ -59,13 +59,14 @@ def _run_batch(
     started = time.perf_counter()
     for request_id, token_ids in zip(request_ids, prompts, strict=True):
         engine.add_request(request_id, token_ids, params)
-    passes, stats = 0, {}
+    stats = {}
     while engine.has_unfinished():
         for output in engine.step():
-            passes += bool(output.new_token_ids)
             if output.finished:
                 stats[output.request_id] = output.stats
-    return time.perf_counter() - started, passes, [stats[request_id] for request_id in request_ids]
+    finals = [stats[request_id] for request_id in request_ids]
+    # Counted by the requests, not by step(): a target-only step may run a burst of passes.
+    return time.perf_counter() - started, sum(s.target_passes for s in finals), finals
 
 
 def compare(

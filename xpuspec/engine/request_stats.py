@@ -14,6 +14,7 @@ class RequestStats:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_output_tokens: int = 0
+    target_passes: int = 0  # target passes that gave this request tokens (a decode burst has several)
     drafted: int = 0
     accepted: int = 0
     verification_steps: int = 0
@@ -51,6 +52,7 @@ class RequestStats:
             self.first_token_time = now
         if count:
             self.last_token_time = now
+            self.target_passes += 1
         self.num_output_tokens += count
 
     def drop_output_tokens(self, count: int) -> None:
@@ -98,6 +100,7 @@ class RequestStats:
             "tree_nodes_verified": self.tree_nodes_verified,
             "accepted_depths": dict(sorted(self.accepted_depths.items())),
             "num_output_tokens": self.num_output_tokens,
+            "target_passes": self.target_passes,
             "num_preemptions": self.num_preemptions,
             "cached_tokens": self.cached_tokens or 0,
             "cached_draft_tokens": self.cached_draft_tokens or 0,

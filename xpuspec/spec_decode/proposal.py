@@ -20,7 +20,7 @@ import numpy as np
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.engine.sequence import Sequence
-from xpuspec.sample.sampler import probabilities
+from xpuspec.sample.sampler import finite_argmax, probabilities
 from xpuspec.spec_decode.ngram_proposer import NgramProposer
 
 logger = logging.getLogger(__name__)
@@ -241,10 +241,10 @@ class DraftModelProposer:
     ) -> tuple[int, np.ndarray | None]:
         """The draft token at ``step`` from its logits ([1, draft vocab]), with its q row if sampled."""
         params = chunk.sequence.params
+        if params.greedy:
+            return finite_argmax(logits, "draft's logits")[0], None
         if not np.isfinite(logits.max()):
             raise ValueError("the draft's logits hold NaN or infinity")
-        if params.greedy:
-            return int(np.argmax(logits[0])), None
         row_probs = probabilities(logits, params)[0]  # [draft vocab]
         if row_probs.shape[0] < self.target_vocab_size:
             row_probs = np.pad(row_probs, (0, self.target_vocab_size - row_probs.shape[0]))
