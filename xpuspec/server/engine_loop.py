@@ -301,7 +301,7 @@ class EngineLoop:
             self.ready.set()
             return
         engine = self.pipeline.engine
-        # New requests and aborts queued meanwhile end a decode burst: they wait for one pass, not for the burst.
+        # New requests and aborts queued meanwhile end a decode burst: they wait one pass, not a burst.
         engine.burst_interrupt = lambda: not self._commands.empty()
         self.snapshot = EngineSnapshot(kv_blocks_total=engine.block_manager.num_blocks)
         self.ready.set()
@@ -433,8 +433,6 @@ class EngineLoop:
     def _update_snapshot(self) -> None:
         assert self.pipeline is not None
         engine = self.pipeline.engine
-        # New requests and aborts queued meanwhile end a decode burst: they wait for one pass, not for the burst.
-        engine.burst_interrupt = lambda: not self._commands.empty()
         self.snapshot = EngineSnapshot(
             kv_blocks_used=engine.block_manager.num_used_blocks,
             kv_blocks_total=engine.block_manager.num_blocks,
