@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import EXACT_PRESET
-from tests.engine.test_exactness import PROMPTS
+from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig
 
@@ -48,9 +48,16 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
 def test_a_burst_gives_several_tokens_per_step_and_bursts_off_one(bursted, unbursted):
     counts = tokens_per_step(bursted, PROMPTS[3], GREEDY)
-    assert counts[0] == 1  # the prefill's token: no burst after a prefill
+    assert counts[:2] == [1, 16]  # the prefill's token alone, then a burst
     assert max(counts) == 16 and sum(counts) == MAX_TOKENS
     assert tokens_per_step(unbursted, PROMPTS[3], GREEDY) == [1] * MAX_TOKENS
+
+
+def test_the_first_token_is_never_held_back_by_a_burst(bursted):
+    """A one-token prompt's prefill is a one-token step too: its token still comes alone."""
+    assert len(bursted.encode(PROMPTS[0])) == 1
+    counts = tokens_per_step(bursted, PROMPTS[0], GREEDY)
+    assert counts[:2] == [1, 16]
 
 
 @pytest.mark.parametrize(
@@ -79,6 +86,25 @@ def test_a_fixed_gamma_of_zero_bursts_beside_a_drafter_and_drafting_requests_do_
     assert max(tokens_per_step(pipe, PROMPTS[3], drafting)) <= 3  # one verification: γ + 1 at most
     expected = [r.token_ids for r in unbursted.generate(PROMPTS[:8], GREEDY)]
     assert [r.token_ids for r in pipe.generate(PROMPTS[:8], target_only)] == expected
+
+
+def test_adaptive_gamma_at_zero_bursts_and_still_probes_on_time(pair_bundle, unbursted):
+    """While the policy says γ = 0 a step bursts; each pass counts as a step without drafting, so the
+    probes come after as many tokens as without bursts (64, then 128 more: 2 probes in 240 tokens)."""
+    pipe = make_pipe(pair_bundle, drafter="draft", **ALWAYS)
+    _make_drafting_hopeless(pipe.engine)
+    params = SamplingParams(max_tokens=240, temperature=0.0, ignore_eos=True)
+    engine = pipe.engine
+    engine.add_request("adaptive", pipe.encode(PROMPTS[0]), params)
+    counts, drafted_after = [], []
+    while engine.has_unfinished():
+        for output in engine.step():
+            counts.append(len(output.new_token_ids))
+            drafted_after.append(output.stats.drafted)
+    assert max(counts) == 16  # bursts ran
+    assert drafted_after[-1] == 2  # and the two probes: one drafted token each
+    expected = unbursted.generate(PROMPTS[0], params)[0].token_ids
+    assert pipe.generate(PROMPTS[0], params)[0].token_ids == expected
 
 
 def test_a_waiting_request_or_the_interrupt_ends_a_burst(bursted, pair_bundle):

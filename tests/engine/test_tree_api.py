@@ -87,7 +87,8 @@ def test_auto_tree_requests_start_from_the_pooled_acceptance_as_chains_do(pair_b
     pipe = Pipeline(pair_bundle, drafter="draft", use_placement=False)
     engine = pipe.engine
     for request_id, tree in (("auto", "auto"), ("chain", None)):
-        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, draft_tree=tree)
+        # Enough tokens to outlast 3 steps, decode bursts included.
+        params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True, draft_tree=tree)
         engine.add_request(request_id, pipe.encode("def add(a, b):"), params)
     for _ in range(3):
         engine.step()

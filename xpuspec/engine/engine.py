@@ -39,7 +39,14 @@ from xpuspec.engine.prefix_cache import PrefixCachingBlockManager
 from xpuspec.engine.request_stats import RequestStats
 from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.engine.sequence import Sequence, SequenceStatus
-from xpuspec.sample.sampler import make_generator, position_exponentials, probabilities, race, sample
+from xpuspec.sample.sampler import (
+    finite_argmax,
+    make_generator,
+    position_exponentials,
+    probabilities,
+    race,
+    sample,
+)
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
@@ -475,26 +482,23 @@ class LLMEngine:
         building chunks, verification, outputs, the caller's text) adds ~15% to it; a burst pays
         that once for several tokens, as vLLM's multi-step scheduling does. Tokens are those of
         single steps: the same one-token decode inputs, accepted by ``_accept``. A burst runs only
-        where no step would draft (no drafter, or every request at a fixed γ of 0) and while the
-        scheduler would plan the same batch: every running sequence decodes, none waits, no output
-        constraint; it ends when a sequence finishes or fails, a block cannot be had
+        while no step would draft (no drafter; γ fixed at 0; adaptive γ or an automatic tree whose
+        policy says 0 and no probe is due) and the scheduler would plan the same batch: every
+        running sequence decodes, none waits, no output constraint; it ends when a sequence finishes or fails, a block cannot be had
         without preempting, a request waits, ``burst_interrupt`` says so, or the next pass would
         end past ``decode_burst_seconds`` (so streaming stays smooth and new requests wait little).
         """
         config = self.config
         sequences = [chunk.sequence for chunk in chunks]
-        if self.proposer is not None and (
-            # A drafter that reads every target state (EAGLE-3) observes each pass; requests that
-            # may draft (adaptive γ, trees) need the policy's choice at every step.
-            getattr(self.proposer, "needs_every_target_state", False)
-            or any(s.params.num_draft_tokens != 0 or s.params.draft_tree is not None for s in sequences)
-        ):
-            return
+        if getattr(self.proposer, "needs_every_target_state", False):
+            return  # a drafter that reads every target state (EAGLE-3) observes every pass
         if (
             config.decode_burst_steps < 2
             or self.scheduler.num_waiting
             or len(sequences) != self.scheduler.num_running
             or any(not (chunk.num_tokens == 1 and chunk.samples) for chunk in chunks)
+            # A first token goes out at once (a one-token prompt's prefill looks like a decode).
+            or any(sequence.num_output_tokens < 2 for sequence in sequences)
             or any(self._states[sequence.request_id].guide is not None for sequence in sequences)
         ):
             return
@@ -505,6 +509,10 @@ class LLMEngine:
                 return
             if self.burst_interrupt is not None and self.burst_interrupt():
                 return
+            if self.proposer is not None:
+                if any(self._would_draft(sequence) for sequence in sequences):
+                    return  # the next step drafts (or probes): a step of its own
+                self._steps_without_drafting += 1  # what _propose counts for a step without drafts
             for sequence in sequences:
                 if (
                     sequence.is_finished
@@ -722,15 +730,30 @@ class LLMEngine:
         return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
 
     def _choose_chain_length(self, sequence: Sequence) -> int:
+        gamma, probe = self._chain_length(sequence)
+        if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
+            self._probed |= probe
+            self._policy_drafted |= gamma > 0 and not probe
+        return gamma
+
+    def _would_draft(self, sequence: Sequence) -> bool:
+        """Whether a step now would draft for ``sequence`` (asked between the passes of a decode
+        burst: unlike ``_choose_num_draft_tokens`` it leaves this step's choices alone)."""
+        if self.proposer is None:
+            return False
+        return self._tree_shape(sequence) is not None or self._chain_length(sequence)[0] > 0
+
+    def _chain_length(self, sequence: Sequence) -> tuple[int, bool]:
+        """γ of a chain for ``sequence`` now, and whether that γ is a probe (see below)."""
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
-            return min(fixed, self.config.max_draft_tokens)
+            return min(fixed, self.config.max_draft_tokens), False
         rate = self._acceptance_rate(sequence)
         if sequence.params.seed is not None:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
             # γ = 0 steps decay the rate's counts (_accept), so it drafts again after a bad stretch.
-            return self.length_policy.choose_without_timing(rate)
+            return self.length_policy.choose_without_timing(rate), False
         running = self.scheduler.num_running
         gamma = self.length_policy.choose(
             rate,
@@ -743,10 +766,8 @@ class LLMEngine:
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
             # A probe costs two changes of the target's shape and a long draft catch-up: while
             # probes do not bring drafting back, they come ever more rarely (_propose).
-            self._probed = True
-            return min(1, self.config.max_draft_tokens)
-        self._policy_drafted |= gamma > 0
-        return gamma
+            return min(1, self.config.max_draft_tokens), True
+        return gamma, False
 
     def _previous_tokens_per_sequence(self, running: int) -> int | None:
         """Tokens each sequence verified last step, if that step decoded the same number of sequences
@@ -854,6 +875,12 @@ class LLMEngine:
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
         state = self._states[sequence.request_id]
         params = sequence.params
+        if proposal is None and params.greedy and state.guide is None:
+            # The commonest row (a greedy step without drafts, every pass of a decode burst) goes
+            # straight to its token: right after an inference each extra call costs several µs.
+            if self.proposer is not None:
+                self.acceptance.update(sequence.request_id, 0, 0)  # as below: decay toward the prior
+            return self._emit(sequence, state, finite_argmax(rows, "target's logits for this request"))
         draft_ids = proposal.token_ids if proposal is not None else []
         is_tree = proposal is not None and proposal.tree_parents is not None and bool(draft_ids)
         # Greedy verification (chain or tree) refuses NaN rows in its own argmax pass; a grammar's
@@ -894,7 +921,11 @@ class LLMEngine:
             # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
             self.acceptance.update(sequence.request_id, 0, 0)
 
-        new_tokens, status = self._truncate(sequence, result.token_ids, state)
+        return self._emit(sequence, state, result.token_ids)
+
+    def _emit(self, sequence: Sequence, state: _RequestState, token_ids: list[int]) -> StepOutput:
+        """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""
+        new_tokens, status = self._truncate(sequence, token_ids, state)
         if state.guide is not None:
             state.guide.advance(new_tokens)
         sequence.append_tokens(new_tokens)
