@@ -484,9 +484,10 @@ class LLMEngine:
         single steps: the same one-token decode inputs, accepted by ``_accept``. A burst runs only
         while no step would draft (no drafter; γ fixed at 0; adaptive γ or an automatic tree whose
         policy says 0 and no probe is due) and the scheduler would plan the same batch: every
-        running sequence decodes, none waits, no output constraint; it ends when a sequence finishes or fails, a block cannot be had
-        without preempting, a request waits, ``burst_interrupt`` says so, or the next pass would
-        end past ``decode_burst_seconds`` (so streaming stays smooth and new requests wait little).
+        running sequence decodes, none waits, no output constraint, none gets its first token. It
+        ends when a sequence finishes or fails, a block cannot be had without preempting, a request
+        waits, ``burst_interrupt`` says so, a step would draft, or the next pass would end past
+        ``decode_burst_seconds`` (so streaming stays smooth and new requests wait little).
         """
         config = self.config
         sequences = [chunk.sequence for chunk in chunks]
