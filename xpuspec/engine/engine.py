@@ -503,6 +503,19 @@ class LLMEngine:
             or any(self._states[sequence.request_id].guide is not None for sequence in sequences)
         ):
             return
+        passes: list[float] = []
+        try:
+            self._burst_passes(sequences, pass_seconds, passes)
+        finally:
+            if self.proposer is not None:
+                # Target-only tokens now cost a pass, not a step: the choice of γ weighs drafting
+                # against that (recorded after the burst, so no pass recomputes the policy's costs).
+                for seconds in passes:
+                    self.cost_model.record_target_step(len(sequences), seconds, num_sequences=len(sequences))
+
+    def _burst_passes(self, sequences: list[Sequence], pass_seconds: float, passes: list[float]) -> None:
+        """The passes of :meth:`_burst`; appends each pass's seconds to ``passes``."""
+        config = self.config
         outputs = {output.request_id: output for output in self._step_outputs}
         elapsed = pass_seconds
         for _ in range(config.decode_burst_steps - 1):
@@ -552,6 +565,7 @@ class LLMEngine:
                     self.block_manager.commit(sequence)
             pass_seconds = self.clock() - started
             elapsed += pass_seconds
+            passes.append(pass_seconds)
 
     def recover(self, error: BaseException) -> list[StepOutput]:
         """After a failure of the step as a whole: end every request in flight with "error".
