@@ -88,6 +88,16 @@ def test_a_fixed_gamma_of_zero_bursts_beside_a_drafter_and_drafting_requests_do_
     assert [r.token_ids for r in pipe.generate(PROMPTS[:8], target_only)] == expected
 
 
+def test_every_burst_pass_is_a_one_token_cost_for_the_choice_of_gamma(pair_bundle):
+    """Each pass is recorded like a one-token step, so adaptive γ weighs drafting against a pass."""
+    pipe = make_pipe(pair_bundle, drafter="draft", **ALWAYS)
+    target_only = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=0)
+    before = pipe.engine.cost_model.version
+    counts = tokens_per_step(pipe, PROMPTS[3], target_only)
+    assert max(counts) == 16
+    assert pipe.engine.cost_model.version - before >= MAX_TOKENS  # one record per target pass
+
+
 def test_adaptive_gamma_at_zero_bursts_and_still_probes_on_time(pair_bundle, unbursted):
     """While the policy says γ = 0 a step bursts; each pass counts as a step without drafting, so the
     probes come after as many tokens as without bursts (64, then 128 more: 2 probes in 240 tokens)."""
