@@ -207,3 +207,15 @@ def test_stepping_follows_the_loop_thread():
     assert engine_loop.stepping and time.monotonic() - engine_loop.last_iteration < 1.0
     engine_loop.stop()
     assert not engine_loop.stepping
+
+
+def test_queued_requests_and_aborts_end_a_decode_burst():
+    """The loop hands the engine its interrupt: True while a command waits to be taken."""
+    engine_loop = EngineLoop(lambda: Pipeline("demo", drafter="none", properties=EXACT), max_in_flight=4)
+    engine_loop.start()
+    assert engine_loop.ready.wait(TIMEOUT_S)
+    engine_loop.stop()  # nothing takes the queue from now on
+    interrupt = engine_loop.pipeline.engine.burst_interrupt
+    assert interrupt is not None and not interrupt()
+    engine_loop._commands.put(("abort", "nobody"))
+    assert interrupt()
