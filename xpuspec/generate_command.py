@@ -160,6 +160,8 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
         policy = f"γ = {params.num_draft_tokens}"
     else:
         policy = f"adaptive γ <= {pipe.engine.length_policy.max_draft_tokens}"
+        if pipe.engine.prompt_lookup is not None:
+            policy += " + prompt lookup"
     if params.draft_tree is not None:
         tree = params.draft_tree
         policy += f", tree {tree if isinstance(tree, str) else f'{tree.depth},{tree.width},{tree.nodes}'}"
@@ -170,6 +172,8 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
         + f") | drafted {stats.get('drafted', 0)}, accepted {stats.get('accepted', 0)}, acceptance rate "
         + (f"{rate:.1%}" if rate is not None else "n/a")
     )
+    if stats.get("lookup_drafted"):
+        line += f" (by prompt lookup: drafted {stats['lookup_drafted']}, accepted {stats['lookup_accepted']})"
     if stats.get("tree_verifications"):
         nodes_per_tree = stats["tree_nodes_verified"] / stats["tree_verifications"]
         line += (

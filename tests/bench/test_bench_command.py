@@ -31,6 +31,8 @@ LATENCY_NAMES = [
     "OpenVINO GenAI default speculative (γ=2)",
     "OpenVINO GenAI default speculative (γ=4)",
     "OpenVINO GenAI default speculative (adaptive γ)",
+    "OpenVINO GenAI prompt lookup speculative (γ=2)",
+    "OpenVINO GenAI prompt lookup speculative (γ=4)",
     "transformers target-only",
     "transformers speculative (γ=2)",
     "transformers speculative (γ=4)",
@@ -92,6 +94,8 @@ def test_every_latency_configuration_is_measured_or_skipped_with_a_reason(report
     assert rows["llama.cpp target-only"]["status"] == "skipped"
     assert rows["OpenVINO GenAI speculative (adaptive γ)"]["status"] == "skipped"
     assert rows["OpenVINO GenAI default speculative (adaptive γ)"]["status"] == "skipped"
+    for length in (2, 4):  # GenAI's prompt lookup: a peer of xpuspec's adaptive γ, which also looks up
+        assert rows[f"OpenVINO GenAI prompt lookup speculative (γ={length})"]["status"] == "ok"
 
 
 def test_rows_compare_with_the_exact_reference_and_the_right_peer(report: dict[str, Any]) -> None:

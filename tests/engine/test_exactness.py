@@ -120,9 +120,12 @@ def test_matches_openvino_genai(pair_bundle, target_only):
 
 def _make_drafting_hopeless(engine) -> None:
     """Pessimistic drafting costs (10 s a phase at every γ): γ = 0 from now on. A probe's phase is a
-    long catch-up, which the drafting curve leaves out, so the probes do not undo it."""
+    long catch-up, which the drafting curve leaves out, so the probes do not undo it. Prompt lookup,
+    whose drafts cost nothing, is turned off: these tiny models repeat themselves."""
     from xpuspec.spec_decode.speculation_length import MAX_TOKENS_PER_SEQUENCE
     from xpuspec.spec_decode.verify_costs import VerifyCostCurve
+
+    engine.prompt_lookup = None
 
     engine.cost_model.drafting = VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE)
     for gamma in range(1, engine.config.max_draft_tokens + 1):

@@ -173,8 +173,13 @@ SAME, DEFAULT, EXACT = "same properties", "default", "exact"
 XPUSPEC_DEFAULT, GENAI_DEFAULT, XPUSPEC_EXACT = f"{XPUSPEC} default", f"{GENAI} default", f"{XPUSPEC} exact"
 XPUSPEC_EAGLE3, EAGLE3_KEY = f"{XPUSPEC} EAGLE-3", f"{XPUSPEC}/eagle3"
 GENAI_EAGLE3, GENAI_EAGLE3_KEY = f"{GENAI} EAGLE-3", f"{GENAI}/eagle3"
+# GenAI's prompt lookup (n-gram drafting), same properties: a peer for xpuspec's adaptive γ, which
+# also drafts by prompt lookup beside the draft model (xpuspec.spec_decode.prompt_lookup).
+GENAI_LOOKUP, GENAI_LOOKUP_KEY = f"{GENAI} prompt lookup", f"{GENAI}/lookup"
 # The engine label of each row group; the row's peer for the ÷ GenAI column.
 PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT, XPUSPEC_EAGLE3: GENAI_EAGLE3}
+# Where an adaptive (or tree) row looks for the peer's best fixed-γ configuration.
+BEST_PEERS_OF = {XPUSPEC: (GENAI, GENAI_LOOKUP)}
 # Row groups without target-only rows of their own: their speed-ups are over this group's.
 BASELINE_OF = {XPUSPEC_EAGLE3: XPUSPEC, GENAI_EAGLE3: GENAI}
 
@@ -286,6 +291,16 @@ def _configurations(
             add(label, length, key if not why else None, why)
         # GenAI's LLMPipeline has no adaptive draft length; say so rather than leave the row out.
         add(label, ADAPTIVE, None, "LLMPipeline has no adaptive draft length (num_assistant_tokens is fixed)")
+    lookup_key = None
+    if reason is None:
+        lookup_key = GENAI_LOOKUP_KEY
+        engines[lookup_key] = _Engine(
+            lookup_key,
+            GENAI,
+            lambda: GenaiLatencyRunner(bundle.target.path, None, same_properties, prompt_lookup=True),
+        )
+    for length in config.draft_lengths:
+        add(GENAI_LOOKUP, length, lookup_key, reason)
     if bundle.eagle3 is not None:
         _genai_eagle3_rows(config, bundle, same_properties, configs, engines)
 
@@ -487,7 +502,8 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
     """xpuspec tokens/s over each peer's at the same draft length (>1: xpuspec is faster).
 
     Same-properties rows compare with GenAI at the same properties, default rows with GenAI's default;
-    the adaptive and tree rows, which GenAI lacks, compare with GenAI's best fixed-γ row.
+    the adaptive and tree rows, which GenAI lacks, compare with GenAI's best fixed-γ row (its prompt
+    lookup's included for the same-properties rows: xpuspec's adaptive γ also looks up).
     """
     rate = {(r.engine, r.draft_length): summaries[r.name].get("tokens_per_s") for r in results}
     for result in results:
@@ -497,8 +513,9 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
         ratios: dict[str, float | None] = {}
         ours = rate.get((result.engine, result.draft_length))
         if result.draft_length in (ADAPTIVE, TREE_AUTO):
+            peers = BEST_PEERS_OF.get(result.engine, (genai,))
             fixed = [
-                v for (engine, length), v in rate.items() if engine == genai and isinstance(length, int) and v
+                v for (engine, length), v in rate.items() if engine in peers and isinstance(length, int) and v
             ]
             theirs = max(fixed) if fixed else None
         else:

@@ -42,7 +42,12 @@ def llama_cpp_unavailable() -> str:
     return "llama_cpp imports, but the bench has no GGUF models of this pair to give it"
 
 
-def _genai_config(max_tokens: int, num_assistant_tokens: int | None) -> Any:
+# GenAI's prompt lookup: n-gram size and tokens per lookup where none is given (its sample's settings).
+GENAI_LOOKUP_NGRAM = 3
+GENAI_LOOKUP_TOKENS = 4
+
+
+def _genai_config(max_tokens: int, num_assistant_tokens: int | None, prompt_lookup: bool = False) -> Any:
     import openvino_genai
 
     config = openvino_genai.GenerationConfig()
@@ -50,7 +55,10 @@ def _genai_config(max_tokens: int, num_assistant_tokens: int | None) -> Any:
     config.min_new_tokens = max_tokens
     config.ignore_eos = True
     config.do_sample = False
-    if num_assistant_tokens is not None:
+    if prompt_lookup:  # GenAI's prompt lookup refuses to run without both set (e.g. a warm-up)
+        config.num_assistant_tokens = num_assistant_tokens or GENAI_LOOKUP_TOKENS
+        config.max_ngram_size = GENAI_LOOKUP_NGRAM
+    elif num_assistant_tokens is not None:
         config.num_assistant_tokens = num_assistant_tokens
     return config
 
@@ -73,26 +81,37 @@ def _scheduler_config(cache_gb: int = 1) -> Any:
 
 
 class GenaiLatencyRunner:
-    """``openvino_genai.LLMPipeline``, target only or with the draft (its speculative decoding), with
-    prefix caching off."""
+    """``openvino_genai.LLMPipeline``, target only, with the draft (its speculative decoding) or with
+    ``prompt_lookup`` (its n-gram drafting), with prefix caching off."""
 
-    def __init__(self, target_dir: Path, draft_dir: Path | None, properties: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        target_dir: Path,
+        draft_dir: Path | None,
+        properties: dict[str, Any],
+        prompt_lookup: bool = False,
+    ) -> None:
         import openvino_genai
 
+        if prompt_lookup and draft_dir is not None:
+            raise ValueError("GenAI drafts with a draft model or by prompt lookup, not both")
         self.genai = openvino_genai
         kwargs: dict[str, Any] = dict(properties)
         if draft_dir is not None:
             kwargs["draft_model"] = openvino_genai.draft_model(str(draft_dir), "CPU", **properties)
+        if prompt_lookup:
+            kwargs["prompt_lookup"] = True
         kwargs["scheduler_config"] = _scheduler_config()
         self.pipe = openvino_genai.LLMPipeline(str(target_dir), "CPU", **kwargs)
-        self.speculative = draft_dir is not None
+        self.speculative = draft_dir is not None or prompt_lookup
+        self.prompt_lookup = prompt_lookup
 
     def generate(self, token_ids: list[int], max_tokens: int, draft_length: int | None) -> RequestTiming:
         import openvino as ov
 
         ids = np.array([token_ids], dtype=np.int64)  # [1, prompt_tokens]
         inputs = self.genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
-        config = _genai_config(max_tokens, draft_length if self.speculative else None)
+        config = _genai_config(max_tokens, draft_length if self.speculative else None, self.prompt_lookup)
         started = time.perf_counter()
         result = self.pipe.generate(inputs, config)
         seconds = time.perf_counter() - started

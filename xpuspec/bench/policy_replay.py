@@ -200,7 +200,12 @@ def replay(
     engine = LLMEngine(
         target,
         drafter,
-        EngineConfig(max_draft_tokens=max_draft_tokens, enable_prefix_caching=False, decode_burst_steps=1),
+        EngineConfig(
+            max_draft_tokens=max_draft_tokens,
+            enable_prefix_caching=False,
+            decode_burst_steps=1,
+            prompt_lookup=False,  # the traces give acceptance, not tokens to look up
+        ),
         [EOS],
         clock=clock,
     )

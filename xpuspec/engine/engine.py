@@ -48,6 +48,7 @@ from xpuspec.sample.sampler import (
     sample,
 )
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.prompt_lookup import PromptLookup
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
@@ -106,6 +107,9 @@ class EngineConfig:
     # they fit in decode_burst_seconds. 1 turns bursts off.
     decode_burst_steps: int = 16
     decode_burst_seconds: float = 0.02
+    # Beside a draft model, adaptive γ also drafts by prompt lookup where the sequence repeats
+    # itself and that predicts more tokens per second (xpuspec.spec_decode.prompt_lookup).
+    prompt_lookup: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
@@ -175,6 +179,15 @@ class LLMEngine:
         self.rejection_sampler = RejectionSampler()
         self.cost_model = CostModel()
         self.acceptance = AcceptanceRates()
+        # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
+        # EAGLE-3 head, which must see every target state in order).
+        self.prompt_lookup = (
+            PromptLookup()
+            if config.prompt_lookup
+            and getattr(proposer, "runner", None) is not None
+            and not hasattr(proposer, "observe_target")
+            else None
+        )
         self._steps_without_drafting = 0
         self._probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
         self._probed = self._policy_drafted = False  # this step's choices of γ (reset by _propose)
@@ -226,6 +239,7 @@ class LLMEngine:
         self.tree_acceptance = TreeAcceptance()
         self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
         self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
+        self._step_lookups: dict[str, list[int]] = {}  # the prompt-lookup draft of each sequence this step
         # The accepted path (node indices) of each tree verified this step: a drafter reading the
         # target's states (EAGLE-3) keeps those of the path's rows only.
         self._tree_paths: dict[str, list[int]] = {}
@@ -523,15 +537,15 @@ class LLMEngine:
                 return
             if self.burst_interrupt is not None and self.burst_interrupt():
                 return
+            if any(sequence.is_finished for sequence in sequences):
+                return  # a finished sequence is retired: nothing below may look it up
             if self.proposer is not None:
                 if any(self._would_draft(sequence) for sequence in sequences):
                     return  # the next step drafts (or probes): a step of its own
                 self._steps_without_drafting += 1  # what _propose counts for a step without drafts
             for sequence in sequences:
-                if (
-                    sequence.is_finished
-                    or sequence.num_tokens >= config.max_model_len
-                    or not self.block_manager.ensure_capacity(sequence, sequence.num_tokens)
+                if sequence.num_tokens >= config.max_model_len or not self.block_manager.ensure_capacity(
+                    sequence, sequence.num_tokens
                 ):
                     return
             started = self.clock()
@@ -648,6 +662,7 @@ class LLMEngine:
     def _schedule(self) -> list[ScheduledChunk]:
         """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
         self._step_trees = {}
+        self._step_lookups = {}
         self._tree_paths = {}
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
@@ -745,10 +760,12 @@ class LLMEngine:
         return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
 
     def _choose_chain_length(self, sequence: Sequence) -> int:
-        gamma, probe = self._chain_length(sequence)
+        gamma, probe, lookup = self._chain_length(sequence)
         if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
             self._probed |= probe
             self._policy_drafted |= gamma > 0 and not probe
+        if lookup is not None:
+            self._step_lookups[sequence.request_id] = lookup
         return gamma
 
     def _would_draft(self, sequence: Sequence) -> bool:
@@ -758,31 +775,34 @@ class LLMEngine:
             return False
         return self._tree_shape(sequence) is not None or self._chain_length(sequence)[0] > 0
 
-    def _chain_length(self, sequence: Sequence) -> tuple[int, bool]:
-        """γ of a chain for ``sequence`` now, and whether that γ is a probe (see below)."""
+    def _chain_length(self, sequence: Sequence) -> tuple[int, bool, list[int] | None]:
+        """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
+        prompt-lookup draft to verify instead of the drafter's, if one predicts more."""
         fixed = sequence.params.num_draft_tokens
         if fixed is not None:
-            return min(fixed, self.config.max_draft_tokens), False
+            return min(fixed, self.config.max_draft_tokens), False, None
         rate = self._acceptance_rate(sequence)
         if sequence.params.seed is not None:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
             # γ = 0 steps decay the rate's counts (_accept), so it drafts again after a bad stretch.
-            return self.length_policy.choose_without_timing(rate), False
+            return self.length_policy.choose_without_timing(rate), False, None
         running = self.scheduler.num_running
-        gamma = self.length_policy.choose(
-            rate,
-            batch_tokens=running,
-            num_sequences=running,
-            previous_tokens_per_sequence=self._previous_tokens_per_sequence(running),
-        )
+        previous = self._previous_tokens_per_sequence(running)
+        gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
+        if self.prompt_lookup is not None and self._states[sequence.request_id].guide is None:
+            lookup = self.prompt_lookup.choose(
+                sequence, self.length_policy, tokens_per_second, running, previous
+            )
+            if lookup is not None:
+                return len(lookup), False, lookup
         if gamma == 0 and self._steps_without_drafting >= self._probe_interval:
             # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
             # A probe costs two changes of the target's shape and a long draft catch-up: while
             # probes do not bring drafting back, they come ever more rarely (_propose).
-            return min(1, self.config.max_draft_tokens), True
-        return gamma, False
+            return min(1, self.config.max_draft_tokens), True, None
+        return gamma, False, None
 
     def _previous_tokens_per_sequence(self, running: int) -> int | None:
         """Tokens each sequence verified last step, if that step decoded the same number of sequences
@@ -812,17 +832,26 @@ class LLMEngine:
         forced = structured.forced_proposals(
             guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
         )
-        drafting = [c for c in wanted if c.sequence.request_id not in forced]
+        # Prompt-lookup drafts chosen at scheduling (_chain_length), cut to the γ the scheduler
+        # left room for; never for guided requests.
+        proposals: dict[str, Proposal] = {
+            c.sequence.request_id: Proposal(
+                self._step_lookups[c.sequence.request_id][: c.num_draft_tokens], None, from_lookup=True
+            )
+            for c in wanted
+            if c.sequence.request_id in self._step_lookups
+        }
+        taken = forced.keys() | proposals.keys()
+        drafting = [c for c in wanted if c.sequence.request_id not in taken]
         # Constrained requests never draft trees (_tree_shape), so the grammar masks only chains.
         trees = [c for c in drafting if c.sequence.request_id in self._step_trees]
         chains = [c for c in drafting if c.sequence.request_id not in self._step_trees]
-        proposals: dict[str, Proposal] = {}
         self._draft_timings = []
         started = self.clock()
         try:
             if chains:
                 self.proposer.step_timings = []
-                proposals = self.proposer.propose(chains, self._draw)
+                proposals.update(self.proposer.propose(chains, self._draw))
                 self._draft_timings += self.proposer.step_timings
             if trees:
                 rngs = {
@@ -834,12 +863,14 @@ class LLMEngine:
                 proposals.update(self.tree_drafter.propose(requests, rngs))
                 self._draft_timings += self.tree_drafter.step_timings
         finally:
-            self._drafting_seconds = self.clock() - started
+            self._drafting_seconds = self.clock() - started if drafting else 0.0
             for guide in guides.values():
                 guide.end_drafting()  # back to the committed state, whatever the draft did
         if guides:
             structured.constrain_proposals(proposals, guides)  # n-gram drafts the grammar forbids
             proposals.update(forced)
+        if not drafting:  # lookups (or forced tokens) alone: no drafting phase to time
+            return proposals
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
         # tokens and must not read as an expensive single-token draft step. The wall time beyond
         # the passes is the draft loop's Python, which each drafted token also costs.
@@ -894,7 +925,7 @@ class LLMEngine:
             # The commonest row (a greedy step without drafts, every pass of a decode burst) goes
             # straight to its token: right after an inference each extra call costs several µs.
             if self.proposer is not None:
-                self.acceptance.update(sequence.request_id, 0, 0)  # as below: decay toward the prior
+                self._decay_acceptance(sequence.request_id)  # as below: decay toward the prior
             return self._emit(sequence, state, finite_argmax(rows, "target's logits for this request"))
         draft_ids = proposal.token_ids if proposal is not None else []
         is_tree = proposal is not None and proposal.tree_parents is not None and bool(draft_ids)
@@ -929,14 +960,25 @@ class LLMEngine:
             sequence.num_draft_computed_tokens, sequence.num_computed_tokens
         )
         if draft_ids:
-            self.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
+            assert proposal is not None
+            if proposal.from_lookup and self.prompt_lookup is not None:
+                self.prompt_lookup.update(sequence.request_id, num_drafted, result.num_accepted)
+                state.stats.record_lookup(num_drafted, result.num_accepted)
+            else:
+                self.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
             state.stats.record_verification(num_drafted, result.num_accepted)
         elif self.proposer is not None:
             # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
             # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
-            self.acceptance.update(sequence.request_id, 0, 0)
+            self._decay_acceptance(sequence.request_id)
 
         return self._emit(sequence, state, result.token_ids)
+
+    def _decay_acceptance(self, request_id: str) -> None:
+        """A step without drafts for ``request_id``: its acceptance counts decay (see _accept)."""
+        self.acceptance.update(request_id, 0, 0)
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.update(request_id, 0, 0)
 
     def _emit(self, sequence: Sequence, state: _RequestState, token_ids: list[int]) -> StepOutput:
         """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""
@@ -1000,6 +1042,8 @@ class LLMEngine:
         self._states.pop(sequence.request_id, None)
         self._sequences.pop(sequence.request_id, None)
         self.acceptance.forget(sequence.request_id)
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.forget(sequence.request_id)
         self._release_kv(sequence.request_id)
 
 

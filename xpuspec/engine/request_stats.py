@@ -28,6 +28,9 @@ class RequestStats:
     tree_verifications: int = 0
     tree_nodes_verified: int = 0
     accepted_depths: dict[int, int] = field(default_factory=dict)
+    # Of ``drafted`` and ``accepted``: the drafts prompt lookup made beside the drafter.
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
 
     def __post_init__(self) -> None:
         self.drafted_per_position = [0] * self.max_draft_tokens
@@ -41,6 +44,10 @@ class RequestStats:
             self.drafted_per_position[position] += 1
             if position < num_accepted:
                 self.accepted_per_position[position] += 1
+
+    def record_lookup(self, num_drafted: int, num_accepted: int) -> None:
+        self.lookup_drafted += num_drafted
+        self.lookup_accepted += num_accepted
 
     def record_tree(self, num_nodes: int, accepted_depth: int) -> None:
         self.tree_verifications += 1
@@ -99,6 +106,8 @@ class RequestStats:
             "tree_verifications": self.tree_verifications,
             "tree_nodes_verified": self.tree_nodes_verified,
             "accepted_depths": dict(sorted(self.accepted_depths.items())),
+            "lookup_drafted": self.lookup_drafted,
+            "lookup_accepted": self.lookup_accepted,
             "num_output_tokens": self.num_output_tokens,
             "target_passes": self.target_passes,
             "num_preemptions": self.num_preemptions,

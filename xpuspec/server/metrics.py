@@ -84,6 +84,16 @@ class ServerMetrics:
             ["depth"],
             registry=registry,
         )
+        self.lookup_draft_tokens = Counter(
+            "xpuspec_spec_lookup_draft_tokens",
+            "Of the draft tokens, those drafted by prompt lookup beside the draft model",
+            registry=registry,
+        )
+        self.lookup_accepted_tokens = Counter(
+            "xpuspec_spec_lookup_accepted_tokens",
+            "Of the accepted draft tokens, those drafted by prompt lookup",
+            registry=registry,
+        )
         self._verifications_total = 0
         Gauge(
             "xpuspec_spec_accepted_tokens_per_target_pass",
@@ -152,6 +162,8 @@ class ServerMetrics:
         self._drafted_total += stats.drafted
         self._accepted_total += stats.accepted
         self._verifications_total += stats.verification_steps
+        self.lookup_draft_tokens.inc(stats.lookup_drafted)
+        self.lookup_accepted_tokens.inc(stats.lookup_accepted)
         self.tree_verifications.inc(stats.tree_verifications)
         self.tree_nodes.inc(stats.tree_nodes_verified)
         for depth, count in stats.accepted_depths.items():

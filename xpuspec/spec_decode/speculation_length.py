@@ -299,11 +299,12 @@ class CostModel:
         estimate = self.drafting.estimate(num_sequences, gamma, lambda: self.draft_cost(num_sequences))
         return estimate if estimate is not None else gamma * self.draft_cost(num_sequences)
 
-    def step_cost(self, gamma: int, batch_tokens: int, num_sequences: int) -> float:
+    def step_cost(self, gamma: int, batch_tokens: int, num_sequences: int, drafting: bool = True) -> float:
         """Seconds of a step in which ``num_sequences`` sequences each draft and verify ``gamma`` tokens:
-        ``c_drafting(γ) + c_verify(batch_tokens + γ·num_sequences)``."""
+        ``c_drafting(γ) + c_verify(batch_tokens + γ·num_sequences)``; without ``drafting`` (drafts
+        that cost nothing to make, e.g. prompt lookup) the verification alone."""
         seconds = self.target_cost(batch_tokens + gamma * num_sequences, num_sequences)
-        return seconds + self.drafting_cost(gamma, num_sequences)
+        return seconds + (self.drafting_cost(gamma, num_sequences) if drafting else 0.0)
 
     def step_costs(
         self,
@@ -311,6 +312,7 @@ class CostModel:
         batch_tokens: int,
         num_sequences: int,
         previous_tokens_per_sequence: int | None = None,
+        drafting: bool = True,
     ) -> list[float]:
         """:meth:`step_cost` for γ = 0 .. ``max_gamma`` at once (one pass over the curve).
 
@@ -319,10 +321,12 @@ class CostModel:
         (:data:`SHAPE_CHANGE_HORIZON_STEPS`).
         """
         if batch_tokens != num_sequences:  # a step with prefill work besides the decodes
-            return [self.step_cost(gamma, batch_tokens, num_sequences) for gamma in range(max_gamma + 1)]
+            return [
+                self.step_cost(gamma, batch_tokens, num_sequences, drafting) for gamma in range(max_gamma + 1)
+            ]
         verify = self.verify.estimates(num_sequences, lambda: self.target.slope * num_sequences)
         draft = self.draft_cost(num_sequences)
-        drafting = self.drafting.estimates(num_sequences, draft)
+        phases = self.drafting.estimates(num_sequences, draft)
         change = self.shape_change / SHAPE_CHANGE_HORIZON_STEPS if previous_tokens_per_sequence else 0.0
         costs = []
         for gamma in range(max_gamma + 1):
@@ -332,8 +336,8 @@ class CostModel:
                 seconds = self.target(tokens * num_sequences)
             if tokens != previous_tokens_per_sequence:
                 seconds += change
-            if gamma:
-                phase = drafting[gamma] if gamma < len(drafting) else None
+            if gamma and drafting:
+                phase = phases[gamma] if gamma < len(phases) else None
                 seconds += phase if phase is not None else gamma * draft
             costs.append(seconds)
         return costs
@@ -512,13 +516,18 @@ class SpeculationLengthPolicy:
         self.cost_model = cost_model if cost_model is not None else CostModel()
         self.min_speedup = min_speedup
         # Step costs for every γ depend on the batch shape and the measurements, not on the
-        # sequence: computed once per step shape, and again only after new measurements.
-        self._costs_key: tuple[int, int, int | None, int, int] | None = None
-        self._costs_version = -1
-        self._costs: list[float] = []
+        # sequence: computed once per step shape, and again only after new measurements. One
+        # cache for drafts a drafter makes and one for drafts that cost nothing (prompt lookup).
+        self._costs_key: dict[bool, tuple[int, int, int | None, int, int]] = {}
+        self._costs_version: dict[bool, int] = {}
+        self._costs: dict[bool, list[float]] = {}
 
     def step_costs(
-        self, batch_tokens: int, num_sequences: int, previous_tokens_per_sequence: int | None = None
+        self,
+        batch_tokens: int,
+        num_sequences: int,
+        previous_tokens_per_sequence: int | None = None,
+        drafting: bool = True,
     ) -> list[float]:
         """Predicted seconds of the step for γ = 0 .. max_draft_tokens.
 
@@ -530,16 +539,18 @@ class SpeculationLengthPolicy:
         model = self.cost_model
         key = (batch_tokens, num_sequences, previous_tokens_per_sequence, id(model), model.calibrations)
         version = model.version + model.verify.version
-        if key != self._costs_key or not 0 <= version - self._costs_version < COSTS_REFRESH_RECORDS:
-            self._costs = [
+        if key != self._costs_key.get(drafting) or not (
+            0 <= version - self._costs_version.get(drafting, -COSTS_REFRESH_RECORDS) < COSTS_REFRESH_RECORDS
+        ):
+            self._costs[drafting] = [
                 max(seconds, 1e-12)
                 for seconds in model.step_costs(
-                    self.max_draft_tokens, batch_tokens, num_sequences, previous_tokens_per_sequence
+                    self.max_draft_tokens, batch_tokens, num_sequences, previous_tokens_per_sequence, drafting
                 )
             ]
-            self._costs_key = key
-            self._costs_version = version
-        return self._costs
+            self._costs_key[drafting] = key
+            self._costs_version[drafting] = version
+        return self._costs[drafting]
 
     def tokens_per_second(
         self, acceptance_rate: float, gamma: int, batch_tokens: int, num_sequences: int
@@ -557,20 +568,37 @@ class SpeculationLengthPolicy:
     ) -> int:
         """γ for a sequence; ``previous_tokens_per_sequence``: what it verified last step in the same
         batch (a γ that keeps the step's shape is spared the cost of changing it)."""
+        return self.best(acceptance_rate, batch_tokens, num_sequences, previous_tokens_per_sequence)[0]
+
+    def best(
+        self,
+        acceptance_rate: float,
+        batch_tokens: int,
+        num_sequences: int,
+        previous_tokens_per_sequence: int | None = None,
+        *,
+        drafting: bool = True,
+        max_gamma: int | None = None,
+    ) -> tuple[int, float]:
+        """(γ, predicted tokens per second of the sequence) as :meth:`choose` picks them, with γ at
+        most ``max_gamma``; ``drafting=False`` for drafts that cost nothing to make (prompt lookup)."""
         if not 0.0 <= acceptance_rate <= 1.0:
             raise ValueError(f"acceptance_rate must be in [0, 1], got {acceptance_rate}")
         num_sequences = max(num_sequences, 1)
-        costs = self.step_costs(batch_tokens, num_sequences, previous_tokens_per_sequence)
+        costs = self.step_costs(batch_tokens, num_sequences, previous_tokens_per_sequence, drafting)
         plain_rate = 1.0 / costs[0]
         best, best_rate = 0, plain_rate
         expected, power = 1.0, 1.0
-        for gamma in range(1, len(costs)):
+        last = len(costs) - 1 if max_gamma is None else min(max_gamma, len(costs) - 1)
+        for gamma in range(1, last + 1):
             power *= acceptance_rate
             expected += power  # 1 + α + ... + α^γ
             rate = expected / costs[gamma]
             if rate > best_rate:  # strictly: the smallest γ among equal rates
                 best, best_rate = gamma, rate
-        return best if best_rate >= self.min_speedup * plain_rate else 0
+        if best_rate >= self.min_speedup * plain_rate:
+            return best, best_rate
+        return 0, plain_rate
 
     def choose_without_timing(self, acceptance_rate: float) -> int:
         """γ for a single sequence from the prior costs only: a pure function of the acceptance rate.

@@ -1,0 +1,31 @@
+"""Which peer row each xpuspec row is divided by."""
+
+from __future__ import annotations
+
+import pytest
+
+from xpuspec.bench.figures import LatencyResult, RequestTiming
+from xpuspec.bench.latency import ADAPTIVE, GENAI, GENAI_LOOKUP, XPUSPEC, _label, _peer_ratios
+
+
+def _timed(engine: str, length: int | str | None, seconds: float) -> LatencyResult:
+    result = LatencyResult(_label(engine, length), engine, length)
+    result.record_round([RequestTiming(3, list(range(8)), seconds, 0.01, seconds / 8)])
+    return result
+
+
+@pytest.mark.parametrize(("lookup_seconds", "best_seconds"), [(1.0, 1.0), (3.0, 2.0)])
+def test_adaptive_gamma_is_divided_by_the_best_of_genais_drafts_and_its_prompt_lookup(
+    lookup_seconds: float, best_seconds: float
+) -> None:
+    results = [
+        _timed(XPUSPEC, 2, 1.0),
+        _timed(XPUSPEC, ADAPTIVE, 0.5),
+        _timed(GENAI, 2, 2.0),
+        _timed(GENAI, 4, 4.0),
+        _timed(GENAI_LOOKUP, 4, lookup_seconds),
+    ]
+    summaries = {r.name: r.summary() for r in results}
+    _peer_ratios(results, summaries)
+    assert summaries[results[0].name]["ratio_to_peers"][GENAI] == pytest.approx(2.0)  # same γ, draft model
+    assert summaries[results[1].name]["ratio_to_peers"][GENAI] == pytest.approx(best_seconds / 0.5)

@@ -1,0 +1,93 @@
+"""Prompt lookup beside the draft model, through the engine: exact, counted, and only where it may run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import EXACT_PRESET
+from tests.engine.test_exactness import PROMPTS
+from xpuspec import Pipeline, SamplingParams
+from xpuspec.engine.engine import EngineConfig
+
+MAX_TOKENS = 48
+ADAPTIVE = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target_only(pair_bundle) -> list[list[int]]:
+    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
+    return [pipe.generate(prompt, ADAPTIVE)[0].token_ids for prompt in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def pipe(pair_bundle) -> Pipeline:
+    return Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+
+
+def test_adaptive_gamma_looks_up_and_stays_exact(pipe, target_only):
+    """One request at a time (decode bursts between drafting steps, sequences ending inside them)."""
+    failures = pipe.engine.num_engine_failures
+    results = [pipe.generate(prompt, ADAPTIVE)[0] for prompt in PROMPTS]
+    assert [r.token_ids for r in results] == target_only
+    assert [r.finish_reason for r in results] == ["length"] * len(PROMPTS)
+    assert pipe.engine.num_engine_failures == failures
+    lookup_drafted = sum(r.stats["lookup_drafted"] for r in results)
+    assert lookup_drafted > 0, "no lookup was drafted: the comparison would not test it"
+    assert 0 < sum(r.stats["lookup_accepted"] for r in results) <= lookup_drafted
+    # Lookup drafts are part of the drafts; the draft model drafted too (where nothing recurred).
+    assert sum(r.stats["drafted"] for r in results) >= lookup_drafted
+
+
+def test_sixteen_in_flight(pipe, target_only):
+    results = pipe.generate(PROMPTS[:16], ADAPTIVE)
+    assert [r.token_ids for r in results] == target_only[:16]
+    assert sum(r.stats["lookup_drafted"] for r in results) > 0
+
+
+def test_lookup_acceptance_is_tracked_apart_from_the_draft_models(pipe):
+    lookup_pool = pipe.engine.prompt_lookup.acceptance.pool
+    draft_pool = pipe.engine.acceptance.pool
+    tested = (lookup_pool._tested, draft_pool._tested)
+    results = pipe.generate(PROMPTS[:4], ADAPTIVE)
+    lookup_drafted = sum(r.stats["lookup_drafted"] for r in results)
+    model_drafted = sum(r.stats["drafted"] for r in results) - lookup_drafted
+    assert (lookup_pool._tested > tested[0]) == (lookup_drafted > 0)
+    assert (draft_pool._tested > tested[1]) == (model_drafted > 0)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dataclasses.replace(ADAPTIVE, num_draft_tokens=4),  # fixed γ: the draft model, like for like
+        dataclasses.replace(ADAPTIVE, temperature=0.8, seed=7),  # seeded: drafting repeats run for run
+    ],
+    ids=["fixed-gamma", "seeded"],
+)
+def test_fixed_gamma_and_seeded_requests_never_look_up(pipe, params):
+    results = pipe.generate(PROMPTS[:6], params)
+    assert sum(r.stats["drafted"] for r in results) > 0
+    assert sum(r.stats["lookup_drafted"] for r in results) == 0
+
+
+def test_sampled_requests_look_up_too(pipe):
+    """Unseeded sampled requests verify lookups with a one-hot q (the rejection sampler's
+    deterministic-drafter rule, tested statistically in tests/spec_decode/test_rejection_sampler.py)."""
+    params = dataclasses.replace(ADAPTIVE, temperature=0.3)
+    results = pipe.generate(PROMPTS, params)
+    assert all(r.finish_reason == "length" and len(r.token_ids) == MAX_TOKENS for r in results)
+    assert sum(r.stats["lookup_drafted"] for r in results) > 0
+
+
+def test_the_switch_turns_it_off(pair_bundle):
+    config = EngineConfig(prompt_lookup=False)
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET, engine_config=config)
+    assert pipe.engine.prompt_lookup is None
+    results = pipe.generate(PROMPTS[:6], ADAPTIVE)
+    assert sum(r.stats["lookup_drafted"] for r in results) == 0
+
+
+def test_only_beside_a_draft_model(pair_bundle):
+    assert Pipeline(pair_bundle, drafter="ngram", properties=EXACT_PRESET).engine.prompt_lookup is None
+    assert Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET).engine.prompt_lookup is None

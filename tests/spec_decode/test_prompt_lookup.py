@@ -1,0 +1,79 @@
+"""Prompt lookup beside a draft model: the per-step choice against the draft's chain, and its acceptance."""
+
+from __future__ import annotations
+
+import pytest
+
+from xpuspec.engine.sequence import Sequence
+from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.prompt_lookup import PromptLookup
+from xpuspec.spec_decode.speculation_length import CostModel, SpeculationLengthPolicy
+
+# A target whose verification grows 10% per extra token, a draft pass at 30% of a target step.
+VERIFY_MS = {n: 10.0 * (1 + 0.1 * (n - 1)) for n in range(1, 10)}
+DRAFT_MS = 3.0
+
+
+def _policy() -> SpeculationLengthPolicy:
+    model = CostModel()
+    for n, ms in VERIFY_MS.items():
+        model.calibrate_target(1, n, ms / 1000)
+    model.calibrate_draft(DRAFT_MS / 1000)
+    return SpeculationLengthPolicy(max_draft_tokens=8, cost_model=model)
+
+
+def _sequence(tokens: list[int], request_id: str = "r") -> Sequence:
+    return Sequence(request_id, tokens[:1], SamplingParams(max_tokens=64), output_token_ids=tokens[1:])
+
+
+REPEATING = [7, 1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4, 5, 6, 9, 9, 1, 2]  # "1 2" recurs: "3 4 5 6 9 9 ..."
+
+
+def test_free_drafts_cost_the_verification_alone() -> None:
+    policy = _policy()
+    with_draft = policy.step_costs(1, 1)
+    free = policy.step_costs(1, 1, drafting=False)
+    assert free[0] == with_draft[0]
+    for gamma in range(1, 9):
+        assert free[gamma] == pytest.approx(VERIFY_MS[gamma + 1] / 1000)
+        assert with_draft[gamma] > free[gamma] + 0.9 * gamma * DRAFT_MS / 1000
+
+
+def test_best_respects_max_gamma_and_reports_its_rate() -> None:
+    policy = _policy()
+    gamma, rate = policy.best(0.9, 1, 1, drafting=False)
+    assert gamma > 3
+    capped, capped_rate = policy.best(0.9, 1, 1, drafting=False, max_gamma=2)
+    assert capped == 2 and capped_rate < rate
+    assert capped_rate == pytest.approx((1 + 0.9 + 0.81) / (VERIFY_MS[3] / 1000))
+    assert policy.choose(0.9, 1, 1) == policy.best(0.9, 1, 1)[0]
+
+
+def test_a_recurring_tail_is_drafted_when_it_predicts_more() -> None:
+    lookup, policy = PromptLookup(), _policy()
+    sequence = _sequence(REPEATING)
+    plain = 1000 / VERIFY_MS[1]
+    draft = lookup.choose(sequence, policy, plain, 1, None)
+    # The pool's starting rate (0.6) with free drafts beats plain decoding: the continuation of "1 2".
+    assert draft is not None and draft == [3, 4, 5, 6, 9, 9, 1, 2][: len(draft)] and len(draft) >= 2
+    assert lookup.choose(sequence, policy, 1e9, 1, None) is None  # the draft model predicts more
+
+
+def test_no_lookup_without_a_recurring_ngram() -> None:
+    lookup = PromptLookup()
+    assert lookup.choose(_sequence([1, 2, 3, 4, 5, 6, 7, 8]), _policy(), 0.0, 1, None) is None
+    # One recurring token is not enough (min_ngram 2): "8" recurs, "7 8" does not.
+    assert lookup.choose(_sequence([8, 1, 2, 3, 7, 8]), _policy(), 0.0, 1, None) is None
+
+
+def test_lookup_acceptance_is_its_own_and_stops_lookups_that_fail() -> None:
+    lookup, policy = PromptLookup(), _policy()
+    sequence = _sequence(REPEATING)
+    assert lookup.choose(sequence, policy, 1000 / VERIFY_MS[1], 1, None) is not None
+    for _ in range(40):  # every lookup rejected at once
+        lookup.update("r", 4, 0)
+    assert lookup.acceptance.rate("r", pooled_prior=True) < 0.1
+    assert lookup.choose(sequence, policy, 1000 / VERIFY_MS[1], 1, None) is None
+    lookup.forget("r")
+    other = _sequence(REPEATING, "other")  # a new sequence starts from the pool: low as well
+    assert lookup.choose(other, policy, 1000 / VERIFY_MS[1], 1, None) is None
