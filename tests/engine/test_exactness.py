@@ -38,10 +38,15 @@ MAX_TOKENS = 32
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
 
+def target_only_outputs(pair_bundle, params: SamplingParams) -> list[list[int]]:
+    """The target alone's tokens for every prompt, in exact mode."""
+    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
+    return [pipe.generate(prompt, params)[0].token_ids for prompt in PROMPTS]
+
+
 @pytest.fixture(scope="module")
 def target_only(pair_bundle) -> list[list[int]]:
-    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
-    return [pipe.generate(prompt, GREEDY)[0].token_ids for prompt in PROMPTS]
+    return target_only_outputs(pair_bundle, GREEDY)
 
 
 @pytest.fixture(scope="module", params=["draft", "ngram"])

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import EXACT_PRESET
-from tests.engine.test_exactness import PROMPTS
+from tests.engine.test_exactness import PROMPTS, target_only_outputs
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig
 
@@ -17,8 +17,7 @@ ADAPTIVE = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=Tru
 
 @pytest.fixture(scope="module")
 def target_only(pair_bundle) -> list[list[int]]:
-    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
-    return [pipe.generate(prompt, ADAPTIVE)[0].token_ids for prompt in PROMPTS]
+    return target_only_outputs(pair_bundle, ADAPTIVE)
 
 
 @pytest.fixture(scope="module")
