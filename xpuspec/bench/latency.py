@@ -263,9 +263,17 @@ def _configurations(
     ):
         add(label, None, xpuspec_engine(f"{label}/none", "none", properties, None), None)
         spec = xpuspec_engine(f"{label}/draft", "draft", properties, draft_properties) if has_draft else None
-        for length in lengths:
-            add(label, length, spec, "the bundle has no draft model")
-        add(label, TREE_AUTO, spec, "the bundle has no draft model")
+        # Adaptive γ and automatic trees learn costs and acceptance (of the draft and of prompt
+        # lookups) from their own steps: each on an engine of its own, as a user runs it, not one
+        # whose other rows fed it their steps.
+        own = {
+            length: xpuspec_engine(f"{label}/{length}", "draft", properties, draft_properties)
+            if has_draft
+            else None
+            for length in (ADAPTIVE, TREE_AUTO)
+        }
+        for length in [*lengths, TREE_AUTO]:
+            add(label, length, own.get(length, spec), "the bundle has no draft model")
     if bundle.eagle3 is not None:  # the head's rows, same properties; speed-ups over xpuspec target-only
         eagle3 = xpuspec_engine(EAGLE3_KEY, "eagle3", same_properties, same_properties)
         for length in lengths:
