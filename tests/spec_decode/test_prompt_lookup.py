@@ -6,7 +6,7 @@ import pytest
 
 from xpuspec.engine.sequence import Sequence
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.prompt_lookup import PromptLookup
+from xpuspec.spec_decode.prompt_lookup import LONG_MATCH, PromptLookup
 from xpuspec.spec_decode.speculation_length import CostModel, SpeculationLengthPolicy
 
 # A target whose verification grows 10% per extra token, a draft pass at 30% of a target step.
@@ -54,16 +54,33 @@ def test_a_recurring_tail_is_drafted_when_it_predicts_more() -> None:
     sequence = _sequence(REPEATING)
     plain = 1000 / VERIFY_MS[1]
     draft = lookup.choose(sequence, policy, plain, 1, None)
-    # The pool's starting rate (0.6) with free drafts beats plain decoding: the continuation of "1 2".
-    assert draft is not None and draft == [3, 4, 5, 6, 9, 9, 1, 2][: len(draft)] and len(draft) >= 2
+    # The pool's starting rate (0.6) with free drafts beats plain decoding: the continuation of
+    # "9 9 1 2", the longest recurring tail (MAX_NGRAM tokens).
+    assert draft is not None and draft.ngram == 4 and len(draft.token_ids) >= 2
+    assert draft.token_ids == [3, 4, 5, 6, 9, 9, 1, 2][: len(draft.token_ids)]
     assert lookup.choose(sequence, policy, 1e9, 1, None) is None  # the draft model predicts more
 
 
 def test_no_lookup_without_a_recurring_ngram() -> None:
-    lookup = PromptLookup()
-    assert lookup.choose(_sequence([1, 2, 3, 4, 5, 6, 7, 8]), _policy(), 0.0, 1, None) is None
-    # One recurring token is not enough (min_ngram 2): "8" recurs, "7 8" does not.
-    assert lookup.choose(_sequence([8, 1, 2, 3, 7, 8]), _policy(), 0.0, 1, None) is None
+    assert PromptLookup().choose(_sequence([1, 2, 3, 4, 5, 6, 7, 8]), _policy(), 0.0, 1, None) is None
+    # "8" recurs, "7 8" does not: a 1-token match, unless longer ones are asked for.
+    short = PromptLookup().choose(_sequence([8, 1, 2, 3, 7, 8]), _policy(), 0.0, 1, None)
+    assert short is not None and short.ngram == 1 and short.token_ids[0] == 1
+    assert PromptLookup(min_ngram=2).choose(_sequence([8, 1, 2, 3, 7, 8]), _policy(), 0.0, 1, None) is None
+
+
+def test_short_and_long_matches_are_tracked_apart() -> None:
+    """Failing 1-token matches stop 1-token lookups, not those of longer matches."""
+    lookup, policy = PromptLookup(), _policy()
+    plain = 1000 / VERIFY_MS[1]
+    short, long = _sequence([8, 1, 2, 3, 7, 8]), _sequence(REPEATING, "long")
+    assert lookup.choose(short, policy, plain, 1, None) is not None
+    for _ in range(40):
+        lookup.update("r", 1, 4, 0)
+    assert lookup.choose(short, policy, plain, 1, None) is None
+    assert lookup.choose(long, policy, plain, 1, None) is not None
+    assert lookup.acceptance[True].pool.rate > 0.5 > 0.1 > lookup.acceptance[False].pool.rate
+    assert LONG_MATCH == 2
 
 
 def test_lookup_acceptance_is_its_own_and_stops_lookups_that_fail() -> None:
@@ -71,8 +88,8 @@ def test_lookup_acceptance_is_its_own_and_stops_lookups_that_fail() -> None:
     sequence = _sequence(REPEATING)
     assert lookup.choose(sequence, policy, 1000 / VERIFY_MS[1], 1, None) is not None
     for _ in range(40):  # every lookup rejected at once
-        lookup.update("r", 4, 0)
-    assert lookup.acceptance.rate("r", pooled_prior=True) < 0.1
+        lookup.update("r", 3, 4, 0)
+    assert lookup.acceptance[True].rate("r", pooled_prior=True) < 0.1
     assert lookup.choose(sequence, policy, 1000 / VERIFY_MS[1], 1, None) is None
     lookup.forget("r")
     other = _sequence(REPEATING, "other")  # a new sequence starts from the pool: low as well

@@ -48,7 +48,7 @@ from xpuspec.sample.sampler import (
     sample,
 )
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.prompt_lookup import PromptLookup
+from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
@@ -239,7 +239,7 @@ class LLMEngine:
         self.tree_acceptance = TreeAcceptance()
         self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
         self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
-        self._step_lookups: dict[str, list[int]] = {}  # the prompt-lookup draft of each sequence this step
+        self._step_lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
         # The accepted path (node indices) of each tree verified this step: a drafter reading the
         # target's states (EAGLE-3) keeps those of the path's rows only.
         self._tree_paths: dict[str, list[int]] = {}
@@ -775,7 +775,7 @@ class LLMEngine:
             return False
         return self._tree_shape(sequence) is not None or self._chain_length(sequence)[0] > 0
 
-    def _chain_length(self, sequence: Sequence) -> tuple[int, bool, list[int] | None]:
+    def _chain_length(self, sequence: Sequence) -> tuple[int, bool, LookupDraft | None]:
         """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
         prompt-lookup draft to verify instead of the drafter's, if one predicts more."""
         fixed = sequence.params.num_draft_tokens
@@ -795,7 +795,7 @@ class LLMEngine:
                 sequence, self.length_policy, tokens_per_second, running, previous
             )
             if lookup is not None:
-                return len(lookup), False, lookup
+                return len(lookup.token_ids), False, lookup
         if gamma == 0 and self._steps_without_drafting >= self._probe_interval:
             # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
@@ -834,12 +834,14 @@ class LLMEngine:
         )
         # Prompt-lookup drafts chosen at scheduling (_chain_length), cut to the γ the scheduler
         # left room for; never for guided requests.
+        lookups = {c.sequence.request_id: c for c in wanted if c.sequence.request_id in self._step_lookups}
         proposals: dict[str, Proposal] = {
-            c.sequence.request_id: Proposal(
-                self._step_lookups[c.sequence.request_id][: c.num_draft_tokens], None, from_lookup=True
+            request_id: Proposal(
+                self._step_lookups[request_id].token_ids[: chunk.num_draft_tokens],
+                None,
+                lookup_ngram=self._step_lookups[request_id].ngram,
             )
-            for c in wanted
-            if c.sequence.request_id in self._step_lookups
+            for request_id, chunk in lookups.items()
         }
         taken = forced.keys() | proposals.keys()
         drafting = [c for c in wanted if c.sequence.request_id not in taken]
@@ -961,8 +963,10 @@ class LLMEngine:
         )
         if draft_ids:
             assert proposal is not None
-            if proposal.from_lookup and self.prompt_lookup is not None:
-                self.prompt_lookup.update(sequence.request_id, num_drafted, result.num_accepted)
+            if proposal.lookup_ngram and self.prompt_lookup is not None:
+                self.prompt_lookup.update(
+                    sequence.request_id, proposal.lookup_ngram, num_drafted, result.num_accepted
+                )
                 state.stats.record_lookup(num_drafted, result.num_accepted)
             else:
                 self.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
@@ -978,7 +982,7 @@ class LLMEngine:
         """A step without drafts for ``request_id``: its acceptance counts decay (see _accept)."""
         self.acceptance.update(request_id, 0, 0)
         if self.prompt_lookup is not None:
-            self.prompt_lookup.update(request_id, 0, 0)
+            self.prompt_lookup.update(request_id, 0, 0, 0)
 
     def _emit(self, sequence: Sequence, state: _RequestState, token_ids: list[int]) -> StepOutput:
         """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""

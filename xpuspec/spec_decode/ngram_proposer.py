@@ -48,12 +48,19 @@ class NgramProposer:
         Returns at most ``num_tokens`` tokens; fewer or none when no n-gram of at least
         ``min_ngram`` tokens recurs (or, without periodic extension, when the sequence ends first).
         """
+        return self.propose_with_match(token_ids, num_tokens)[0]
+
+    def propose_with_match(
+        self, token_ids: Sequence[int] | np.ndarray, num_tokens: int
+    ) -> tuple[list[int], int]:
+        """:meth:`propose`, and the length of the n-gram that matched (0 with no draft): a longer
+        match is accepted more often."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         tokens = np.asarray(token_ids)  # [seq_len]
         seq_len = tokens.shape[0]
         if num_tokens == 0 or seq_len < self.min_ngram + 1:
-            return []
+            return [], 0
 
         # matches[e]: the n tokens ending at e equal the last n tokens. Only e <= seq_len - 2 are
         # candidates: an occurrence must be followed by at least one token, and must not be the
@@ -71,12 +78,13 @@ class NgramProposer:
                 best_ngram = ngram
                 best_end = num_candidates - 1 - int(np.argmax(matches[::-1]))  # most recent occurrence
         if best_ngram == 0:
-            return []
+            return [], 0
 
         first = best_end + 1  # the token that followed the occurrence
         if not self.periodic_extension:
-            return tokens[first : first + num_tokens].tolist()
+            draft = tokens[first : first + num_tokens].tolist()
+            return draft, best_ngram if draft else 0
         # The sequence after the occurrence is copied to after the suffix, shift = seq_len - first
         # positions later; copying past the end reuses the proposal itself, i.e. repeats with that period.
         period = seq_len - first
-        return tokens[first + np.arange(num_tokens) % period].tolist()
+        return tokens[first + np.arange(num_tokens) % period].tolist(), best_ngram

@@ -3,10 +3,11 @@
 Code, summaries, retrieval answers and the greedy output of small models repeat spans of their own
 context. Where the tail of a sequence (an n-gram of at least ``min_ngram`` tokens) occurred before,
 the tokens that followed it are a draft that needs no draft-model pass. Measured offline on the
-target's own greedy output (`python -m xpuspec.bench.lookup_acceptance`): with ``min_ngram`` 2,
-SmolLM2-135M's answers to 12 held-out instructions have such a match at 41% of positions, and its
-first token is accepted 81% of the time (2.7 tokens accepted of a 4-token lookup), against 31-36%
-for the shipped draft model; the 2-layer demo target on code, 57% and 86%.
+target's own greedy output (`python -m xpuspec.bench.lookup_acceptance`): SmolLM2-135M's answers
+to 12 held-out instructions have a match of 2 or more tokens at 41% of positions, and its first token
+is accepted 81% of the time (2.7 tokens accepted of a 4-token lookup), against 31-36% for the shipped
+draft model; a 1-token match at 22% more, accepted less often; the 2-layer demo target on code, 57%
+and 86% for 2 or more tokens, 78% and 71% with 1-token matches.
 
 Each step, for a sequence whose γ is adaptive, :meth:`PromptLookup.choose` weighs the lookup's
 continuation against the draft model's best chain with the same cost model
@@ -16,9 +17,10 @@ continuation against the draft model's best chain with the same cost model
 
 and drafts with whichever predicts more tokens per second. ``α_lookup`` is tracked apart from the
 draft model's (per sequence, shrunk towards the rate pooled over every sequence's lookups, as
-:class:`~xpuspec.spec_decode.speculation_length.AcceptanceRates` does for the draft), since the two
-are accepted at very different rates. The draft model's cache is not run for a lookup step: its
-next pass catches up over the tokens it missed, as after a stretch of γ = 0.
+:class:`~xpuspec.spec_decode.speculation_length.AcceptanceRates` does for the draft), and apart for
+matches of one token and of more (:data:`LONG_MATCH`), since all are accepted at very different
+rates. The draft model's cache is not run for a lookup step: its next pass catches up over the tokens
+it missed, as after a stretch of γ = 0.
 
 Fixed γ (``num_draft_tokens``), seeded requests, trees and output constraints' forced tokens keep
 the drafter alone, so a fixed-γ comparison with another engine's draft model stays like for like.
@@ -27,14 +29,28 @@ Lookup drafts are deterministic: verification treats q as one-hot, as for the n-
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xpuspec.engine.sequence import Sequence
 from xpuspec.spec_decode.ngram_proposer import NgramProposer
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
 
-# A 1-token match proposes something at most positions but is accepted about half as often as a
-# longer one (first token 58% against 81% on SmolLM2's held-out answers).
-MIN_NGRAM = 2
+MIN_NGRAM = 1
 MAX_NGRAM = 4
+# Matches of one token and of more are tracked apart: a 1-token match is accepted about half as often
+# as a longer one on chat (first token 58% against 81% on SmolLM2's held-out answers) but often
+# enough on code to pay (71% on the demo target). Pooled together, a chat request's many weak 1-token
+# matches pulled down the rate of its strong ones (SmolLM2 chat ran 11% slower with them in one pool
+# than with 2-token matches alone, code 10% faster).
+LONG_MATCH = 2
+
+
+@dataclass(frozen=True)
+class LookupDraft:
+    """A lookup's draft tokens and the length of the n-gram whose earlier occurrence gave them."""
+
+    token_ids: list[int]
+    ngram: int
 
 
 class PromptLookup:
@@ -42,7 +58,8 @@ class PromptLookup:
 
     def __init__(self, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM) -> None:
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
-        self.acceptance = AcceptanceRates()
+        # Acceptance of lookups by match length: short (1 token) and long (LONG_MATCH or more).
+        self.acceptance = {False: AcceptanceRates(), True: AcceptanceRates()}
 
     def choose(
         self,
@@ -51,14 +68,15 @@ class PromptLookup:
         model_tokens_per_second: float,
         num_sequences: int,
         previous_tokens_per_sequence: int | None,
-    ) -> list[int] | None:
+    ) -> LookupDraft | None:
         """The lookup draft for ``sequence`` this step, or None when the draft model's best choice
         (``model_tokens_per_second``, γ = 0 included) predicts as much."""
-        tokens = self.lookup.propose(sequence.token_ids, policy.max_draft_tokens)
+        tokens, ngram = self.lookup.propose_with_match(sequence.token_ids, policy.max_draft_tokens)
         if not tokens:
             return None
+        rates = self.acceptance[ngram >= LONG_MATCH]
         gamma, tokens_per_second = policy.best(
-            self.acceptance.rate(sequence.request_id, pooled_prior=True),
+            rates.rate(sequence.request_id, pooled_prior=True),
             num_sequences,
             num_sequences,
             previous_tokens_per_sequence,
@@ -67,10 +85,16 @@ class PromptLookup:
         )
         if gamma == 0 or tokens_per_second <= model_tokens_per_second:
             return None
-        return tokens[:gamma]
+        return LookupDraft(tokens[:gamma], ngram)
 
-    def update(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
-        self.acceptance.update(request_id, num_drafted, num_accepted)
+    def update(self, request_id: str, ngram: int, num_drafted: int, num_accepted: int) -> None:
+        """A verified lookup of an ``ngram``-token match (0: a step without drafts, which decays both)."""
+        if ngram:
+            self.acceptance[ngram >= LONG_MATCH].update(request_id, num_drafted, num_accepted)
+        else:
+            for rates in self.acceptance.values():
+                rates.update(request_id, 0, 0)
 
     def forget(self, request_id: str) -> None:
-        self.acceptance.forget(request_id)
+        for rates in self.acceptance.values():
+            rates.forget(request_id)

@@ -44,9 +44,9 @@ class Proposal:
     # A tree instead of a chain (xpuspec.spec_decode.tree.DraftTree): the parent of each draft
     # token, -1 for the root's children; None for a chain.
     tree_parents: list[int] | None = None
-    # Drafted by the engine's prompt lookup beside the drafter (LLMEngine.prompt_lookup): its
-    # acceptance is tracked apart from the drafter's.
-    from_lookup: bool = False
+    # Drafted by the engine's prompt lookup beside the drafter (LLMEngine.prompt_lookup): the length
+    # of the n-gram that matched (0: the drafter's). Its acceptance is tracked apart.
+    lookup_ngram: int = 0
 
 
 class DraftProposer(Protocol):
