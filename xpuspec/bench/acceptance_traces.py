@@ -56,7 +56,8 @@ def draft_choices(runner: Any, token_ids: list[int], first: int, chunk_tokens: i
     return choices[first - 1 :]
 
 
-def _generate(engine: Any, ids: list[int], params: SamplingParams) -> list[int]:
+def greedy_continuation(engine: Any, ids: list[int], params: SamplingParams) -> list[int]:
+    """The tokens ``engine`` generates for ``ids`` (run with no other request in flight)."""
     engine.add_request("acceptance-trace", ids, params)
     tokens: list[int] = []
     while engine.has_unfinished():
@@ -76,7 +77,7 @@ def collect(bundle: str | None, workload: str, count: int, max_tokens: int) -> d
     runner = pipe.engine.proposer.runner  # type: ignore[union-attr]
     traces = []
     for prompt, ids in zip(prompts, encoded, strict=True):
-        continuation = _generate(pipe.engine, list(ids), params)
+        continuation = greedy_continuation(pipe.engine, list(ids), params)
         choices = draft_choices(runner, list(ids) + list(continuation), len(ids))
         match = [int(a == b) for a, b in zip(choices, continuation, strict=True)]
         traces.append({"source": prompt.source, "prompt_tokens": len(ids), "match": match})
@@ -92,16 +93,27 @@ def collect(bundle: str | None, workload: str, count: int, max_tokens: int) -> d
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--bundle`` and ``--workload``, read back by :func:`bundle_and_workload`."""
     parser.add_argument("--bundle", default="default", help="default (SmolLM2) or demo, or a bundle path")
     parser.add_argument("--workload", default=None, help="code, chat or FILE.jsonl (default by bundle)")
+
+
+def bundle_and_workload(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The bundle (None: the default model) and the workload: held-out code for the demo pair,
+    the held-out instructions otherwise."""
+    bundle = None if args.bundle == "default" else args.bundle
+    return bundle, args.workload or ("code" if args.bundle == "demo" else str(HELDOUT_INSTRUCTIONS))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_bundle_arguments(parser)
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    bundle = None if args.bundle == "default" else args.bundle
-    workload = args.workload or ("code" if args.bundle == "demo" else str(HELDOUT_INSTRUCTIONS))
+    bundle, workload = bundle_and_workload(args)
     report = collect(bundle, workload, args.prompts, args.max_tokens)
     args.out.write_text(json.dumps(report) + "\n", encoding="utf-8")
     print(

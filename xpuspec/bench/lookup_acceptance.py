@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from xpuspec.bench.acceptance_traces import HELDOUT_INSTRUCTIONS, _generate
+from xpuspec.bench.acceptance_traces import add_bundle_arguments, bundle_and_workload, greedy_continuation
 from xpuspec.bench.workloads import encode_prompts, load_workload
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.ngram_proposer import NgramProposer
@@ -78,8 +78,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", default="default", help="default (SmolLM2) or demo, or a bundle path")
-    parser.add_argument("--workload", default=None, help="code, chat or FILE.jsonl (default by bundle)")
+    add_bundle_arguments(parser)
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4)
@@ -87,13 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from xpuspec.pipeline import Pipeline
 
-    bundle = None if args.bundle == "default" else args.bundle
-    workload = args.workload or ("code" if args.bundle == "demo" else str(HELDOUT_INSTRUCTIONS))
+    bundle, workload = bundle_and_workload(args)
     pipe = Pipeline(bundle, drafter="none", properties="exact")
     max_prompt_tokens = pipe.bundle.max_context - args.max_tokens - 1
     prompts = encode_prompts(pipe, load_workload(workload, args.prompts), max_prompt_tokens)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=args.ignore_eos)
-    continuations = [_generate(pipe.engine, list(ids), params) for ids in prompts]
+    continuations = [greedy_continuation(pipe.engine, list(ids), params) for ids in prompts]
     print(
         f"{len(prompts)} prompts, {sum(map(len, continuations))} greedy tokens, lookups of up to {args.gamma}"
     )
