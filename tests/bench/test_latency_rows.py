@@ -91,3 +91,61 @@ def test_fixed_gamma_rows_carry_leviathans_prediction_from_the_measured_cost_cur
     assert row["measured_over_predicted"] == (1.0 / 0.9) / predicted
     assert summaries["OpenVINO GenAI speculative (γ=4)"]["predicted_speedup"] is None  # no cost curve
     assert summaries["xpuspec target-only"]["predicted_speedup"] is None
+
+
+def test_a_round_interleaves_configurations_prompt_by_prompt_and_reverses_their_order():
+    from xpuspec.bench.latency import _Config, _interleaved_round
+
+    calls: list[tuple[str, int]] = []
+
+    class Runner:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def generate(self, token_ids, max_tokens, draft_length):
+            calls.append((self.name, token_ids[0]))
+            return RequestTiming(1, [token_ids[0]] * max_tokens, 0.1, None, None)
+
+    entries = [_Config(LatencyResult(name, XPUSPEC, None), name, None) for name in ("a", "b", "c")]
+    built = {name: Runner(name) for name in ("a", "b", "c")}
+    done: list[int] = []
+    timings = _interleaved_round(entries, built, [[10], [11], [12]], 2, done.append)
+    assert calls == [
+        ("a", 10), ("b", 10), ("c", 10),
+        ("c", 11), ("b", 11), ("a", 11),
+        ("a", 12), ("b", 12), ("c", 12),
+    ]  # fmt: skip
+    assert done == [0, 1, 2]
+    assert [[t.token_ids[0] for t in row] for row in timings] == [[10, 11, 12]] * 3
+
+
+def test_a_peer_that_fails_mid_round_is_skipped_and_the_others_go_on():
+    from xpuspec.bench.latency import _Config, _interleaved_round
+
+    class Runner:
+        def __init__(self, fail_on: int | None) -> None:
+            self.fail_on = fail_on
+
+        def generate(self, token_ids, max_tokens, draft_length):
+            if token_ids[0] == self.fail_on:
+                raise RuntimeError("peer crashed")
+            return RequestTiming(1, [1], 0.1, None, None)
+
+    ours = _Config(LatencyResult("ours", XPUSPEC, None), "ours", None)
+    peer = _Config(LatencyResult("peer", GENAI, None), "peer", None)
+    built = {"ours": Runner(None), "peer": Runner(11)}
+    timings = _interleaved_round([ours, peer], built, [[10], [11], [12]], 1)
+    assert len(timings[0]) == 3
+    assert peer.engine_key is None and peer.result.status == "skipped"
+    assert "peer crashed" in peer.result.reason
+
+
+def test_figures_come_from_each_prompts_fastest_run_over_the_rounds():
+    result = LatencyResult("row", XPUSPEC, None)
+    for first, second in ((1.0, 4.0), (3.0, 1.0)):
+        timings = [RequestTiming(3, [1, 2], first, None, None), RequestTiming(3, [3], second, None, None)]
+        result.record_round(timings)
+    summary = result.summary()
+    assert result.round_seconds == [5.0, 4.0]
+    assert summary["seconds"] == 2.0  # 1.0 from the first round, 1.0 from the second
+    assert summary["tokens_per_s"] == 1.5

@@ -48,7 +48,12 @@ def _add_lists(lists: list[list[int]]) -> list[int]:
 
 @dataclass
 class LatencyResult:
-    """One batch-1 configuration: its best round's figures (rounds interleave configurations)."""
+    """One batch-1 configuration over the rounds (which interleave configurations prompt by prompt).
+
+    Its figures are those of each prompt's fastest run over the rounds, summed: on a shared machine
+    interference only ever slows a run down, and a slow spell that spans part of a round would spoil
+    a whole best round but only some prompts' runs.
+    """
 
     name: str
     engine: str  # "xpuspec" | "OpenVINO GenAI" | "transformers" | "llama.cpp"
@@ -56,16 +61,19 @@ class LatencyResult:
     status: str = OK
     reason: str | None = None
     round_seconds: list[float] = field(default_factory=list)
-    requests: list[RequestTiming] = field(default_factory=list)  # of the best round
+    requests: list[RequestTiming] = field(default_factory=list)  # each prompt's fastest run
 
     def record_round(self, timings: list[RequestTiming]) -> None:
-        seconds = sum(t.seconds for t in timings)
-        if not self.round_seconds or seconds < min(self.round_seconds):
-            self.requests = timings
-        self.round_seconds.append(seconds)
+        """One round: a run of every prompt, in prompt order."""
+        if len(self.requests) != len(timings):
+            self.requests = list(timings)
+        else:
+            pairs = zip(self.requests, timings, strict=True)
+            self.requests = [min(kept, new, key=lambda t: t.seconds) for kept, new in pairs]
+        self.round_seconds.append(sum(t.seconds for t in timings))
 
     def summary(self) -> dict[str, Any]:
-        """The figures of the best round; speed-ups are filled in by :func:`add_speedups`."""
+        """The figures of each prompt's fastest run; speed-ups are filled in by :func:`add_speedups`."""
         if self.status != OK:
             return {"status": self.status, "reason": self.reason}
         timings = self.requests

@@ -15,11 +15,12 @@ Three groups of rows (four with an EAGLE-3 head in the bundle):
 - **exact**: xpuspec target-only in exact mode (f32 compute, f32 KV cache, no dynamic quantisation),
   the reference of every row's "same tokens" (greedy agreement: requests whose tokens equal it).
 
-Methodology: rounds interleave the configurations (order reversed every other round) so that machine
-noise hits all alike, and every round compiles every engine afresh, alternating which engine compiles
-first (in one process the model compiled first ran ~2-3% slower). GenAI's prefix caching is off
-(xpuspec has none), so neither engine reuses the prompt's KV across rounds. Each configuration keeps
-its best round. Every configuration generates the same prompt tokens, greedy, a fixed number of
+Methodology: rounds interleave the configurations prompt by prompt (every configuration runs a prompt
+before any runs the next, the order reversed from one prompt to the next) so that machine noise hits
+all alike, and every round compiles every engine afresh, alternating which engine compiles first (in
+one process the model compiled first ran ~2-3% slower). Prefix caching is off in both engines, so
+neither reuses the prompt's KV across rounds. Each configuration's figures come from each prompt's
+fastest run over the rounds. Every configuration generates the same prompt tokens, greedy, a fixed number of
 tokens (end-of-sequence ignored).
 """
 
@@ -376,7 +377,7 @@ def run_latency(
     """Every configuration over ``prompts`` (token ids); returns the report's ``latency`` section."""
     configs, engines = _configurations(config, bundle, build_pipeline, same_properties, default_properties)
     active = [c for c in configs if c.engine_key is not None]
-    progress = Progress("latency", config.rounds * (len(engines) + len(active)))
+    progress = Progress("latency", config.rounds * (len(engines) + len(active) * len(prompts)))
     costs: dict[str, float] | None = None
     curves: dict[str, list[dict[str, Any]]] = {}  # engine -> its cost curve, one per round
     kept: dict[str, Any] = {}  # engines built once (fresh_per_round False)
@@ -413,23 +414,34 @@ def run_latency(
             pipeline = built[f"{XPUSPEC}/draft"].pipeline
             costs = measure_step_costs(pipeline)
         entries = active if round_index % 2 == 0 else active[::-1]
+        running: list[_Config] = []
         for entry in entries:
             key = entry.engine_key
             if key is None or not _wanted(entry, round_index):
-                progress.advance(f"{entry.result.name}: skipped")
-                continue
-            if key in failed:
+                progress.advance(f"{entry.result.name}: skipped", units=len(prompts))
+            elif key in failed:
                 entry.result.status, entry.result.reason, entry.engine_key = SKIPPED, failed[key], None
-                progress.advance(f"{entry.result.name}: {failed[key]}")
+                progress.advance(f"{entry.result.name}: {failed[key]}", units=len(prompts))
+            else:
+                running.append(entry)
+
+        def prompt_done(index: int, round_index: int = round_index, running: list[_Config] = running) -> None:
+            progress.advance(
+                f"round {round_index + 1}/{config.rounds}: prompt {index + 1}/{len(prompts)} by "
+                f"{len(running)} configurations",
+                units=len(running),
+            )
+
+        round_timings = _interleaved_round(running, built, prompts, config.max_tokens, prompt_done)
+        for entry, timings in zip(running, round_timings, strict=True):
+            if entry.engine_key is None:  # failed during the round
+                progress.advance(f"{entry.result.name}: {entry.result.reason}", units=0)
                 continue
-            runner, length = built[key], entry.draft_length
-
-            def one_round(e: _Config, runner: Any = runner, length: Any = length) -> None:
-                e.result.record_round([runner.generate(ids, config.max_tokens, length) for ids in prompts])
-
-            _guarded(entry, one_round)
-            seconds = entry.result.round_seconds[-1] if entry.engine_key else float("nan")
-            progress.advance(f"round {round_index + 1}/{config.rounds} {entry.result.name}: {seconds:.2f} s")
+            entry.result.record_round(timings)
+            seconds = entry.result.round_seconds[-1]
+            progress.advance(
+                f"round {round_index + 1}/{config.rounds} {entry.result.name}: {seconds:.2f} s", units=0
+            )
         for label, key in (
             (XPUSPEC, f"{XPUSPEC}/draft"),
             (XPUSPEC_DEFAULT, f"{XPUSPEC_DEFAULT}/draft"),
@@ -472,6 +484,44 @@ def run_latency(
     if cost_model:
         section["engine_cost_model"] = cost_model
     return section
+
+
+def _interleaved_round(
+    entries: list[_Config],
+    built: dict[str, Any],
+    prompts: list[list[int]],
+    max_tokens: int,
+    prompt_done: Callable[[int], None] = lambda index: None,
+) -> list[list[RequestTiming]]:
+    """One round: every configuration runs a prompt before any runs the next; the timings of each
+    configuration, in the order of ``entries``.
+
+    So a prompt's runs lie within a second or so of each other, and a slow spell of a shared machine
+    (they last seconds) falls on every configuration alike; a configuration's whole round at a time
+    let a 2x swing in machine speed between rows decide their ratio. The order reverses from one
+    prompt to the next, so no configuration always runs right after the same other one. A
+    configuration that fails is marked skipped (a peer) or raises (xpuspec), as in :func:`_guarded`.
+    """
+    timings: list[list[RequestTiming]] = [[] for _ in entries]
+    indexed = list(enumerate(entries))
+    for prompt_index, token_ids in enumerate(prompts):
+        for index, entry in indexed if prompt_index % 2 == 0 else indexed[::-1]:
+            if entry.engine_key is None:
+                continue
+            runner, length = built[entry.engine_key], entry.draft_length
+
+            def one_prompt(
+                e: _Config,
+                runner: Any = runner,
+                length: Any = length,
+                token_ids: list[int] = token_ids,
+                kept: list[RequestTiming] = timings[index],
+            ) -> None:
+                kept.append(runner.generate(token_ids, max_tokens, length))
+
+            _guarded(entry, one_prompt)
+        prompt_done(prompt_index)
+    return timings
 
 
 def _wanted(entry: _Config, round_index: int) -> bool:

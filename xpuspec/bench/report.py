@@ -131,9 +131,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {group}: {value}" for group, value in properties.items()]
         lines += [
             "",
-            f"Best of {settings['rounds']} interleaved rounds (order reversed every other round); every "
-            "round compiles every engine afresh, alternating which engine compiles first; GenAI's prefix "
-            "caching is off. Rows without a suffix compile both engines with the same properties; "
+            f"{settings['rounds']} rounds, interleaved prompt by prompt (every row runs a prompt before any "
+            "runs the next, the order reversed from one prompt to the next); each row's figures are each "
+            "prompt's fastest run over the rounds, summed. Every round compiles every engine afresh, "
+            "alternating which engine compiles first; prefix caching is off in both engines. Rows "
+            "without a suffix compile both engines with the same properties; "
             "*default* rows run each engine as it comes (xpuspec with the properties `xpuspec plan` "
             "recorded, else its CPU plugin's; GenAI with none). *= exact* is greedy agreement: requests "
             "whose tokens equal those of xpuspec target-only in exact mode (f32 compute, f32 KV cache, "
