@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xpuspec.spec_decode.ngram_proposer import NgramProposer
+from xpuspec.spec_decode.ngram_proposer import NgramIndex, NgramProposer
 
 
 def _reference_propose(
@@ -97,3 +97,41 @@ def test_long_sequence() -> None:
 def test_bad_configuration_raises(max_ngram: int, min_ngram: int) -> None:
     with pytest.raises(ValueError, match="ngram"):
         NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=60),
+    growth=st.lists(st.integers(1, 5), min_size=1, max_size=20),
+    num_tokens=st.integers(0, 8),
+    min_ngram=st.integers(1, 3),
+    extra_ngram=st.integers(0, 3),
+    periodic_extension=st.booleans(),
+)
+def test_an_index_kept_as_the_sequence_grows_proposes_what_a_fresh_lookup_does(
+    tokens: list[int],
+    growth: list[int],
+    num_tokens: int,
+    min_ngram: int,
+    extra_ngram: int,
+    periodic_extension: bool,
+) -> None:
+    lookup = NgramProposer(
+        max_ngram=min_ngram + extra_ngram, min_ngram=min_ngram, periodic_extension=periodic_extension
+    )
+    index = NgramIndex(lookup)
+    seen = 0
+    for step in growth:  # the sequence as the engine sees it: a few more tokens each step
+        seen = min(len(tokens), seen + step)
+        prefix = tokens[:seen]
+        assert index.propose_with_match(prefix, num_tokens) == lookup.propose_with_match(prefix, num_tokens)
+
+
+def test_an_index_notices_a_sequence_that_shrank_or_changed() -> None:
+    lookup = NgramProposer(max_ngram=3)
+    index = NgramIndex(lookup)
+    assert index.propose_with_match([1, 2, 3, 1, 2], 2) == ([3, 1], 2)
+    assert index.propose_with_match([1, 2], 2) == ([], 0)  # shorter: indexed afresh
+    changed = [7, 8, 9, 7, 8]
+    assert index.propose_with_match(changed, 2) == lookup.propose_with_match(changed, 2) == ([9, 7], 2)
+    assert index.propose_with_match([5, 6, 5, 6, 9, 5], 3) == lookup.propose_with_match([5, 6, 5, 6, 9, 5], 3)

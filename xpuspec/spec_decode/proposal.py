@@ -21,7 +21,7 @@ from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.engine.sequence import Sequence
 from xpuspec.sample.sampler import finite_argmax, probabilities
-from xpuspec.spec_decode.ngram_proposer import NgramProposer
+from xpuspec.spec_decode.ngram_proposer import NgramIndex, NgramProposer
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +74,14 @@ class NgramDraftProposer:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
+        self._indexes: dict[str, NgramIndex] = {}  # by request: each sequence's n-grams so far
         self.step_timings: list[tuple[int, float]] = []
 
     def release(self, sequence_id: str) -> None:
-        pass  # stateless: the lookup reads the sequence's tokens each time
+        self._indexes.pop(sequence_id, None)
 
     def recover(self) -> None:
-        pass  # stateless
+        pass  # an index only reads tokens the sequence keeps; a changed sequence is re-indexed
 
     def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
         history = list(range(256)) * 2
@@ -96,7 +97,10 @@ class NgramDraftProposer:
                 continue
             request_id = chunk.sequence.request_id
             try:
-                token_ids = self.lookup.propose(chunk.sequence.token_ids, chunk.num_draft_tokens)
+                index = self._indexes.get(request_id)
+                if index is None:
+                    index = self._indexes[request_id] = NgramIndex(self.lookup)
+                token_ids, _ = index.propose_with_match(chunk.sequence.token_ids, chunk.num_draft_tokens)
             except Exception as error:  # this sequence's lookup alone
                 logger.exception("n-gram drafting failed for %s", request_id)
                 proposals[request_id] = Proposal([], None, error=f"drafting failed: {error}")
