@@ -29,3 +29,24 @@ def test_adaptive_gamma_is_divided_by_the_best_of_genais_drafts_and_its_prompt_l
     _peer_ratios(results, summaries)
     assert summaries[results[0].name]["ratio_to_peers"][GENAI] == pytest.approx(2.0)  # same γ, draft model
     assert summaries[results[1].name]["ratio_to_peers"][GENAI] == pytest.approx(best_seconds / 0.5)
+
+
+def test_each_round_gives_its_own_ratio_to_the_same_peer_row() -> None:
+    def rounds(engine: str, length: int | str, seconds: list[float]) -> LatencyResult:
+        result = LatencyResult(_label(engine, length), engine, length)
+        for value in seconds:
+            result.record_round([RequestTiming(3, list(range(8)), value, 0.01, value / 8)])
+        return result
+
+    results = [
+        rounds(XPUSPEC, 2, [1.0, 2.0, 1.5]),
+        rounds(XPUSPEC, ADAPTIVE, [1.0, 1.0, 1.0]),
+        rounds(GENAI, 2, [1.2, 1.6, 1.5]),
+        rounds(GENAI_LOOKUP, 2, [0.9, 3.0, 3.0]),  # the best GenAI row (its fastest run: 0.9 s)
+    ]
+    summaries = {r.name: r.summary() for r in results}
+    _peer_ratios(results, summaries)
+    assert summaries[results[0].name]["ratio_to_peers"][GENAI] == pytest.approx(1.2)
+    assert summaries[results[0].name]["round_ratios_to_genai"] == pytest.approx([1.2, 0.8, 1.0])
+    assert summaries[results[1].name]["round_ratios_to_genai"] == pytest.approx([0.9, 3.0, 3.0])
+    assert "round_ratios_to_genai" not in summaries[results[2].name]

@@ -92,3 +92,33 @@ def test_the_switch_turns_it_off(pair_bundle):
 def test_only_beside_a_draft_model(pair_bundle):
     assert Pipeline(pair_bundle, drafter="ngram", properties=EXACT_PRESET).engine.prompt_lookup is None
     assert Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET).engine.prompt_lookup is None
+
+
+@pytest.mark.parametrize("tree_rate", [1e-9, 1e12], ids=["lookup-predicts-more", "tree-predicts-more"])
+def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(pair_bundle, target_only, tree_rate):
+    """Where the "auto" policy picks a tree and a lookup exists, the cost model's prediction for each
+    decides; either way the output stays target-only's. The tree policy is pinned to a tree with a
+    chosen prediction, so the test does not depend on which shapes pay on this machine."""
+    from xpuspec.spec_decode.tree import TreeShape
+
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    assert pipe.engine.tree_drafter is not None
+    pipe.engine.tree_policy.choose_with_rate = lambda *args: (TreeShape(3, 2, 6), tree_rate)
+    params = dataclasses.replace(ADAPTIVE, draft_tree="auto")
+    results = [pipe.generate(prompt, params)[0] for prompt in PROMPTS[:8]]
+    assert [r.token_ids for r in results] == target_only[:8]
+    lookup_drafted = sum(r.stats["lookup_drafted"] for r in results)
+    assert sum(r.stats["tree_verifications"] for r in results) > 0
+    if tree_rate < 1:
+        assert lookup_drafted > 0 and sum(r.stats["lookup_accepted"] for r in results) > 0
+    else:
+        assert lookup_drafted == 0
+
+
+def test_a_tree_the_request_fixed_is_never_replaced_by_a_lookup(pipe):
+    from xpuspec.spec_decode.tree import TreeShape
+
+    params = dataclasses.replace(ADAPTIVE, draft_tree=TreeShape(3, 2, 6))
+    results = pipe.generate(PROMPTS[:4], params)
+    assert sum(r.stats["tree_verifications"] for r in results) > 0
+    assert sum(r.stats["lookup_drafted"] for r in results) == 0

@@ -75,7 +75,7 @@ def test_auto_shape_skips_the_search_only_where_no_tree_can_win():
         alpha = float(rng.uniform(0.05, 0.95))
         batch = int(rng.choice([1, 2, 4, 16, 64]))
         # The pruned answer equals the exhaustive search's, for every cost model, α and batch.
-        assert policy.choose(alpha, batch, batch) == policy._choose(round(alpha, 2), batch, batch)
+        assert policy.choose_with_rate(alpha, batch, batch) == policy._choose(round(alpha, 2), batch, batch)
         searched += not policy._hopeless[(batch, batch)]
     assert 0 < searched < 300  # both branches ran
 

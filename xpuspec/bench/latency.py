@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuspec.bench.config import BenchConfig
-from xpuspec.bench.figures import SKIPPED, LatencyResult, RequestTiming, add_speedups
+from xpuspec.bench.figures import OK, SKIPPED, LatencyResult, RequestTiming, add_speedups
 from xpuspec.bench.genai_eagle3 import convert_head, genai_eagle3_unavailable
 from xpuspec.bench.peers import (
     GenaiLatencyRunner,
@@ -564,6 +564,7 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
     lookup's included for the same-properties rows: xpuspec's adaptive γ also looks up).
     """
     rate = {(r.engine, r.draft_length): summaries[r.name].get("tokens_per_s") for r in results}
+    rows = {(r.engine, r.draft_length): r for r in results if r.status == OK}
     for result in results:
         genai = PEER_OF.get(result.engine)
         if genai is None:
@@ -572,13 +573,19 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
         ours = rate.get((result.engine, result.draft_length))
         if result.draft_length in (ADAPTIVE, TREE_AUTO):
             peers = BEST_PEERS_OF.get(result.engine, (genai,))
-            fixed = [
-                v for (engine, length), v in rate.items() if engine in peers and isinstance(length, int) and v
-            ]
-            theirs = max(fixed) if fixed else None
+            fixed = [key for key, v in rate.items() if key[0] in peers and isinstance(key[1], int) and v]
+            best = max(fixed, key=lambda key: rate[key], default=None)
         else:
-            theirs = rate.get((genai, result.draft_length))
+            best = (genai, result.draft_length) if rate.get((genai, result.draft_length)) else None
+        theirs = rate.get(best) if best is not None else None
         ratios[GENAI] = ours / theirs if ours and theirs else None
+        peer_row = rows.get(best) if best is not None else None
+        if ours and peer_row is not None and len(peer_row.round_seconds) == len(result.round_seconds):
+            # The same ratio round by round (the rounds run the same tokens): its spread is the noise.
+            summaries[result.name]["round_ratios_to_genai"] = [
+                theirs_s / ours_s
+                for ours_s, theirs_s in zip(result.round_seconds, peer_row.round_seconds, strict=True)
+            ]
         if result.engine == XPUSPEC:
             hf = rate.get((TRANSFORMERS, result.draft_length))
             ratios[TRANSFORMERS] = ours / hf if ours and hf else None

@@ -19,6 +19,7 @@ LATENCY_COLUMNS = (
     "predicted",
     "÷ predicted",
     "÷ GenAI",
+    "÷ GenAI by round",
     "÷ transformers",
     "= exact",
 )
@@ -40,6 +41,10 @@ def _number(value: Any, digits: int = 1, suffix: str = "") -> str:
 
 def _percent(value: Any) -> str:
     return "" if value is None else f"{value:.0%}"
+
+
+def _spread(values: list[float] | None) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}" if values else ""
 
 
 def _row(cells: list[str]) -> str:
@@ -76,6 +81,7 @@ def latency_table(section: dict[str, Any]) -> list[str]:
                     _number(row.get("predicted_speedup"), 2, "×"),
                     _number(row.get("measured_over_predicted"), 2),
                     _number(ratios.get("OpenVINO GenAI"), 2),
+                    _spread(row.get("round_ratios_to_genai")),
                     _number(ratios.get("transformers"), 2),
                     row.get("same_tokens_as_exact", ""),
                 ]
@@ -148,7 +154,9 @@ def markdown(report: dict[str, Any]) -> str:
             "cost curve below: the draft's passes and the verification of γ + 1 tokens, the engine's "
             "Python included); *÷ predicted* is decode speed-up over predicted. ÷ peer is xpuspec "
             "tokens/s over the peer's at the same draft length and properties (the adaptive row: over "
-            "GenAI's best fixed-γ row). *xpuspec EAGLE-3* rows, when the bundle has a head, draft with "
+            "GenAI's best fixed-γ row); *÷ GenAI by round* is the lowest and highest of the same ratio "
+            "taken round by round, which shows how much the machine's noise moves it. *xpuspec "
+            "EAGLE-3* rows, when the bundle has a head, draft with "
             "it at the same properties; their speed-ups are over xpuspec target-only.",
         ]
         for engine, curve in (latency.get("engine_cost_model") or {}).items():

@@ -26,6 +26,7 @@ counted in ``num_engine_failures`` / ``num_requests_failed``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -726,19 +727,28 @@ class LLMEngine:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
         if self.proposer is None:
             return 0
-        shape = self._tree_shape(sequence)
-        if shape is not None:
-            self._step_trees[sequence.request_id] = shape
-            return shape.nodes
-        return self._choose_chain_length(sequence)
+        shape, tree_rate = self._tree_choice(sequence)
+        if shape is None:
+            return self._choose_chain_length(sequence)
+        lookup = self._lookup_over_tree(sequence, tree_rate)
+        if lookup is not None:
+            self._step_lookups[sequence.request_id] = lookup
+            return len(lookup.token_ids)
+        self._step_trees[sequence.request_id] = shape
+        return shape.nodes
 
     def _tree_shape(self, sequence: Sequence) -> TreeShape | None:
         """The tree this sequence drafts this step, or None for a chain (or no drafting)."""
+        return self._tree_choice(sequence)[0]
+
+    def _tree_choice(self, sequence: Sequence) -> tuple[TreeShape | None, float]:
+        """:meth:`_tree_shape`, and the tokens per second the cost model predicts for an "auto" tree
+        (infinite for a shape the request fixed, which nothing replaces)."""
         wanted = sequence.params.draft_tree
         if wanted is None or sequence.params.seed is not None:
-            return None  # seeded requests keep coupled chain verification (tree_acceptance)
+            return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
         if self._states[sequence.request_id].guide is not None:
-            return None  # the grammar masks chains (xpuspec.structured.speculation), not trees
+            return None, 0.0  # the grammar masks chains (xpuspec.structured.speculation), not trees
         if self.tree_drafter is None:
             if not self._warned_no_trees:
                 self._warned_no_trees = True
@@ -747,11 +757,22 @@ class LLMEngine:
                     "model or an EAGLE-3 head, paged runners with qq_bias inputs and a target KV cache "
                     "whose tokens can move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
                 )
-            return None
+            return None, 0.0
         if isinstance(wanted, TreeShape):
-            return wanted if not wanted.is_chain else None
+            return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
         running = self.scheduler.num_running
-        return self.tree_policy.choose(self._acceptance_rate(sequence), running, running)
+        return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
+
+    def _lookup_over_tree(self, sequence: Sequence, tree_tokens_per_second: float) -> LookupDraft | None:
+        """A prompt-lookup chain to verify instead of this step's "auto" tree, when the cost model
+        predicts more tokens per second for it (as :meth:`_chain_length` weighs it against a chain).
+        Lookup and tree are not mixed in one step: each is verified as it is verified alone."""
+        if self.prompt_lookup is None or math.isinf(tree_tokens_per_second):
+            return None
+        running = self.scheduler.num_running
+        previous = self._previous_tokens_per_sequence(running)
+        lookup = self.prompt_lookup
+        return lookup.choose(sequence, self.length_policy, tree_tokens_per_second, running, previous)
 
     def _acceptance_rate(self, sequence: Sequence) -> float:
         """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the

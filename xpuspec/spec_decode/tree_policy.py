@@ -87,7 +87,7 @@ class TreeShapePolicy:
         # choose() evaluates ~40 shapes (~1 ms); a batch asks it once per sequence per step. Answers
         # are reused for the same (α to 2 digits, batch) until new acceptance counts arrive or
         # REFRESH_CALLS calls have passed (the measured costs move slowly).
-        self._cache: dict[tuple[float, int, int], TreeShape | None] = {}
+        self._cache: dict[tuple[float, int, int], tuple[TreeShape | None, float]] = {}
         # Per (batch tokens, sequences): whether no tree could win even with every draft accepted.
         # Under load that holds for every α, and the per-α search above is skipped (its cost was ~4%
         # of a 16-sequence step on the default model).
@@ -137,6 +137,12 @@ class TreeShapePolicy:
 
     def choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
         """The best tree of width >= 2, or None when a chain (or no drafting) predicts as well."""
+        return self.choose_with_rate(chain_alpha, batch_tokens, num_sequences)[0]
+
+    def choose_with_rate(
+        self, chain_alpha: float, batch_tokens: int, num_sequences: int
+    ) -> tuple[TreeShape | None, float]:
+        """:meth:`choose`, and the tokens per second predicted for the tree (0.0 with no tree)."""
         self._calls += 1
         if self._calls % REFRESH_CALLS == 0:
             self._cache.clear()
@@ -145,13 +151,15 @@ class TreeShapePolicy:
         if batch not in self._hopeless:
             self._hopeless[batch] = self._no_tree_can_win(batch_tokens, num_sequences)
         if self._hopeless[batch]:
-            return None
+            return None, 0.0
         key = (round(chain_alpha, 2), batch_tokens, num_sequences)
         if key not in self._cache:
             self._cache[key] = self._choose(round(chain_alpha, 2), batch_tokens, num_sequences)
         return self._cache[key]
 
-    def _choose(self, chain_alpha: float, batch_tokens: int, num_sequences: int) -> TreeShape | None:
+    def _choose(
+        self, chain_alpha: float, batch_tokens: int, num_sequences: int
+    ) -> tuple[TreeShape | None, float]:
         num_sequences = max(num_sequences, 1)
         rates = self.acceptance.rates(chain_alpha)
         plain = self.tokens_per_second(rates, 0, 1, batch_tokens, num_sequences)
@@ -163,4 +171,4 @@ class TreeShapePolicy:
                 chain_rate = max(chain_rate, rate)
             elif rate > max(best_rate, chain_rate):
                 best, best_rate = TreeShape(depth=depth, width=width, nodes=depth * width), rate
-        return best if best is not None and best_rate > chain_rate else None
+        return (best, best_rate) if best is not None and best_rate > chain_rate else (None, 0.0)
