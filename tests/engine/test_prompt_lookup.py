@@ -122,3 +122,22 @@ def test_a_tree_the_request_fixed_is_never_replaced_by_a_lookup(pipe):
     results = pipe.generate(PROMPTS[:4], params)
     assert sum(r.stats["tree_verifications"] for r in results) > 0
     assert sum(r.stats["lookup_drafted"] for r in results) == 0
+
+
+def test_lookups_do_not_keep_the_draft_models_probe_from_coming(pair_bundle):
+    """With drafting priced hopeless, the draft model only drafts in probes. Lookup steps come often
+    on these repetitive outputs; they must not count as the draft model drafting, or the probe that
+    would re-measure a draft model estimated too low (on a busy moment) never comes."""
+    from xpuspec.spec_decode.speculation_length import MAX_TOKENS_PER_SEQUENCE
+    from xpuspec.spec_decode.verify_costs import VerifyCostCurve
+
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    engine = pipe.engine
+    engine.cost_model.drafting = VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE)
+    for gamma in range(1, engine.config.max_draft_tokens + 1):
+        engine.cost_model.calibrate_drafting(1, gamma, 10.0)
+    params = dataclasses.replace(ADAPTIVE, max_tokens=200)
+    results = [pipe.generate(prompt, params)[0] for prompt in PROMPTS[:8]]  # ~25 steps each
+    lookup_drafted = sum(r.stats["lookup_drafted"] for r in results)
+    assert lookup_drafted > 0, "no lookups: the test would not exercise them"
+    assert sum(r.stats["drafted"] for r in results) - lookup_drafted >= 1  # a probe came

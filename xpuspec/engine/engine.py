@@ -784,7 +784,7 @@ class LLMEngine:
         gamma, probe, lookup = self._chain_length(sequence)
         if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
             self._probed |= probe
-            self._policy_drafted |= gamma > 0 and not probe
+            self._policy_drafted |= gamma > 0 and not probe and lookup is None
         if lookup is not None:
             self._step_lookups[sequence.request_id] = lookup
         return gamma
@@ -811,18 +811,20 @@ class LLMEngine:
         running = self.scheduler.num_running
         previous = self._previous_tokens_per_sequence(running)
         gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
+        if gamma == 0 and self._steps_without_drafting >= self._probe_interval:
+            # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
+            # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
+            # A probe costs two changes of the target's shape and a long draft catch-up: while
+            # probes do not bring drafting back, they come ever more rarely (_propose). It goes
+            # before a lookup: where lookups come every step, the draft model is otherwise never
+            # measured again, and the pooled rate other sequences start from stays where it fell.
+            return min(1, self.config.max_draft_tokens), True, None
         if self.prompt_lookup is not None and self._states[sequence.request_id].guide is None:
             lookup = self.prompt_lookup.choose(
                 sequence, self.length_policy, tokens_per_second, running, previous
             )
             if lookup is not None:
                 return len(lookup.token_ids), False, lookup
-        if gamma == 0 and self._steps_without_drafting >= self._probe_interval:
-            # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
-            # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
-            # A probe costs two changes of the target's shape and a long draft catch-up: while
-            # probes do not bring drafting back, they come ever more rarely (_propose).
-            return min(1, self.config.max_draft_tokens), True, None
         return gamma, False, None
 
     def _previous_tokens_per_sequence(self, running: int) -> int | None:
@@ -844,7 +846,12 @@ class LLMEngine:
         if not wanted:
             self._steps_without_drafting += 1
             return {}
-        self._steps_without_drafting = 0
+        if all(c.sequence.request_id in self._step_lookups for c in wanted):
+            # Lookups alone say nothing new about the draft model: a stretch of them must not keep
+            # its probe from coming (with the draft's rate once estimated low, it would never draft).
+            self._steps_without_drafting += 1
+        else:
+            self._steps_without_drafting = 0
         if policy_drafted:
             self._probe_interval = PROBE_INTERVAL_STEPS
         elif probed:
