@@ -50,3 +50,16 @@ def test_each_round_gives_its_own_ratio_to_the_same_peer_row() -> None:
     assert summaries[results[0].name]["round_ratios_to_genai"] == pytest.approx([1.2, 0.8, 1.0])
     assert summaries[results[1].name]["round_ratios_to_genai"] == pytest.approx([0.9, 3.0, 3.0])
     assert "round_ratios_to_genai" not in summaries[results[2].name]
+
+
+def test_the_table_shows_the_per_round_range_only_over_several_rounds() -> None:
+    from xpuspec.bench.report import latency_table
+
+    def row(name: str, ratios: list[float]) -> dict:
+        return {"name": name, "status": "ok", "tokens_per_s": 10.0, "round_ratios_to_genai": ratios}
+
+    lines = latency_table({"configurations": [row("several", [0.9, 1.1, 1.0]), row("one", [1.05])]})
+    several = next(line for line in lines if line.startswith("| several |"))
+    one = next(line for line in lines if line.startswith("| one |"))
+    assert "| 0.90-1.10 |" in several
+    assert "1.05" not in one

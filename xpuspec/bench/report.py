@@ -44,7 +44,8 @@ def _percent(value: Any) -> str:
 
 
 def _spread(values: list[float] | None) -> str:
-    return f"{min(values):.2f}-{max(values):.2f}" if values else ""
+    """The lowest and highest of the per-round ratios; nothing for a single round."""
+    return f"{min(values):.2f}-{max(values):.2f}" if values and len(values) > 1 else ""
 
 
 def _row(cells: list[str]) -> str:
