@@ -771,8 +771,8 @@ class LLMEngine:
             return None
         running = self.scheduler.num_running
         previous = self._previous_tokens_per_sequence(running)
-        lookup = self.prompt_lookup
-        return lookup.choose(sequence, self.length_policy, tree_tokens_per_second, running, previous)
+        prompt_lookup = self.prompt_lookup
+        return prompt_lookup.choose(sequence, self.length_policy, tree_tokens_per_second, running, previous)
 
     def _acceptance_rate(self, sequence: Sequence) -> float:
         """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the

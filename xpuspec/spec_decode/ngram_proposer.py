@@ -152,3 +152,22 @@ class NgramIndex:
                 tables[ngram][tuple(token_ids[end - ngram + 1 : end + 1])] = end
         self._indexed_ends = num_ends
         self._tail = list(token_ids[max(0, num_ends - max_ngram) : num_ends])
+
+
+class NgramIndexes:
+    """One :class:`NgramIndex` per request, made on its first lookup and dropped by :meth:`forget`."""
+
+    def __init__(self, lookup: NgramProposer) -> None:
+        self.lookup = lookup
+        self._by_request: dict[str, NgramIndex] = {}
+
+    def propose_with_match(
+        self, request_id: str, token_ids: Sequence[int], num_tokens: int
+    ) -> tuple[list[int], int]:
+        index = self._by_request.get(request_id)
+        if index is None:
+            index = self._by_request[request_id] = NgramIndex(self.lookup)
+        return index.propose_with_match(token_ids, num_tokens)
+
+    def forget(self, request_id: str) -> None:
+        self._by_request.pop(request_id, None)

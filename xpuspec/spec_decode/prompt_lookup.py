@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xpuspec.engine.sequence import Sequence
-from xpuspec.spec_decode.ngram_proposer import NgramIndex, NgramProposer
+from xpuspec.spec_decode.ngram_proposer import NgramIndexes, NgramProposer
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
 
 MIN_NGRAM = 1
@@ -58,7 +58,7 @@ class PromptLookup:
 
     def __init__(self, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM) -> None:
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
-        self._indexes: dict[str, NgramIndex] = {}  # by request: each sequence's n-grams so far
+        self._indexes = NgramIndexes(self.lookup)  # each sequence's n-grams so far
         # Acceptance of lookups by match length: short (1 token) and long (LONG_MATCH or more).
         self.acceptance = {False: AcceptanceRates(), True: AcceptanceRates()}
 
@@ -72,10 +72,9 @@ class PromptLookup:
     ) -> LookupDraft | None:
         """The lookup draft for ``sequence`` this step, or None when the draft model's best choice
         (``model_tokens_per_second``, γ = 0 included) predicts as much."""
-        index = self._indexes.get(sequence.request_id)
-        if index is None:
-            index = self._indexes[sequence.request_id] = NgramIndex(self.lookup)
-        tokens, ngram = index.propose_with_match(sequence.token_ids, policy.max_draft_tokens)
+        tokens, ngram = self._indexes.propose_with_match(
+            sequence.request_id, sequence.token_ids, policy.max_draft_tokens
+        )
         if not tokens:
             return None
         rates = self.acceptance[ngram >= LONG_MATCH]
@@ -100,6 +99,6 @@ class PromptLookup:
                 rates.update(request_id, 0, 0)
 
     def forget(self, request_id: str) -> None:
-        self._indexes.pop(request_id, None)
+        self._indexes.forget(request_id)
         for rates in self.acceptance.values():
             rates.forget(request_id)

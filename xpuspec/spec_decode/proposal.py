@@ -21,7 +21,7 @@ from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.engine.sequence import Sequence
 from xpuspec.sample.sampler import finite_argmax, probabilities
-from xpuspec.spec_decode.ngram_proposer import NgramIndex, NgramProposer
+from xpuspec.spec_decode.ngram_proposer import NgramIndex, NgramIndexes, NgramProposer
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,11 @@ class NgramDraftProposer:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
-        self._indexes: dict[str, NgramIndex] = {}  # by request: each sequence's n-grams so far
+        self._indexes = NgramIndexes(self.lookup)  # each sequence's n-grams so far
         self.step_timings: list[tuple[int, float]] = []
 
     def release(self, sequence_id: str) -> None:
-        self._indexes.pop(sequence_id, None)
+        self._indexes.forget(sequence_id)
 
     def recover(self) -> None:
         pass  # an index only reads tokens the sequence keeps; a changed sequence is re-indexed
@@ -99,10 +99,9 @@ class NgramDraftProposer:
                 continue
             request_id = chunk.sequence.request_id
             try:
-                index = self._indexes.get(request_id)
-                if index is None:
-                    index = self._indexes[request_id] = NgramIndex(self.lookup)
-                token_ids, _ = index.propose_with_match(chunk.sequence.token_ids, chunk.num_draft_tokens)
+                token_ids, _ = self._indexes.propose_with_match(
+                    request_id, chunk.sequence.token_ids, chunk.num_draft_tokens
+                )
             except Exception as error:  # this sequence's lookup alone
                 logger.exception("n-gram drafting failed for %s", request_id)
                 proposals[request_id] = Proposal([], None, error=f"drafting failed: {error}")
