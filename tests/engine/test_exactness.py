@@ -79,6 +79,29 @@ def test_sixteen_in_flight(speculative, target_only):
     assert _mismatches(target_only[:16], results) == []
 
 
+def test_fixed_gamma_keeps_the_step_shape(pair_bundle, target_only):
+    """A fixed-γ step verifies 1 + γ tokens even when the n-gram drafter proposes fewer, as GenAI's
+    prompt lookup does: the missing drafts are padding, so the plugin never re-prepares its graph
+    between decode steps. The output stays the target's."""
+    pipe = Pipeline(pair_bundle, drafter="ngram", properties=EXACT_PRESET)
+    runner = pipe.engine.target
+    steps: list[tuple[int, int]] = []  # (tokens with padding, padding) of each decode step
+    fill_inputs = runner._fill_inputs
+
+    def recording(chunks, lane=None):
+        if all(chunk.num_logits == len(chunk.token_ids) for chunk in chunks):
+            steps.append((sum(len(c.token_ids) + c.padding for c in chunks), sum(c.padding for c in chunks)))
+        return fill_inputs(chunks, lane)
+
+    runner._fill_inputs = recording
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=4)
+    results = [pipe.generate(prompt, params)[0] for prompt in PROMPTS[:8]]
+    assert _mismatches(target_only[:8], results) == []
+    assert {tokens for tokens, _ in steps} == {5}
+    assert any(padding for _, padding in steps), "the drafter always proposed 4: padding did not run"
+    assert sum(r.stats["drafted"] for r in results) > 0
+
+
 def test_draft_model_accepts_and_rejects(pair_bundle, target_only):
     """The perturbed draft must both accept and reject, so both paths of the comparison ran."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)

@@ -181,13 +181,14 @@ def test_cache_tensors_follow_the_compiled_model(runner: PagedModelRunner) -> No
     for name in cache_names:
         tensor, port = runner.cache_tensors[name], ports[name]
         assert tensor.get_element_type() == port.get_element_type() == ov.Type.f32
-        assert list(tensor.shape)[0] == NUM_BLOCKS
+        assert list(tensor.shape)[0] == NUM_BLOCKS + 1  # and the scratch block padding writes into
         assert list(tensor.shape)[1:] == [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
     assert list(runner.cache_tensors["value_cache.0"].shape)[2] == runner.block_size
 
 
 def test_cache_bytes_budget_sets_num_blocks(ir_dir: Path, runner: PagedModelRunner) -> None:
-    bytes_per_block = sum(tensor.byte_size for tensor in runner.cache_tensors.values()) // runner.num_blocks
+    cache_bytes = sum(tensor.byte_size for tensor in runner.cache_tensors.values())
+    bytes_per_block = cache_bytes // (runner.num_blocks + 1)  # the scratch block is outside the budget
     budgeted = PagedModelRunner(ir_dir, properties=F32_PROPERTIES, cache_bytes=5 * bytes_per_block + 1)
     assert budgeted.num_blocks == 5
     with pytest.raises(ValueError, match="below one KV block"):
@@ -204,6 +205,43 @@ def test_async_start_wait_matches_forward(runner: PagedModelRunner) -> None:
     np.testing.assert_allclose(runner.wait(), expected, rtol=0, atol=RUNNER_ATOL)
     with pytest.raises(RuntimeError, match="no inference"):
         runner.wait()
+
+
+def test_padding_leaves_the_real_rows_and_every_named_block_alone(runner: PagedModelRunner) -> None:
+    """Padding tokens run after a chunk's own, give no logits, and write past the sequence's length
+    only: into its last block's later slots and the scratch block, never into another block the
+    table names (it may be shared) nor another sequence's."""
+    size, vocab = runner.block_size, runner.vocab_size
+    prompt = random_tokens(size - 2, seed=11, vocab_size=vocab)  # 2 free slots left in block 0
+    pool = BlockPool(NUM_BLOCKS)
+    padded_table, plain_table, neighbour_table = (pool.table(3 * size, size) for _ in range(3))
+    neighbour = random_tokens(2 * size, seed=12, vocab_size=vocab)
+    runner.forward([SequenceChunk(neighbour, 0, neighbour_table, 1)])
+    expected_first = runner.forward([SequenceChunk(prompt, 0, plain_table, 1)]).copy()
+    np.testing.assert_allclose(
+        runner.forward([SequenceChunk(prompt, 0, padded_table, 1)]), expected_first, rtol=0, atol=RUNNER_ATOL
+    )
+
+    def blocks(table: list[int]) -> dict[str, np.ndarray]:
+        return {name: tensor.data[table].copy() for name, tensor in runner.cache_tensors.items()}
+
+    untouched = blocks(neighbour_table + padded_table[1:])
+    token = int(expected_first[-1].argmax())
+    # 1 token and 5 padding tokens: positions size - 2 .. size + 3, past the table's first block.
+    padded = runner.forward([SequenceChunk([token], size - 2, padded_table[:1], 1, padding=5)]).copy()
+    plain = runner.forward([SequenceChunk([token], size - 2, plain_table, 1)]).copy()
+    assert padded.shape == plain.shape == (1, vocab)
+    np.testing.assert_allclose(padded, plain, rtol=0, atol=RUNNER_ATOL)
+    for name, before in untouched.items():
+        np.testing.assert_array_equal(blocks(neighbour_table + padded_table[1:])[name], before)
+    # The next tokens overwrite the padding's slots before anything reads them.
+    following = [int(plain[-1].argmax()), 7, 8]
+    after_padding = runner.forward([SequenceChunk(following, size - 1, padded_table, 3)]).copy()
+    after_plain = runner.forward([SequenceChunk(following, size - 1, plain_table, 3)]).copy()
+    np.testing.assert_allclose(after_padding, after_plain, rtol=0, atol=RUNNER_ATOL)
+    with pytest.raises(ValueError, match="padding"):
+        tree = SequenceChunk([token, 5], size - 2, padded_table, 2, tree_parents=[-1, 0], padding=1)
+        runner.forward([tree])
 
 
 def test_invalid_chunks_are_rejected(runner: PagedModelRunner) -> None:

@@ -479,7 +479,7 @@ class LLMEngine:
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.
-            shape = (sum(len(c.token_ids) for c in runner_chunks), _decode_sequences(runner_chunks))
+            shape = (_step_tokens(runner_chunks), _decode_sequences(runner_chunks))
             self.cost_model.record_target_step(
                 shape[0],
                 self.clock() - started - drafting_seconds,
@@ -946,7 +946,30 @@ class LLMEngine:
             num_logits=num_logits,
             sequence_id=sequence.request_id,
             tree_parents=tree_parents,
+            padding=0 if tree_parents is not None else self._fixed_shape_padding(chunk, len(token_ids)),
         )
+
+    def _fixed_shape_padding(self, chunk: ScheduledChunk, num_tokens: int) -> int:
+        """Padding tokens that keep a fixed-γ decode step at 1 + γ tokens when its drafter proposed
+        fewer (an n-gram match that is short or missing, a γ cut near ``max_tokens``).
+
+        OpenVINO GenAI's prompt lookup pads its candidates so for the same reason: the CPU plugin
+        re-prepares every node when a step's token count changes. Measured on the 2-layer demo target
+        (alternating 1- and 5-token steps): +1.9 ms a step, where a whole 5-token step costs ~1 ms.
+        Adaptive γ prices the change in its cost model instead (``CostModel.shape_change``)."""
+        gamma = chunk.sequence.params.num_draft_tokens
+        if (
+            not gamma
+            or not chunk.samples
+            or chunk.num_tokens != 1
+            or not getattr(self.target, "supports_padding", False)
+            # A drafter that reads the target's states (EAGLE-3) would get the padding's too.
+            or hasattr(self.proposer, "observe_target")
+        ):
+            return 0
+        padding = 1 + gamma - num_tokens
+        end = chunk.sequence.num_computed_tokens + num_tokens + padding
+        return padding if padding > 0 and end <= self.config.max_model_len else 0
 
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
         state = self._states[sequence.request_id]
@@ -1077,6 +1100,11 @@ class LLMEngine:
         if self.prompt_lookup is not None:
             self.prompt_lookup.forget(sequence.request_id)
         self._release_kv(sequence.request_id)
+
+
+def _step_tokens(chunks: list[SequenceChunk]) -> int:
+    """The tokens a target step runs, padding included: what its cost and its shape depend on."""
+    return sum(len(chunk.token_ids) + chunk.padding for chunk in chunks)
 
 
 def _decode_sequences(chunks: list[SequenceChunk]) -> int | None:

@@ -69,6 +69,13 @@ class SequenceChunk:
     # before children. A token attends to the past and to its ancestors alone, and its position is
     # past_length + its depth (0 for a token without parent). None: an ordinary causal chunk.
     tree_parents: Sequence[int] | None = None
+    # Dummy tokens run after token_ids so that the step keeps the token count of an earlier one:
+    # the CPU plugin re-prepares every node of the graph when the count changes, which costs more
+    # than a few tokens' compute (see PagedModelRunner). They repeat the last token at the next
+    # positions, give no logits, and write their keys and values only past the sequence's length:
+    # into its last block, whose later slots the sequence's next tokens overwrite before reading,
+    # and beyond it into a scratch block that no sequence owns. Chains only (not with tree_parents).
+    padding: int = 0
 
 
 class _HostInput:
@@ -139,6 +146,12 @@ def _compiled_input_names(compiled: ov.CompiledModel) -> dict[str, ov.ConstOutpu
 class PagedModelRunner:
     """Runs one paged-attention model over mixed batches of :class:`SequenceChunk`.
 
+    A step's token count is part of its input shapes. When it changes, the CPU plugin re-prepares
+    every node of the graph (measured on this machine's AVX-512 CPU, interleaved: alternating 1- and
+    5-token steps cost 1.9 ms a step more than either shape alone on the 2-layer demo target, ~3 ms
+    on a 12-layer 110M target whose 1-token step takes ~11 ms). ``SequenceChunk.padding`` lets the
+    engine keep a count instead.
+
     Attributes: ``block_size`` (tokens per KV block, chosen by the plugin: 32 on CPU), ``num_blocks``
     (physical blocks allocated per layer), ``vocab_size`` (logits width), ``hidden_state_layers`` (the
     tapped layer boundaries, or None) and ``hidden_state_width`` (width of a tapped row, 0 untapped).
@@ -150,6 +163,8 @@ class PagedModelRunner:
     ``logits_vocab`` (a draft): keep the LM head's first ``logits_vocab`` rows
     (:func:`~xpuspec.engine.graph_edits.cut_logits_vocab`), so ``vocab_size`` is that.
     """
+
+    supports_padding = True  # SequenceChunk.padding
 
     def __init__(
         self,
@@ -206,9 +221,12 @@ class PagedModelRunner:
                 # No more memory than the engine can ever fill: every sequence slot at full context.
                 num_blocks = min(num_blocks, -(-capacity_tokens // self.block_size))
         self.num_blocks: int = num_blocks
+        # One block more than the block tables may name: padding tokens past a sequence's last
+        # block write there, and nothing reads it.
+        self.scratch_block: int = num_blocks
         self.cache_tensors: dict[str, ov.Tensor] = {}
         for name, port in cache_ports.items():
-            shape = [num_blocks] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
+            shape = [num_blocks + 1] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
             self.cache_tensors[name] = _zeroed_tensor(port.get_element_type(), shape)
         logger.debug(
             "%s on %s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
@@ -381,6 +399,11 @@ class PagedModelRunner:
                     f"bad chunk: {length} tokens, past_length {chunk.past_length}, num_logits "
                     f"{chunk.num_logits} (need >= 1 token, past_length >= 0, 0 <= num_logits <= tokens)"
                 )
+            if chunk.padding:
+                if chunk.padding < 0 or chunk.tree_parents is not None:
+                    raise ValueError(f"padding must be >= 0 and only on chains, got {chunk.padding}")
+                length += chunk.padding
+                context += chunk.padding
             if len(chunk.block_table) < num_blocks:
                 raise ValueError(
                     f"block table of {len(chunk.block_table)} blocks cannot hold {context} positions "
@@ -394,7 +417,7 @@ class PagedModelRunner:
             if chunk.tree_parents is not None:
                 num_mask_entries += self._check_tree(chunk)
             num_tokens += length
-            num_block_entries += num_blocks
+            num_block_entries += -(-context // block_size)  # padding may reach the scratch block
             max_context = max(max_context, context)
 
         inputs = lane.inputs
@@ -431,6 +454,16 @@ class PagedModelRunner:
                     token_end - chunk.num_logits : token_end
                 ]
                 num_sampled += chunk.num_logits
+            if chunk.padding:
+                # Past the last real block only the scratch block, even where the table names more
+                # of the sequence's blocks: those may be shared, and the scratch is nobody's.
+                padded_end = token_end + chunk.padding
+                input_ids[token_end:padded_end] = chunk.token_ids[-1]
+                position_ids[token_end:padded_end] = arange[past + length : past + length + chunk.padding]
+                padded_blocks = -(-(past + length + chunk.padding) // block_size)
+                block_indices[block_start + num_blocks : block_start + padded_blocks] = self.scratch_block
+                num_blocks = padded_blocks
+                token_end = padded_end
             token_start = token_end
             block_start += num_blocks
         subsequence_begins[num_sequences] = num_tokens
