@@ -340,3 +340,14 @@ def test_the_drafting_phase_is_costed_by_gamma_as_measured() -> None:
     model.calibrate_drafting(1, 1, 0.0005)
     model.calibrate_drafting(1, 2, 0.0008)
     assert 0.0005 <= model.drafting_cost(1, 1) < model.drafting_cost(2, 1)
+
+
+def test_padded_steps_shrink_once_their_padding_has_cost_a_change_there_and_back() -> None:
+    model = CostModel()
+    for tokens in range(1, 6):  # 1 ms and 0.1 ms more per verified token
+        model.calibrate_target(1, tokens, 1e-3 + 1e-4 * (tokens - 1))
+    model.calibrate_shape_change(1e-3)
+    # From 5 tokens to 1 the padding costs 0.4 ms a step: more than 2 changes after 6 steps.
+    assert [model.shrink_pays(5, 1, 1, steps) for steps in range(1, 8)] == [False] * 5 + [True] * 2
+    # Needing 4 of the 5, a lull must last over 20 steps.
+    assert not model.shrink_pays(5, 4, 1, 19) and model.shrink_pays(5, 4, 1, 21)

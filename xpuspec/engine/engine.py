@@ -29,7 +29,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -178,7 +178,7 @@ class LLMEngine:
             )
         self._build_scheduler()
         self.rejection_sampler = RejectionSampler()
-        self.cost_model = CostModel()
+        self.cost_model = CostModel(can_pad=bool(getattr(target, "supports_padding", False)))
         self.acceptance = AcceptanceRates()
         # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
         # EAGLE-3 head, which must see every target state in order).
@@ -195,6 +195,8 @@ class LLMEngine:
         # (tokens, decoding sequences or None) of the last target step: the shape of the next
         # step decides whether the plugin pays a change of shapes (cost_model.shape_change).
         self._last_target_shape: tuple[int, int | None] | None = None
+        # Consecutive decode steps padded up to the last shape, and the most tokens they needed.
+        self._padded_steps = self._padded_need = 0
         self._drafting_seconds = 0.0  # wall time of the last drafting phase
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._init_trees()
@@ -471,6 +473,8 @@ class LLMEngine:
         runner_chunks = [
             self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
+        if self.proposer is not None:  # without a drafter every decode step has the same shape
+            self._keep_shape(runner_chunks)
         logits = self._forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
         self._accept_all(chunks, runner_chunks, logits, proposals)
         observe = getattr(self.proposer, "observe_target", None)
@@ -518,18 +522,20 @@ class LLMEngine:
             or any(self._states[sequence.request_id].guide is not None for sequence in sequences)
         ):
             return
-        passes: list[float] = []
+        passes: list[tuple[int, float]] = []  # (tokens run, seconds) of each pass
         try:
             self._burst_passes(sequences, pass_seconds, passes)
         finally:
             if self.proposer is not None:
                 # Target-only tokens now cost a pass, not a step: the choice of γ weighs drafting
                 # against that (recorded after the burst, so no pass recomputes the policy's costs).
-                for seconds in passes:
-                    self.cost_model.record_target_step(len(sequences), seconds, num_sequences=len(sequences))
+                for num_tokens, seconds in passes:
+                    self.cost_model.record_target_step(num_tokens, seconds, num_sequences=len(sequences))
 
-    def _burst_passes(self, sequences: list[Sequence], pass_seconds: float, passes: list[float]) -> None:
-        """The passes of :meth:`_burst`; appends each pass's seconds to ``passes``."""
+    def _burst_passes(
+        self, sequences: list[Sequence], pass_seconds: float, passes: list[tuple[int, float]]
+    ) -> None:
+        """The passes of :meth:`_burst`; appends each pass's tokens and seconds to ``passes``."""
         config = self.config
         outputs = {output.request_id: output for output in self._step_outputs}
         elapsed = pass_seconds
@@ -560,6 +566,9 @@ class LLMEngine:
                 )
                 for sequence in sequences
             ]
+            if self.proposer is not None:
+                self._keep_shape(runner_chunks)
+                self._last_target_shape = (_step_tokens(runner_chunks), len(sequences))
             logits = self.target.forward(runner_chunks)  # [num sequences, vocab]
             for row, sequence in enumerate(sequences):
                 sequence.num_computed_tokens += 1
@@ -580,7 +589,46 @@ class LLMEngine:
                     self.block_manager.commit(sequence)
             pass_seconds = self.clock() - started
             elapsed += pass_seconds
-            passes.append(pass_seconds)
+            passes.append((_step_tokens(runner_chunks), pass_seconds))
+
+    def _keep_shape(self, runner_chunks: list[SequenceChunk]) -> None:
+        """Pad a decode step that needs fewer tokens than the last target step up to that step's
+        count, until the stretch of smaller steps has lasted long enough that shrinking pays
+        (``CostModel.shrink_pays``); then shrink to the most any step of the stretch needed.
+
+        The CPU plugin re-prepares every node when a step's token count changes (see
+        ``PagedModelRunner``), which costs more than a few tokens' compute: adaptive γ and prompt
+        lookup otherwise change the count from step to step. Fixed-γ steps are padded already
+        (``_fixed_shape_padding``); padding goes on the last chain chunk with room for it."""
+        last = self._last_target_shape
+        num_sequences = _decode_sequences(runner_chunks)
+        num_tokens = _step_tokens(runner_chunks)
+        if (
+            not self.cost_model.can_pad
+            or last is None
+            or num_sequences is None
+            or last[1] != num_sequences
+            or num_tokens >= last[0]
+            or hasattr(self.proposer, "observe_target")  # it would read the padding's states
+        ):
+            self._padded_steps = self._padded_need = 0
+            return
+        steps, need = self._padded_steps + 1, max(self._padded_need, num_tokens)
+        if self.cost_model.shrink_pays(last[0], need, num_sequences, steps):
+            self._padded_steps = self._padded_need = 0
+            target = need
+        else:
+            self._padded_steps, self._padded_need = steps, need
+            target = last[0]
+        padding = target - num_tokens
+        if padding <= 0:
+            return
+        for index in reversed(range(len(runner_chunks))):
+            chunk = runner_chunks[index]
+            end = chunk.past_length + len(chunk.token_ids) + chunk.padding + padding
+            if chunk.tree_parents is None and end <= self.config.max_model_len:
+                runner_chunks[index] = replace(chunk, padding=chunk.padding + padding)
+                return
 
     def recover(self, error: BaseException) -> list[StepOutput]:
         """After a failure of the step as a whole: end every request in flight with "error".

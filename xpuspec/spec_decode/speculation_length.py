@@ -170,7 +170,13 @@ class CostModel:
       step) differs from the previous step's. OpenVINO's CPU plugin re-prepares every node of the
       graph then (~6 ms on a 30-layer 135M model whose one-token step takes ~9 ms), so a γ that
       changes from step to step pays it every step. Steps that changed shape go here, not into the
-      curve, which describes steady steps.
+      curve, which describes steady steps;
+    - ``can_pad``: the target runs padding tokens (``SequenceChunk.padding``): the engine then pads
+      a decode step that needs fewer tokens than the last up to the last one's count, until a
+      stretch of such steps makes shrinking pay (:meth:`shrink_pays`). γ is still priced as if
+      every change of count were paid: priced as free, the padding's tokens drew lookups and
+      drafts that kept the count high for good (against no padding at all, SmolLM2 chat 0.94x and
+      the demo pair's code 1.00x; priced as here, 0.98x and 1.08x).
 
     The priors (before any measurement) describe a CPU-like regime: a target step of ~40 ms growing
     0.5 ms per token, a draft step ~15% of it. Real measurements replace them within a few steps.
@@ -187,6 +193,7 @@ class CostModel:
     draft_python_decay: float = 0.9
     shape_change: float = 0.0
     shape_change_decay: float = 0.9
+    can_pad: bool = False
     version: int = 0  # bumped by every record, so derived costs can be cached
     calibrations: int = 0  # bumped by every calibration: derived costs are recomputed at once
     _calibrated_shape_changes: list[float] = field(default_factory=list)
@@ -285,6 +292,15 @@ class CostModel:
                 if estimate is not None:
                     return estimate
         return self.target(num_tokens)
+
+    def shrink_pays(self, padded_tokens: int, needed_tokens: int, num_sequences: int, steps: int) -> bool:
+        """Whether decode steps padded to ``padded_tokens`` should shrink to ``needed_tokens`` (the most
+        any of the last ``steps`` steps needed): when those steps' padding cost more than a change of
+        shapes there and back. A stretch of smaller steps that has lasted ``steps`` is taken to last
+        about as long again, so a short lull keeps the shape and a long one gives it up."""
+        padded = self.target_cost(padded_tokens, num_sequences)
+        padding = padded - self.target_cost(needed_tokens, num_sequences)
+        return steps * padding > 2.0 * self.shape_change
 
     def draft_cost(self, num_sequences: int) -> float:
         """Seconds of one drafting step: one token for each of ``num_sequences`` sequences."""

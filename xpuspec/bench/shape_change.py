@@ -1,0 +1,114 @@
+"""What a change of a step's token count costs the target: ``python -m xpuspec.bench.shape_change
+[--bundle B] [--tokens 1,5] [--steps 12] [--rounds 10]``.
+
+OpenVINO's CPU plugin re-prepares every node of the graph when an input's shape changes, and a
+decode step's token count is part of its shapes. Each round times ``--steps`` target decode passes
+in each of four patterns, in an order reversed every other round, and keeps each pattern's mean:
+
+- ``a steady`` and ``b steady``: every pass the same count (``--tokens a,b``);
+- ``a/b alternating``: the count changes every pass;
+- ``a padded to b``: ``a`` tokens and ``b - a`` padding tokens (``SequenceChunk.padding``), which is
+  what the engine runs instead of changing the count (``LLMEngine._keep_shape``).
+
+It prints each pattern's median over the rounds and the change's cost, the alternating pattern's
+mean minus the mean of the two steady ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+PROMPT_TOKENS = 200
+
+
+def measure(
+    bundle_root: str | None, tokens: tuple[int, int], steps: int, rounds: int, properties: dict
+) -> dict[str, list[float]]:
+    """Per pattern, the mean ms of a pass in each round."""
+    from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk
+    from xpuspec.model_bundle import ModelBundle
+
+    bundle = ModelBundle.open(bundle_root)
+    small, large = tokens
+    target = PagedModelRunner(bundle.target.path, properties=properties, num_blocks=64)
+    table = list(range(-(-(PROMPT_TOKENS + large) // target.block_size)))
+    prompt = np.random.default_rng(0).integers(100, 1000, PROMPT_TOKENS).tolist()
+    target.forward([SequenceChunk(prompt, 0, table, 1)])
+
+    def chunk(count: int, padding: int = 0) -> SequenceChunk:
+        # Every pass at the same position: its keys and values are overwritten by the next.
+        return SequenceChunk([5] * count, PROMPT_TOKENS, table, count, padding=padding)
+
+    patterns = {
+        f"{small} steady": [chunk(small)],
+        f"{large} steady": [chunk(large)],
+        f"{small}/{large} alternating": [chunk(small), chunk(large)],
+        f"{small} padded to {large}": [chunk(small, large - small)],
+    }
+    for cycle in patterns.values():  # the first pass of each shape compiles kernels
+        for passed in cycle:
+            target.forward([passed])
+    results: dict[str, list[float]] = {name: [] for name in patterns}
+    for round_index in range(rounds):
+        order = list(patterns.items())
+        for name, cycle in order if round_index % 2 == 0 else order[::-1]:
+            target.forward([cycle[-1]])  # each pattern starts after another shape, as in a step
+            times = []
+            for step in range(steps):
+                started = time.perf_counter()
+                target.forward([cycle[step % len(cycle)]])
+                times.append(time.perf_counter() - started)
+            results[name].append(statistics.fmean(times) * 1000)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bundle", default=None, help="bundle folder or demo (default: the default model)")
+    parser.add_argument("--tokens", default="1,5", help="the two token counts a,b (a < b)")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="compile property (default: bf16 compute and KV cache, GenAI's CPU defaults on AVX-512)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        small, large = (int(part) for part in args.tokens.split(","))
+    except ValueError:
+        parser.error(f"--tokens must be two integers a,b, got {args.tokens!r}")
+    if not 1 <= small < large or args.steps < 2 or args.rounds < 1:
+        parser.error("--tokens needs 1 <= a < b, --steps at least 2, --rounds at least 1")
+    from xpuspec.generate_command import parse_properties
+
+    try:
+        user_properties = parse_properties(args.property)
+    except ValueError as error:
+        parser.error(str(error))
+    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16", **user_properties}
+    from xpuspec.model_bundle import BundleError
+
+    try:
+        results = measure(args.bundle, (small, large), args.steps, args.rounds, properties)
+    except (BundleError, ValueError) as error:
+        parser.error(str(error))
+    medians = {name: statistics.median(per_round) for name, per_round in results.items()}
+    for name, per_round in results.items():
+        rounds = " ".join(f"{value:.3f}" for value in per_round)
+        print(f"{name:>24}: {medians[name]:.3f} ms a pass, median; per round {rounds}")
+    steady = (medians[f"{small} steady"] + medians[f"{large} steady"]) / 2
+    print(f"{'a change of count':>24}: {medians[f'{small}/{large} alternating'] - steady:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
