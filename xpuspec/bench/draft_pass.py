@@ -12,11 +12,12 @@ The order of the variants is reversed every other round.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import numpy as np
+
+from xpuspec.bench import runner_timer
 
 PROMPT_TOKENS = 300
 
@@ -66,20 +67,8 @@ def measure(bundle_root: str | None, vocabs: list[int], steps: int, rounds: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--bundle", default=None, help="bundle folder or demo (default: the default model)")
+    parser = runner_timer.parser(__doc__, steps=40, rounds=6)
     parser.add_argument("--vocab", default="0,16384,8192", help="draft vocabularies; 0 is the whole LM head")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument(
-        "--property",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="compile property (default: bf16 compute and KV cache, GenAI's CPU defaults on AVX-512)",
-    )
     args = parser.parse_args(argv)
     try:
         vocabs = [int(part) for part in args.vocab.split(",") if part.strip()]
@@ -87,19 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--vocab must list integers, got {args.vocab!r}")
     if not vocabs or min(vocabs) < 0 or args.steps < 1 or args.rounds < 1:
         parser.error("--vocab needs integers >= 0, --steps and --rounds at least 1")
-    from xpuspec.generate_command import parse_properties
-
-    try:
-        user_properties = parse_properties(args.property)
-    except ValueError as error:
-        parser.error(str(error))
-    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16", **user_properties}
-    from xpuspec.model_bundle import BundleError
-
-    try:
-        results = measure(args.bundle, vocabs, args.steps, args.rounds, properties)
-    except (BundleError, ValueError) as error:
-        parser.error(str(error))
+    properties = runner_timer.properties(parser, args)
+    results = runner_timer.measure_or_usage_error(
+        parser, lambda: measure(args.bundle, vocabs, args.steps, args.rounds, properties)
+    )
     for vocab, per_round in results.items():
         label = "whole vocabulary" if vocab == 0 else f"ids below {vocab}"
         rounds = " ".join(f"{value:.3f}" for value in per_round)

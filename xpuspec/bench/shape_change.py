@@ -16,11 +16,12 @@ mean minus the mean of the two steady ones.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import numpy as np
+
+from xpuspec.bench import runner_timer
 
 PROMPT_TOKENS = 200
 
@@ -67,20 +68,8 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--bundle", default=None, help="bundle folder or demo (default: the default model)")
+    parser = runner_timer.parser(__doc__, steps=12, rounds=10)
     parser.add_argument("--tokens", default="1,5", help="the two token counts a,b (a < b)")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument(
-        "--property",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="compile property (default: bf16 compute and KV cache, GenAI's CPU defaults on AVX-512)",
-    )
     args = parser.parse_args(argv)
     try:
         small, large = (int(part) for part in args.tokens.split(","))
@@ -88,19 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tokens must be two integers a,b, got {args.tokens!r}")
     if not 1 <= small < large or args.steps < 2 or args.rounds < 1:
         parser.error("--tokens needs 1 <= a < b, --steps at least 2, --rounds at least 1")
-    from xpuspec.generate_command import parse_properties
-
-    try:
-        user_properties = parse_properties(args.property)
-    except ValueError as error:
-        parser.error(str(error))
-    properties = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16", **user_properties}
-    from xpuspec.model_bundle import BundleError
-
-    try:
-        results = measure(args.bundle, (small, large), args.steps, args.rounds, properties)
-    except (BundleError, ValueError) as error:
-        parser.error(str(error))
+    properties = runner_timer.properties(parser, args)
+    results = runner_timer.measure_or_usage_error(
+        parser, lambda: measure(args.bundle, (small, large), args.steps, args.rounds, properties)
+    )
     medians = {name: statistics.median(per_round) for name, per_round in results.items()}
     for name, per_round in results.items():
         rounds = " ".join(f"{value:.3f}" for value in per_round)
