@@ -178,7 +178,7 @@ class LLMEngine:
             )
         self._build_scheduler()
         self.rejection_sampler = RejectionSampler()
-        self.cost_model = CostModel(can_pad=bool(getattr(target, "supports_padding", False)))
+        self.cost_model = CostModel()
         self.acceptance = AcceptanceRates()
         # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
         # EAGLE-3 head, which must see every target state in order).
@@ -195,6 +195,11 @@ class LLMEngine:
         # (tokens, decoding sequences or None) of the last target step: the shape of the next
         # step decides whether the plugin pays a change of shapes (cost_model.shape_change).
         self._last_target_shape: tuple[int, int | None] | None = None
+        # Whether target steps may run padding tokens (SequenceChunk.padding): not for a drafter
+        # that reads the target's states (EAGLE-3), which would get the padding's too.
+        self._can_pad = bool(getattr(target, "supports_padding", False)) and not hasattr(
+            proposer, "observe_target"
+        )
         # Consecutive decode steps padded up to the last shape, and the most tokens they needed.
         self._padded_steps = self._padded_need = 0
         self._drafting_seconds = 0.0  # wall time of the last drafting phase
@@ -604,12 +609,11 @@ class LLMEngine:
         num_sequences = _decode_sequences(runner_chunks)
         num_tokens = _step_tokens(runner_chunks)
         if (
-            not self.cost_model.can_pad
+            not self._can_pad
             or last is None
             or num_sequences is None
             or last[1] != num_sequences
             or num_tokens >= last[0]
-            or hasattr(self.proposer, "observe_target")  # it would read the padding's states
         ):
             self._padded_steps = self._padded_need = 0
             return
@@ -1006,14 +1010,7 @@ class LLMEngine:
         (alternating 1- and 5-token steps): +1.9 ms a step, where a whole 5-token step costs ~1 ms.
         Adaptive γ prices the change in its cost model instead (``CostModel.shape_change``)."""
         gamma = chunk.sequence.params.num_draft_tokens
-        if (
-            not gamma
-            or not chunk.samples
-            or chunk.num_tokens != 1
-            or not getattr(self.target, "supports_padding", False)
-            # A drafter that reads the target's states (EAGLE-3) would get the padding's too.
-            or hasattr(self.proposer, "observe_target")
-        ):
+        if not gamma or not chunk.samples or chunk.num_tokens != 1 or not self._can_pad:
             return 0
         padding = 1 + gamma - num_tokens
         end = chunk.sequence.num_computed_tokens + num_tokens + padding

@@ -171,7 +171,7 @@ class CostModel:
       graph then (~6 ms on a 30-layer 135M model whose one-token step takes ~9 ms), so a γ that
       changes from step to step pays it every step. Steps that changed shape go here, not into the
       curve, which describes steady steps;
-    - ``can_pad``: the target runs padding tokens (``SequenceChunk.padding``): the engine then pads
+    - padding: where the target runs padding tokens (``SequenceChunk.padding``), the engine pads
       a decode step that needs fewer tokens than the last up to the last one's count, until a
       stretch of such steps makes shrinking pay (:meth:`shrink_pays`). γ is still priced as if
       every change of count were paid: priced as free, the padding's tokens drew lookups and
@@ -193,7 +193,6 @@ class CostModel:
     draft_python_decay: float = 0.9
     shape_change: float = 0.0
     shape_change_decay: float = 0.9
-    can_pad: bool = False
     version: int = 0  # bumped by every record, so derived costs can be cached
     calibrations: int = 0  # bumped by every calibration: derived costs are recomputed at once
     _calibrated_shape_changes: list[float] = field(default_factory=list)
