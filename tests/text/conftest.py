@@ -113,6 +113,22 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gguf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tokenizer IRs OpenVINO GenAI's GGUF reader writes (its skip list is a Slice of constants)."""
+    pytest.importorskip("gguf")
+    openvino_genai = pytest.importorskip("openvino_genai")
+    from tests.support.tiny_checkpoints import make_tiny_checkpoint
+    from tests.support.tiny_gguf import write_gguf_from_checkpoint
+
+    work = tmp_path_factory.mktemp("gguf_tokenizer")
+    checkpoint = make_tiny_checkpoint(work / "checkpoint", "llama", hidden_size=64, num_layers=1, seed=0)
+    gguf_path = write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")
+    openvino_genai.LLMPipeline(str(gguf_path), "CPU", enable_save_ov_model=True)
+    assert (work / "openvino_detokenizer.xml").is_file()
+    return work
+
+
+@pytest.fixture(scope="session")
 def sentencepiece_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Llama-2-style tokenizer: ``▁`` for spaces, ``<0xNN>`` byte fallback, a BOS post-processor and a
     decoder that strips the text's leading space (Replace, ByteFallback, Fuse, Strip)."""

@@ -74,6 +74,9 @@ class _RecordingDecoder:
         self.longest_call = max(self.longest_call, len(token_ids))
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def ends_mid_character(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> bool:
+        return self.tokenizer.ends_mid_character(token_ids, skip_special_tokens=skip_special_tokens)
+
 
 def test_work_per_push_does_not_grow_with_the_output(tokenizer: Tokenizer, hf_tokenizer) -> None:
     rng = random.Random(7)

@@ -297,7 +297,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m xpuspec.bench.profile", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--bundle", type=Path, default=None, help="bundle folder (default: the demo pair)")
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="bundle folder (default: the default model, SmolLM2-135M with its draft)",
+    )
     parser.add_argument("--prompts", type=int, default=6, help="requests, run one at a time")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per request")
     parser.add_argument(

@@ -7,6 +7,9 @@ openvino_tokenizers is a vocab lookup followed by a chain of string ops:
     Parameter -> Convert -> VocabDecoder(ids, begins, ends, chars, skip_ids)
               -> [per-token ops] -> FuzeRagged -> [whole-text ops] -> StringTensorPack -> Result
 
+OpenVINO GenAI's GGUF reader writes the same graph with the skip list behind a ``Slice`` of constants
+(the whole list); that slice is evaluated here like a constant.
+
 Byte-level BPE tokenizers (GPT-2, Qwen, Llama 3, SmolLM2, the demo's) have no per-token op and only
 UTF8Validate after the join. SentencePiece-style ones (Llama 2, Mistral, TinyLlama) replace ``▁``
 with a space and turn ``<0xNN>`` tokens into bytes per token (RegexNormalization, ByteFallback),
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 _REPLACEMENT = b"\xef\xbf\xbd"  # U+FFFD in UTF-8
 # The smallest code point a UTF-8 sequence of 1..4 bytes may encode (a smaller one is overlong).
 _SMALLEST_CODE_POINT = (0, 0x80, 0x800, 0x10000)
+_MAX_CHARACTER_BYTES = 4
 _VOCAB_DECODER_INPUTS = 5  # token ids, begins, ends, chars, skip_ids
 _REGEX_INPUTS = 5  # begins, ends, chars, search pattern, replacement
 # Regexes tabled: an optional start anchor, then literal characters or escaped punctuation. Python's
@@ -122,6 +126,29 @@ class ByteTable:
             data = step.apply(data)
         return data.decode("utf-8", errors="replace")
 
+    def ends_mid_character(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> bool:
+        """Whether the bytes of ``token_ids`` end inside a UTF-8 character, its last bytes still to come.
+
+        Streaming must hold such tokens back. A detokenizer that replaces invalid UTF-8 shows the
+        cut as U+FFFD, but one that drops it (GenAI's GGUF reader writes ``replace_mode=False``)
+        gives no sign in the text, so the bytes are read here.
+        """
+        table = self.token_bytes
+        size = len(table)
+        skipped = self.special_ids if skip_special_tokens else ()
+        tail = b""
+        for token_id in reversed(token_ids):
+            if 0 <= token_id < size and token_id not in skipped:
+                tail = table[token_id] + tail
+                if len(tail) >= _MAX_CHARACTER_BYTES - 1:
+                    break
+        # The character's lead is the last byte that is not a continuation byte (10xxxxxx).
+        for back in range(1, min(len(tail), _MAX_CHARACTER_BYTES - 1) + 1):
+            byte = tail[-back]
+            if byte >> 6 != 0b10:
+                return back < _utf8_length(byte)
+        return False
+
     @classmethod
     def from_detokenizer(cls, model: ov.Model) -> ByteTable | None:
         """Read the table out of an unedited detokenizer IR; None if it holds ops we cannot redo."""
@@ -137,7 +164,8 @@ class ByteTable:
     def _read(cls, model: ov.Model) -> ByteTable:
         vocab_decoder = _check_structure(model)
         begins, ends, chars, skip_ids = (
-            vocab_decoder.input_value(port).get_node().get_data() for port in range(1, _VOCAB_DECODER_INPUTS)
+            _constant_data(vocab_decoder.input_value(port).get_node())
+            for port in range(1, _VOCAB_DECODER_INPUTS)
         )
         chars = chars.tobytes()
         token_bytes = [chars[begin:end] for begin, end in zip(begins.tolist(), ends.tolist(), strict=True)]
@@ -202,6 +230,18 @@ def _regex_step(node: ov.Node) -> RegexReplace:
     return RegexReplace(re.compile(search), replacement, replace_all)
 
 
+def _utf8_length(lead: int) -> int:
+    """The length of the UTF-8 sequence ``lead`` starts, read from its bit pattern as UTF8Validate does
+    (1 for ASCII and for bytes that start no sequence)."""
+    if lead >> 5 == 0b110:
+        return 2
+    if lead >> 4 == 0b1110:
+        return 3
+    if lead >> 3 == 0b11110:
+        return 4
+    return 1
+
+
 def utf8_validate(data: bytes, replace: bool = True) -> bytes:
     """The bytes openvino_tokenizers' UTF8Validate op makes of ``data``.
 
@@ -246,10 +286,28 @@ def utf8_validate(data: bytes, replace: bool = True) -> bytes:
     return bytes(out)
 
 
+def _constant_data(node: ov.Node) -> np.ndarray:
+    """The value of a Constant, or of a 1-D Slice of constants (GenAI's GGUF reader slices the skip list)."""
+    if node.get_type_name() == "Constant":
+        return node.get_data()
+    if node.get_type_name() != "Slice":
+        raise _NotTabled(f"the vocabulary or skip list comes from {node.get_type_name()}, not a constant")
+    inputs = [node.input_value(port).get_node() for port in range(node.get_input_size())]
+    if any(source.get_type_name() != "Constant" for source in inputs):
+        raise _NotTabled("a Slice of something other than constants")
+    data, start, stop, step, *axes = (source.get_data() for source in inputs)
+    if data.ndim != 1 or any(value.size != 1 for value in (start, stop, step, *axes)) or int(step[0]) == 0:
+        raise _NotTabled("a Slice that is not one range of a list")
+    if axes and int(axes[0][0]) not in (0, -1):
+        raise _NotTabled("a Slice along another axis")
+    # numpy's slice clamps start and stop like the op (negative values count from the end).
+    return data[int(start[0]) : int(stop[0]) : int(step[0])]
+
+
 def _check_structure(model: ov.Model) -> ov.Node:
     """Check ``model`` is one vocab lookup, string ops and a join; return its VocabDecoder."""
     types = [node.get_type_name() for node in model.get_ordered_ops()]
-    extra = sorted(set(types) - _STRUCTURAL_OPS - _STRING_OPS)
+    extra = sorted(set(types) - _STRUCTURAL_OPS - _STRING_OPS - {"Slice"})
     if extra:
         raise _NotTabled(f"ops {extra} besides the vocab lookup and the string ops we redo")
     if types.count("VocabDecoder") != 1 or types.count("Result") != 1 or types.count("Parameter") != 1:
@@ -268,9 +326,14 @@ def _check_structure(model: ov.Model) -> ov.Node:
     if vocab_decoder.get_input_size() != _VOCAB_DECODER_INPUTS:
         raise _NotTabled(f"VocabDecoder has {vocab_decoder.get_input_size()} inputs")
     sources = [vocab_decoder.input_value(port).get_node() for port in range(1, _VOCAB_DECODER_INPUTS)]
-    if any(source.get_type_name() != "Constant" for source in sources):
-        raise _NotTabled("the vocabulary or skip list is not a constant")
-    begins, ends, chars, skip_ids = (source.get_data() for source in sources)
+    skip_list_port = _VOCAB_DECODER_INPUTS - 1
+    for node in model.get_ordered_ops():
+        if node.get_type_name() == "Slice" and any(
+            target.get_node().get_type_name() != "VocabDecoder" or target.get_index() != skip_list_port
+            for target in node.output(0).get_target_inputs()
+        ):
+            raise _NotTabled("a Slice that does not make the skip list")
+    begins, ends, chars, skip_ids = (_constant_data(source) for source in sources)
     if begins.shape != ends.shape or begins.ndim != 1 or chars.dtype != np.uint8 or skip_ids.ndim != 1:
         raise _NotTabled("unexpected vocabulary constants")
     if begins.size and (begins.min() < 0 or ends.max() > chars.size or (ends < begins).any()):

@@ -175,6 +175,15 @@ class Tokenizer:
         self.byte_table: ByteTable | None = (
             ByteTable.from_detokenizer(detokenizer_model) if byte_table else None
         )
+        if self.byte_table is None and any(
+            node.get_type_name() == "UTF8Validate" and not node.get_attributes().get("replace_mode", True)
+            for node in detokenizer_model.get_ordered_ops()
+        ):
+            logger.warning(
+                "%s drops invalid UTF-8 and is not tabled: streaming cannot see characters cut "
+                "between tokens and may lose them",
+                DETOKENIZER_FILE,
+            )
         self._has_skip_switch = _make_skip_special_tokens_switchable(detokenizer_model)
         if not self._has_skip_switch:
             logger.warning("%s has no VocabDecoder: skip_special_tokens is ignored", DETOKENIZER_FILE)
@@ -220,6 +229,12 @@ class Tokenizer:
         if self.byte_table is not None:
             return self.byte_table.decode(token_ids, skip_special_tokens)
         return self.decode_batch([token_ids], skip_special_tokens=skip_special_tokens)[0]
+
+    def ends_mid_character(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> bool | None:
+        """Whether ``token_ids`` end inside a UTF-8 character; None without a byte table (cannot tell)."""
+        if self.byte_table is None:
+            return None
+        return self.byte_table.ends_mid_character(token_ids, skip_special_tokens)
 
     def decode_batch(self, batch: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         """Decode several sequences; ids outside the vocabulary decode to nothing."""
