@@ -63,3 +63,31 @@ def test_the_table_shows_the_per_round_range_only_over_several_rounds() -> None:
     one = next(line for line in lines if line.startswith("| one |"))
     assert "| 0.90-1.10 |" in several
     assert "1.05" not in one
+
+
+def test_the_same_text_ratio_counts_only_prompts_both_engines_wrote_alike() -> None:
+    def prompts(engine: str, outputs: list[list[int]], seconds: list[float]) -> LatencyResult:
+        result = LatencyResult(_label(engine, 2), engine, 2)
+        result.record_round(
+            [
+                RequestTiming(3, tokens, value, 0.01, value / 8)
+                for tokens, value in zip(outputs, seconds, strict=True)
+            ]
+        )
+        return result
+
+    ours = prompts(XPUSPEC, [[1, 2], [3, 4], [5, 6]], [1.0, 2.0, 4.0])
+    # Faster on the second prompt only because it wrote other tokens there.
+    peer = prompts(GENAI, [[1, 2], [3, 9], [5, 6]], [1.5, 0.5, 4.5])
+    summaries = {r.name: r.summary() for r in (ours, peer)}
+    _peer_ratios([ours, peer], summaries)
+    row = summaries[ours.name]
+    assert row["ratio_to_peers"][GENAI] == pytest.approx(6.5 / 7.0)
+    assert row["equal_outputs_with_genai"] == "2/3"
+    assert row["ratio_to_genai_on_equal_outputs"] == pytest.approx(6.0 / 5.0)
+
+    from xpuspec.bench.report import latency_table
+
+    lines = latency_table({"configurations": [{**row, "name": "x", "status": "ok"}]})
+    line = next(line for line in lines if line.startswith("| x |"))
+    assert "| 1.20 (2/3) |" in line

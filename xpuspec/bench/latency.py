@@ -591,6 +591,22 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
                 theirs_s / ours_s
                 for ours_s, theirs_s in zip(result.round_seconds, peer_row.round_seconds, strict=True)
             ]
+        if ours and peer_row is not None and len(peer_row.requests) == len(result.requests):
+            # Time per token depends on the text (a lookup accepts more on repetitive text), and at
+            # bf16 a speculative run's text departs from target-only's where chunk sizes differ: GenAI's
+            # prompt lookup wrote other text than xpuspec on 5 of 8 demo prompts. So the ratio also
+            # over the prompts where both wrote the same tokens.
+            equal = [
+                (mine, peer)
+                for mine, peer in zip(result.requests, peer_row.requests, strict=True)
+                if mine.token_ids == peer.token_ids
+            ]
+            summaries[result.name]["equal_outputs_with_genai"] = f"{len(equal)}/{len(result.requests)}"
+            summaries[result.name]["ratio_to_genai_on_equal_outputs"] = (
+                sum(peer.seconds for _, peer in equal) / sum(mine.seconds for mine, _ in equal)
+                if equal
+                else None
+            )
         if result.engine == XPUSPEC:
             hf = rate.get((TRANSFORMERS, result.draft_length))
             ratios[TRANSFORMERS] = ours / hf if ours and hf else None

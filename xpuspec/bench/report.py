@@ -20,6 +20,7 @@ LATENCY_COLUMNS = (
     "÷ predicted",
     "÷ GenAI",
     "÷ GenAI by round",
+    "÷ GenAI, same text",
     "÷ transformers",
     "= exact",
 )
@@ -46,6 +47,15 @@ def _percent(value: Any) -> str:
 def _spread(values: list[float] | None) -> str:
     """The lowest and highest of the per-round ratios; nothing for a single round."""
     return f"{min(values):.2f}-{max(values):.2f}" if values and len(values) > 1 else ""
+
+
+def _same_text(row: dict[str, Any]) -> str:
+    """÷ GenAI over the prompts where both wrote the same tokens, and how many those were."""
+    equal = row.get("equal_outputs_with_genai")
+    if equal is None:
+        return ""
+    ratio = row.get("ratio_to_genai_on_equal_outputs")
+    return f"{_number(ratio, 2)} ({equal})" if ratio is not None else f"({equal})"
 
 
 def _row(cells: list[str]) -> str:
@@ -83,6 +93,7 @@ def latency_table(section: dict[str, Any]) -> list[str]:
                     _number(row.get("measured_over_predicted"), 2),
                     _number(ratios.get("OpenVINO GenAI"), 2),
                     _spread(row.get("round_ratios_to_genai")),
+                    _same_text(row),
                     _number(ratios.get("transformers"), 2),
                     row.get("same_tokens_as_exact", ""),
                 ]
@@ -156,7 +167,10 @@ def markdown(report: dict[str, Any]) -> str:
             "Python included); *÷ predicted* is decode speed-up over predicted. ÷ peer is xpuspec "
             "tokens/s over the peer's at the same draft length and properties (the adaptive row: over "
             "GenAI's best fixed-γ row); *÷ GenAI by round* is the lowest and highest of the same ratio "
-            "taken round by round, which shows how much the machine's noise moves it. *xpuspec "
+            "taken round by round, which shows how much the machine's noise moves it; *÷ GenAI, same text* "
+            "is the same ratio over the prompts where both engines wrote the same tokens (how many in "
+            "brackets): time per token depends on the text, and speculative runs at bf16 depart from "
+            "target-only's text where chunk sizes differ. *xpuspec "
             "EAGLE-3* rows, when the bundle has a head, draft with "
             "it at the same properties; their speed-ups are over xpuspec target-only.",
         ]
