@@ -593,9 +593,9 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
             ]
         if ours and peer_row is not None and len(peer_row.requests) == len(result.requests):
             # Time per token depends on the text (a lookup accepts more on repetitive text), and at
-            # bf16 a speculative run's text departs from target-only's where chunk sizes differ: GenAI's
-            # prompt lookup wrote other text than xpuspec on 5 of 8 demo prompts. So the ratio also
-            # over the prompts where both wrote the same tokens.
+            # bf16 a run's text departs from another's where their chunk sizes or KV precisions differ
+            # (GenAI's prompt lookup from xpuspec target-only on 5 of 8 demo prompts; the default rows,
+            # u8 against bf16 KV, on 3 of 8). So the ratio also over the prompts both wrote alike.
             equal = [
                 (mine, peer)
                 for mine, peer in zip(result.requests, peer_row.requests, strict=True)
