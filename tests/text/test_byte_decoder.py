@@ -48,6 +48,17 @@ def _token_streams(table: ByteTable) -> st.SearchStrategy[list[int]]:
     return st.lists(token, max_size=24)
 
 
+def _chunks(data: st.DataObject, token_ids: list[int]) -> list[list[int]]:
+    """``token_ids`` cut into pushes of 1-5 tokens, as engine steps emit them."""
+    chunks = []
+    position = 0
+    while position < len(token_ids):
+        size = data.draw(st.integers(1, 5))
+        chunks.append(token_ids[position : position + size])
+        position += size
+    return chunks
+
+
 @SETTINGS
 @given(data=st.data())
 def test_table_decodes_like_the_model(
@@ -73,11 +84,8 @@ def test_streamed_text_is_never_taken_back(
     whole = model.decode(token_ids, skip_special_tokens)
     streamed = ""
     detokenizer = IncrementalDetokenizer(tabled, skip_special_tokens=skip_special_tokens)
-    position = 0
-    while position < len(token_ids):
-        size = data.draw(st.integers(1, 5))
-        streamed += detokenizer.push(token_ids[position : position + size])
-        position += size
+    for chunk in _chunks(data, token_ids):
+        streamed += detokenizer.push(chunk)
         assert whole.startswith(streamed)
     assert streamed + detokenizer.flush() == whole
 
@@ -93,12 +101,7 @@ def test_streamed_deltas_after_a_prompt_equal_the_model_path(
     alphabet = st.sampled_from("ab é日本😀\n\t")
     prompt_ids = model.encode(data.draw(st.text(alphabet, max_size=6)), add_special_tokens=False)
     token_ids = model.encode(data.draw(st.text(alphabet, max_size=16)), add_special_tokens=False)
-    chunks = []
-    position = 0
-    while position < len(token_ids):
-        size = data.draw(st.integers(1, 5))
-        chunks.append(token_ids[position : position + size])
-        position += size
+    chunks = _chunks(data, token_ids)
     fast = IncrementalDetokenizer(tabled, prompt_ids)
     fast_deltas = [fast.push(chunk) for chunk in chunks] + [fast.flush()]
     assert "".join(fast_deltas) == model.decode(prompt_ids + token_ids)[len(model.decode(prompt_ids)) :]
