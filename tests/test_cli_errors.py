@@ -147,6 +147,8 @@ MISTAKES = {
     "prepare-missing-checkpoint": (["prepare", "./no-such-checkpoint", "-o", "out"], EXIT_USAGE, "no such"),
     "bundle-missing-bundle": (["bundle", "no/such/bundle", "-o", "edge.tar.gz"], EXIT_USAGE, "no such"),
     "verify-missing-archive": (["verify", "no-such-edge.tar.gz"], EXIT_USAGE, "no-such-edge.tar.gz"),
+    # waitress would take 99999 modulo 65536 and listen on 34463
+    "serve-port-out-of-range": (["serve", "--bundle", "demo", "--port", "99999"], EXIT_USAGE, "0-65535"),
 }
 
 

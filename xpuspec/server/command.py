@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--bundle", default=None, help="a bundle folder, or demo (default: SmolLM2-135M-Instruct + its draft)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (loopback only by default)")
-    parser.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    parser.add_argument(
+        "--port", type=_port, default=8000, help="listen port (default 8000; 0: any free port)"
+    )
     parser.add_argument(
         "--served-model-name",
         action="append",
@@ -152,6 +154,17 @@ def served_name(bundle: str | None) -> str:
     if bundle == DEMO_BUNDLE_NAME and not os.path.isdir(bundle):
         return DEMO_MODEL_NAME
     return os.path.basename(os.path.normpath(os.path.expanduser(bundle))) or DEMO_MODEL_NAME
+
+
+def _port(text: str) -> int:
+    # Checked here: waitress takes a port past 65535 modulo 65536 and would listen somewhere else.
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is an integer, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0: any free port), got {port}")
+    return port
 
 
 def run(args: argparse.Namespace) -> int:
