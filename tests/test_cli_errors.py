@@ -149,6 +149,11 @@ MISTAKES = {
     "verify-missing-archive": (["verify", "no-such-edge.tar.gz"], EXIT_USAGE, "no-such-edge.tar.gz"),
     # waitress would take 99999 modulo 65536 and listen on 34463
     "serve-port-out-of-range": (["serve", "--bundle", "demo", "--port", "99999"], EXIT_USAGE, "0-65535"),
+    "serve-bad-host": (
+        ["serve", "--bundle", "demo", "--host", "999.1.1.1", "--port", "0"],
+        EXIT_USAGE,
+        "--host",
+    ),
 }
 
 

@@ -231,6 +231,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    except ValueError as error:  # waitress: a host it cannot resolve
+        print(
+            f"xpuspec serve: cannot listen on {args.host}:{args.port}: {error} (check --host)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:  # the cheap part of loading, here so that a wrong --bundle is one plain line
         ModelBundle.open(args.bundle)
     except BundleError as error:
