@@ -145,6 +145,11 @@ MISTAKES = {
     "plan-bad-property": (["plan", "demo", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
     "devices-missing-bundle": (["devices", "--bundle", "no/such/bundle"], EXIT_USAGE, "no such bundle"),
     "prepare-missing-checkpoint": (["prepare", "./no-such-checkpoint", "-o", "out"], EXIT_USAGE, "no such"),
+    "prepare-a-bundle": (
+        ["prepare", str(demo_bundle_path()), "-o", "out"],
+        EXIT_USAGE,
+        "already an xpuspec bundle",
+    ),
     "bundle-missing-bundle": (["bundle", "no/such/bundle", "-o", "edge.tar.gz"], EXIT_USAGE, "no such"),
     "verify-missing-archive": (["verify", "no-such-edge.tar.gz"], EXIT_USAGE, "no-such-edge.tar.gz"),
     # waitress would take 99999 modulo 65536 and listen on 34463

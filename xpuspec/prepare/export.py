@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from xpuspec.model_bundle import MANIFEST_NAME
 from xpuspec.prepare.config import PrepareError
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class ModelSource:
         path = Path(spec).expanduser()
         if path.is_dir():
             if not (path / "config.json").is_file():
+                if (path / MANIFEST_NAME).is_file():
+                    raise PrepareError(
+                        f"{role} {spec}: already an xpuspec bundle; run it as it is "
+                        f"(e.g. `xpuspec generate --bundle {spec} ...`)"
+                    )
                 raise PrepareError(
                     f"{role} {spec}: folder has no config.json; is it a Hugging Face checkpoint?"
                 )
