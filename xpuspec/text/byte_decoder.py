@@ -259,16 +259,12 @@ def utf8_validate(data: bytes, replace: bool = True) -> bytes:
             out.append(lead)
             position += 1
             continue
-        if lead >> 5 == 0b110:
-            length, code_point = 2, lead & 0b11111
-        elif lead >> 4 == 0b1110:
-            length, code_point = 3, lead & 0b1111
-        elif lead >> 3 == 0b11110:
-            length, code_point = 4, lead & 0b111
-        else:  # a continuation byte or 0xF8-0xFF where a sequence should start
+        length = _utf8_length(lead)
+        if length == 1:  # a continuation byte or 0xF8-0xFF where a sequence should start
             out += replacement
             position += 1
             continue
+        code_point = lead & (0xFF >> (length + 1))  # the lead's payload bits after its length prefix
         cursor = position + 1
         while cursor < position + length and cursor < end and data[cursor] >> 6 == 0b10:
             code_point = (code_point << 6) | (data[cursor] & 0b111111)
