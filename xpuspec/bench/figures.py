@@ -121,7 +121,7 @@ def add_speedups(
 
     ``step_costs`` maps an engine to its measured mean seconds of a decode step by γ (γ drafting
     passes plus verifying γ + 1 tokens, the engine's Python included; from its cost curve). For a
-    fixed-γ row the prediction is ``(1 − α^(γ+1)) / (1 − α) · TPOT(target-only) / step(γ)`` at the
+    fixed-γ row the prediction is ``(1 − α^(γ+1)) / (1 − α) · step(0) / step(γ)`` at the
     row's measured α, compared with the measured decode speed-up ``TPOT(target-only) / TPOT(γ)``
     (TPOT: time per output token after the first, so prefill is left out of both). ``baseline_of``
     names, for an engine without target-only rows, the engine whose target-only run it is compared with.
@@ -142,10 +142,13 @@ def add_speedups(
             continue
         summary["decode_speedup"] = base_tpot / tpot
         alpha = summary.get("alpha")
-        step_ms = 1000.0 * (step_costs or {}).get(result.engine, {}).get(result.draft_length, 0.0)
-        if not isinstance(result.draft_length, int) or alpha is None or not step_ms:
+        costs = (step_costs or {}).get(result.engine, {})
+        step, plain = costs.get(result.draft_length, 0.0), costs.get(0, 0.0)
+        if not isinstance(result.draft_length, int) or alpha is None or not step or not plain:
             continue
-        predicted = expected_tokens_per_step(alpha, result.draft_length) * base_tpot / step_ms
+        # Both steps from the same cost curve (means over the run): a fastest-round TPOT over a mean
+        # step would credit the prediction with the machine's noise.
+        predicted = expected_tokens_per_step(alpha, result.draft_length) * plain / step
         summary["predicted_speedup"] = predicted
         summary["measured_over_predicted"] = summary["decode_speedup"] / predicted
 

@@ -161,7 +161,7 @@ def markdown(report: dict[str, Any]) -> str:
             "α is Leviathan et al.'s per-token acceptance (accepted / tested drafts); acceptance is "
             "accepted / drafted. Speed-up is tokens/s over the same engine's target-only run; *decode "
             "speed-up* is its TPOT over this row's (prefill left out); *predicted* is Leviathan et al.'s "
-            "(1 − α^(γ+1)) / (1 − α) × TPOT(target-only) / step(γ) at the row's measured α, where "
+            "(1 − α^(γ+1)) / (1 − α) × step(0) / step(γ) at the row's measured α, where "
             "step(γ) = γ·c_draft + c_verify(γ + 1) is the engine's measured mean decode step at γ (its "
             "cost curve below: the draft's passes and the verification of γ + 1 tokens, the engine's "
             "Python included); *÷ predicted* is decode speed-up over predicted. ÷ peer is xpuspec "
