@@ -77,6 +77,11 @@ def test_fixed_gamma_rows_carry_leviathans_prediction_from_the_measured_cost_cur
         model.record_drafting([(1, 0.0002)] * 4, 0.0008)
     curves = median_curve([cost_curve(model, 4), cost_curve(model, 4)])
     assert curves["step_ms"][4] == 2.0 + 4 * 0.2 and curves["verify_steps"] == {1: 10, 5: 10}
+    # γ = 0 is the target-only run's mean step where that engine measured one
+    target_only = CostModel()
+    assert cost_curve(model, 4, target_only)["step_ms"][0] == pytest.approx(1.0)  # nothing measured
+    target_only.record_target_step(1, 0.0015, num_sequences=1)
+    assert cost_curve(model, 4, target_only)["step_ms"][0] == pytest.approx(1.5)
     alpha = 0.8  # 8 accepted of 10 tested
     results = [
         # target-only's fastest round ran faster than the run's mean 1-token step (1.0 ms)

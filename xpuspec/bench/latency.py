@@ -132,14 +132,21 @@ def measure_step_costs(pipeline: Any, repeats: int = 7) -> dict[str, float]:
     return {"target_step_ms": target * 1000, "draft_step_ms": draft * 1000, "cost_ratio": draft / target}
 
 
-def cost_curve(model: CostModel, max_gamma: int) -> dict[str, Any]:
+def cost_curve(model: CostModel, max_gamma: int, target_only: CostModel | None = None) -> dict[str, Any]:
     """An engine's measured costs after a round, in ms: the mean decode step by γ (drafting plus
     verification, what Leviathan's prediction divides by), the verification step by tokens per
-    sequence with its number of steps, and a drafting pass (device and the loop's Python)."""
+    sequence with its number of steps, and a drafting pass (device and the loop's Python).
+
+    A speculative engine rarely verifies one token alone, so its own γ = 0 step is mostly the load-time
+    calibration; the mean step of ``target_only`` (the target-only run's engine), where it measured
+    one, is taken instead, so that both ends of the prediction are means over the same rounds."""
     verify = model.verify.table(1)
     drafts = model.draft_passes.table(1).get(1, {})
+    steps = {gamma: 1000 * model.mean_step_cost(gamma) for gamma in range(max_gamma + 1)}
+    if target_only is not None and target_only.verify.table(1).get(1, {}).get("mean"):
+        steps[0] = 1000 * target_only.mean_step_cost(0)
     return {
-        "step_ms": {gamma: 1000 * model.mean_step_cost(gamma) for gamma in range(max_gamma + 1)},
+        "step_ms": steps,
         "verify_ms": {n: _ms(cell["mean"]) for n, cell in verify.items() if cell["steps"]},
         "verify_steps": {n: cell["steps"] for n, cell in verify.items() if cell["steps"]},
         "verify_calibrated_ms": {
@@ -448,9 +455,14 @@ def run_latency(
             (XPUSPEC_EAGLE3, EAGLE3_KEY),
         ):
             if key in built:
-                model = built[key].pipeline.engine.cost_model
-                curves.setdefault(label, []).append(cost_curve(model, max(config.draft_lengths, default=0)))
-                del model
+                plain = built.get(f"{BASELINE_OF.get(label, label)}/none")
+                curve = cost_curve(
+                    built[key].pipeline.engine.cost_model,
+                    max(config.draft_lengths, default=0),
+                    plain.pipeline.engine.cost_model if plain is not None else None,
+                )
+                curves.setdefault(label, []).append(curve)
+                del plain
         # Free this round's engines before the next round compiles its own: pipelines hold reference
         # cycles, which wait for a full collection, and a round of the default model's ~14 engines
         # takes ~10 GB (a third round was killed for memory on a 24 GB machine without this).

@@ -179,7 +179,8 @@ def markdown(report: dict[str, Any]) -> str:
             verify = ", ".join(f"{n}: {_number(ms, 3)}" for n, ms in curve.get("verify_ms", {}).items())
             lines += [
                 "",
-                f"{engine} cost curve (ms, median over rounds): decode step by γ {steps}; verification "
+                f"{engine} cost curve (ms, median over rounds): decode step by γ {steps} (γ=0: the "
+                f"target-only run's); verification "
                 f"by tokens per sequence {verify}; drafting pass {_number(curve.get('draft_pass_ms'), 3)} "
                 f"+ {_number(curve.get('draft_python_ms'), 3)} Python. Single-token forwards at idle: "
                 f"target {_number(costs.get('target_step_ms'), 3)}, "
