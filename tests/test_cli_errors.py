@@ -135,6 +135,11 @@ MISTAKES = {
         EXIT_USAGE,
         "Unsupported property FOO",
     ),
+    "bad-property-value": (
+        [*GENERATE_DEMO, "hi", "--property", "KV_CACHE_PRECISION=i64"],
+        EXIT_USAGE,
+        "Wrong value i64 for property key KV_CACHE_PRECISION",
+    ),
     "unknown-device": ([*GENERATE_DEMO, "hi", "--target-device", "XPU"], EXIT_USAGE, "not present"),
     "bad-choice": ([*GENERATE_DEMO, "hi", "--drafter", "fast"], EXIT_USAGE, "invalid choice"),
     "generate-missing-bundle": (["generate", "hi", "--bundle", "no/such/bundle"], EXIT_USAGE, "no such"),
@@ -267,3 +272,17 @@ def test_serve_refuses_a_damaged_bundle(corrupt_bundle: tuple[Path, str], cache:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "damaged" in lines[0] and expected in lines[0], result.stderr
     assert "ready" not in result.stdout
+
+
+def test_openvino_messages_lose_their_frames_and_check_conditions() -> None:
+    # What the AVX2-only CPU plugin says to a bf16 KV cache (OpenVINO 2026.4): the user needs the last part.
+    from xpuspec.cli import describe_error
+
+    error = RuntimeError(
+        "Exception from src/inference/src/cpp/core.cpp:117:\n"
+        "Exception from src/inference/src/dev/plugin.cpp:54:\n"
+        "Check 'all_of(ov::element::f32, key_cache_type, value_cache_type)' failed at "
+        "/home/jenkins/b/build/dldt/src/plugins/intel_cpu/cross-compiled/AVX2/executor_pa.cpp:2938:\n"
+        "expect kvcache type f32, current: bf16 , bf16\n"
+    )
+    assert describe_error(error) == ("OpenVINO: expect kvcache type f32, current: bf16 , bf16", EXIT_FAILED)

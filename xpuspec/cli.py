@@ -123,6 +123,8 @@ def debug_wanted(args: argparse.Namespace | None = None) -> bool:
 
 # OpenVINO wraps plugin errors in "Exception from src/...:LINE:" lines; the last line says what happened.
 _OPENVINO_FRAME = re.compile(r"^\s*Exception from \S+:\d+:\s*$")
+# A failed internal check names its condition and the build machine's source path before the message.
+_OPENVINO_CHECK = re.compile(r"Check '.*?' failed at \S+:\d+:\s*")
 
 
 def openvino_message(error: BaseException) -> str | None:
@@ -131,7 +133,7 @@ def openvino_message(error: BaseException) -> str | None:
     if not isinstance(error, RuntimeError) or "Exception from src/" not in text:
         return None
     lines = [line.strip() for line in text.splitlines() if line.strip() and not _OPENVINO_FRAME.match(line)]
-    return " ".join(lines).strip() or text.strip()
+    return _OPENVINO_CHECK.sub("", " ".join(lines)).strip() or text.strip()
 
 
 def describe_error(error: BaseException) -> tuple[str, int] | None:
@@ -170,6 +172,8 @@ def _describe_openvino(message: str) -> tuple[str, int]:
             "(`xpuspec devices` lists the devices)",
             EXIT_USAGE,
         )
+    if message.startswith("Wrong value"):  # a known key with a value the device does not take
+        return f"OpenVINO: {message.rstrip('.')}; fix that --property value", EXIT_USAGE
     if "Cannot load library" in message or "cannot open shared object file" in message:
         library = re.search(r"([\w.+-]+\.so[\w.]*): cannot open shared object file", message)
         plugin = re.search(r"libopenvino_(\w+?)_plugin", message)

@@ -13,7 +13,7 @@ PROMPTS = ["def add(a, b):\n", "import os\n"]
 
 @pytest.fixture(scope="module")
 def demo_pipeline() -> Pipeline:
-    return Pipeline(drafter="draft")
+    return Pipeline("demo", drafter="draft")
 
 
 @pytest.mark.parametrize("num_draft_tokens", [0, 3])
@@ -52,7 +52,9 @@ def test_profile_times_each_stage_and_restores_the_pipeline(
 
 
 def test_profile_command_prints_each_configuration(capsys: pytest.CaptureFixture[str]) -> None:
-    assert profile.main(["--prompts", "1", "--max-tokens", "8", "--draft-lengths", "0,2", "--layers"]) == 0
+    # The demo pair: the default model's compiles (with and without counters) took ~50 s of CI here.
+    argv = ["--bundle", "demo", "--prompts", "1", "--max-tokens", "8", "--draft-lengths", "0,2", "--layers"]
+    assert profile.main(argv) == 0
     out = capsys.readouterr().out
     assert "target-only: 8 tokens" in out and "γ = 2: 8 tokens" in out
     assert "detokenize" in out and "draft device" in out
@@ -60,7 +62,8 @@ def test_profile_command_prints_each_configuration(capsys: pytest.CaptureFixture
 
 
 def test_profile_command_streams_through_a_real_server(capsys: pytest.CaptureFixture[str]) -> None:
-    assert profile.main(["--prompts", "1", "--max-tokens", "8", "--draft-lengths", "0", "--http"]) == 0
+    argv = ["--bundle", "demo", "--prompts", "1", "--max-tokens", "8", "--draft-lengths", "0", "--http"]
+    assert profile.main(argv) == 0
     out = capsys.readouterr().out
     assert "HTTP, one streaming client" in out and "tokens/s in-process" in out
 
@@ -71,3 +74,17 @@ def test_draft_lengths_take_integers_and_adaptive() -> None:
     assert [_draft_length(v) for v in ("0", "4", "a", " adaptive")] == [0, 4, None, None]
     with pytest.raises(SystemExit, match="'x'"):
         _draft_length("x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--property", "INFERENCE_PRECISION_HINT"], "KEY=VALUE"),
+        (["--bundle", "demo", "--property", "KV_CACHE_PRECISION=i64"], "Wrong value i64"),
+        (["--bundle", "/nowhere/bundle"], "/nowhere/bundle"),
+    ],
+)
+def test_mistakes_are_one_line_errors(argv, said, capsys: pytest.CaptureFixture[str]) -> None:
+    assert profile.main(["--prompts", "1", "--max-tokens", "2", "--draft-lengths", "0", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err and "Traceback" not in err

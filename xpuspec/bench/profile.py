@@ -325,11 +325,25 @@ def _draft_length(value: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.cli import describe_error
 
     args = _parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    properties = dict(item.split("=", 1) for item in args.property) or None
+    try:
+        return _profile(args)
+    except Exception as error:  # a missing bundle, a bad --property, properties this CPU refuses
+        described = describe_error(error)
+        if described is None:
+            raise
+        print(f"python -m xpuspec.bench.profile: error: {described[0]}", file=sys.stderr)
+        return described[1]
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from xpuspec.generate_command import parse_properties
+    from xpuspec.pipeline import Pipeline
+
+    properties = parse_properties(args.property) or None
     prompts = [prompt.text for prompt in heldout_code_prompts(args.prompts)]
     gammas = [_draft_length(value) for value in args.draft_lengths.split(",") if value.strip()]
     pipelines: dict[str, Any] = {}
