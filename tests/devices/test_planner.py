@@ -130,8 +130,9 @@ def _measured_candidate(record: dict, drafter: str, num_draft_tokens: int | None
     return found
 
 
-def test_plan_write_three_times_records_what_its_measurements_show(tmp_path, capsys):
-    """`plan --write` three times on the demo bundle (reduced workload, compile properties tuned).
+def test_plan_write_twice_records_what_its_measurements_show(tmp_path, capsys):
+    """`plan --write` twice on the demo bundle, the second over the first's record (reduced workload,
+    compile properties tuned).
     Which placement wins is a timing (on this shared machine two runs have recorded two different
     clear winners), so the test asserts that each record follows from its own measurements: a
     record within noise keeps the default placement; a change is backed by every round of the
@@ -141,7 +142,7 @@ def test_plan_write_three_times_records_what_its_measurements_show(tmp_path, cap
     bundle = tmp_path / "demo"
     shutil.copytree(demo_bundle_path(), bundle)
     records = []
-    for _ in range(3):
+    for _ in range(2):
         assert main(["plan", str(bundle), "--write", "--quick", "--devices", "CPU"]) == 0
         records.append(ModelBundle.open(bundle, verify=True).placement)
     capsys.readouterr()
