@@ -62,6 +62,7 @@ class LatencyResult:
     reason: str | None = None
     round_seconds: list[float] = field(default_factory=list)
     requests: list[RequestTiming] = field(default_factory=list)  # each prompt's fastest run
+    prompt_seconds: list[list[float]] = field(default_factory=list)  # [round][prompt] wall seconds
 
     def record_round(self, timings: list[RequestTiming]) -> None:
         """One round: a run of every prompt, in prompt order."""
@@ -71,6 +72,7 @@ class LatencyResult:
             pairs = zip(self.requests, timings, strict=True)
             self.requests = [min(kept, new, key=lambda t: t.seconds) for kept, new in pairs]
         self.round_seconds.append(sum(t.seconds for t in timings))
+        self.prompt_seconds.append([t.seconds for t in timings])
 
     def summary(self) -> dict[str, Any]:
         """The figures of each prompt's fastest run; speed-ups are filled in by :func:`add_speedups`."""
@@ -89,6 +91,7 @@ class LatencyResult:
             "output_tokens": tokens,
             "seconds": seconds,
             "round_seconds": self.round_seconds,
+            "prompt_seconds": self.prompt_seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
             "ttft_ms": _ms(_median([t.ttft_s for t in timings])),
             "tpot_ms": _ms(_median([t.tpot_s for t in timings])),

@@ -187,7 +187,7 @@ GENAI_EAGLE3, GENAI_EAGLE3_KEY = f"{GENAI} EAGLE-3", f"{GENAI}/eagle3"
 GENAI_LOOKUP, GENAI_LOOKUP_KEY = f"{GENAI} prompt lookup", f"{GENAI}/lookup"
 # The engine label of each row group; the row's peer for the ÷ GenAI column.
 PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT, XPUSPEC_EAGLE3: GENAI_EAGLE3}
-# Where an adaptive (or tree) row looks for the peer's best fixed-γ configuration.
+# Where an adaptive (or tree) row looks for the peer's best configuration (target-only or a fixed γ).
 BEST_PEERS_OF = {XPUSPEC: (GENAI, GENAI_LOOKUP)}
 # Row groups without target-only rows of their own: their speed-ups are over this group's.
 BASELINE_OF = {XPUSPEC_EAGLE3: XPUSPEC, GENAI_EAGLE3: GENAI}
@@ -384,7 +384,7 @@ def run_latency(
 ) -> dict[str, Any]:
     """Every configuration over ``prompts`` (token ids); returns the report's ``latency`` section."""
     configs, engines = _configurations(config, bundle, build_pipeline, same_properties, default_properties)
-    active = [c for c in configs if c.engine_key is not None]
+    active = _adjacent_peers([c for c in configs if c.engine_key is not None])
     progress = Progress("latency", config.rounds * (len(engines) + len(active) * len(prompts)))
     costs: dict[str, float] | None = None
     curves: dict[str, list[dict[str, Any]]] = {}  # engine -> its cost curve, one per round
@@ -503,6 +503,43 @@ def run_latency(
     return section
 
 
+def _adjacent_peers(entries: list[_Config]) -> list[_Config]:
+    """``entries`` reordered so each row's peer (the row its ÷ GenAI divides by) runs right after it.
+
+    A round runs every row on a prompt before the next prompt, so a row and its peer in the table's
+    order ran up to ~20 rows (seconds to tens of seconds) apart, and a slow spell of the machine fell
+    on one of them; neighbours run within a request of each other. The adaptive and tree rows, whose
+    peer is the best of the peer's fixed-γ rows, are followed by the peer rows not yet placed (GenAI's
+    prompt lookup). Order within each group is kept.
+    """
+    ordered: list[_Config] = []
+    placed: set[int] = set()
+
+    def place(entry: _Config) -> None:
+        ordered.append(entry)
+        placed.add(id(entry))
+
+    for entry in entries:
+        if id(entry) in placed:
+            continue
+        place(entry)
+        engine, length = entry.result.engine, entry.result.draft_length
+        peer = PEER_OF.get(engine)
+        if peer is None:
+            continue
+        if length in (ADAPTIVE, TREE_AUTO):
+            peers = BEST_PEERS_OF.get(engine, (peer,))
+            for other in entries:
+                if id(other) not in placed and other.result.engine in peers:
+                    place(other)
+            continue
+        for other in entries:
+            if id(other) not in placed and (other.result.engine, other.result.draft_length) == (peer, length):
+                place(other)
+                break
+    return ordered
+
+
 def _interleaved_round(
     entries: list[_Config],
     built: dict[str, Any],
@@ -573,12 +610,36 @@ def _compare_tokens(results: list[LatencyResult], summaries: dict[str, dict[str,
             summaries[result.name]["same_tokens_reference"] = reference.name
 
 
+def _paired_ratios(ours: LatencyResult, peer: LatencyResult, prompts: list[int] | None = None) -> list[float]:
+    """The peer's seconds over ours, run by run: one ratio per prompt per round (>1: xpuspec is faster).
+
+    The two runs of a pair ran the same prompt in the same round, back to back where the rows are
+    neighbours (see :func:`_adjacent_peers`), so a slow spell of the machine falls on both; runs of
+    different rounds or prompts are never divided. ``prompts``: only these prompt indices.
+    """
+    if len(ours.prompt_seconds) != len(peer.prompt_seconds):
+        return []
+    ratios = []
+    for mine, theirs in zip(ours.prompt_seconds, peer.prompt_seconds, strict=True):
+        if len(mine) != len(theirs):
+            return []
+        for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            if a > 0 and (prompts is None or index in prompts):
+                ratios.append(b / a)
+    return ratios
+
+
 def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, Any]]) -> None:
-    """xpuspec tokens/s over each peer's at the same draft length (>1: xpuspec is faster).
+    """xpuspec over each peer row at the same draft length (>1: xpuspec is faster).
 
     Same-properties rows compare with GenAI at the same properties, default rows with GenAI's default;
-    the adaptive and tree rows, which GenAI lacks, compare with GenAI's best fixed-γ row (its prompt
-    lookup's included for the same-properties rows: xpuspec's adaptive γ also looks up).
+    the adaptive and tree rows, which GenAI lacks, compare with GenAI's best row, target-only included
+    (a user of GenAI who finds drafting slower runs without it) and, for the same-properties rows, its
+    prompt lookup (xpuspec's adaptive γ also looks up). The ratio is
+    the median of the paired runs' ratios (:func:`_paired_ratios`), which a run slowed by the machine
+    moves little; the best rows' tokens/s ratio where the runs cannot be paired. Per-prompt bests
+    summed, the rows' tokens/s, let one round in which the peer happened to run on a quiet machine
+    decide the ratio: on the 110M target at stop 30 they gave 0.93 with rounds of 0.92, 1.01 and 1.00.
     """
     rate = {(r.engine, r.draft_length): summaries[r.name].get("tokens_per_s") for r in results}
     rows = {(r.engine, r.draft_length): r for r in results if r.status == OK}
@@ -590,13 +651,22 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
         ours = rate.get((result.engine, result.draft_length))
         if result.draft_length in (ADAPTIVE, TREE_AUTO):
             peers = BEST_PEERS_OF.get(result.engine, (genai,))
-            fixed = [key for key, v in rate.items() if key[0] in peers and isinstance(key[1], int) and v]
+            fixed = [
+                key
+                for key, v in rate.items()
+                if key[0] in peers and (key[1] is None or isinstance(key[1], int)) and v
+            ]
             best = max(fixed, key=lambda key: rate[key], default=None)
         else:
             best = (genai, result.draft_length) if rate.get((genai, result.draft_length)) else None
         theirs = rate.get(best) if best is not None else None
-        ratios[GENAI] = ours / theirs if ours and theirs else None
         peer_row = rows.get(best) if best is not None else None
+        paired = _paired_ratios(result, peer_row) if ours and peer_row is not None else []
+        if paired:
+            ratios[GENAI] = statistics.median(paired)
+            summaries[result.name]["paired_ratios_to_genai"] = paired
+        else:
+            ratios[GENAI] = ours / theirs if ours and theirs else None
         if ours and peer_row is not None and len(peer_row.round_seconds) == len(result.round_seconds):
             # The same ratio round by round (the rounds run the same tokens): its spread is the noise.
             summaries[result.name]["round_ratios_to_genai"] = [
@@ -609,15 +679,14 @@ def _peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, An
             # (GenAI's prompt lookup from xpuspec target-only on 5 of 8 demo prompts; the default rows,
             # u8 against bf16 KV, on 3 of 8). So the ratio also over the prompts both wrote alike.
             equal = [
-                (mine, peer)
-                for mine, peer in zip(result.requests, peer_row.requests, strict=True)
+                index
+                for index, (mine, peer) in enumerate(zip(result.requests, peer_row.requests, strict=True))
                 if mine.token_ids == peer.token_ids
             ]
             summaries[result.name]["equal_outputs_with_genai"] = f"{len(equal)}/{len(result.requests)}"
+            paired_equal = _paired_ratios(result, peer_row, equal) if equal else []
             summaries[result.name]["ratio_to_genai_on_equal_outputs"] = (
-                sum(peer.seconds for _, peer in equal) / sum(mine.seconds for mine, _ in equal)
-                if equal
-                else None
+                statistics.median(paired_equal) if paired_equal else None
             )
         if result.engine == XPUSPEC:
             hf = rate.get((TRANSFORMERS, result.draft_length))
