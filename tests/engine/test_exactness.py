@@ -153,7 +153,7 @@ def _make_drafting_hopeless(engine) -> None:
     from xpuspec.spec_decode.speculation_length import MAX_TOKENS_PER_SEQUENCE
     from xpuspec.spec_decode.verify_costs import VerifyCostCurve
 
-    engine.prompt_lookup = None
+    engine.draft_choice.prompt_lookup = None
 
     engine.cost_model.drafting = VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE)
     for gamma in range(1, engine.config.max_draft_tokens + 1):
@@ -174,14 +174,14 @@ def test_probes_that_find_no_gain_come_ever_more_rarely(pair_bundle):
     """A probe changes the target's step shape twice and catches the draft up over every token since
     the last one. While probes keep finding γ = 0, the interval doubles (64, 128, 256 steps ...): over
     ~480 steps that is 3 probes, where a fixed interval of 64 steps would have probed 7 times."""
-    from xpuspec.engine.engine import PROBE_INTERVAL_STEPS
+    from xpuspec.engine.draft_choice import PROBE_INTERVAL_STEPS
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     _make_drafting_hopeless(pipe.engine)  # γ = 0 from now on, except for the probes
     params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     result = pipe.generate(PROMPTS[0], params)[0]
     assert 2 <= result.stats["drafted"] <= 4
-    assert pipe.engine._probe_interval >= 4 * PROBE_INTERVAL_STEPS
+    assert pipe.engine.draft_choice.probe_interval >= 4 * PROBE_INTERVAL_STEPS
 
 
 def test_a_draft_with_a_cut_vocabulary_keeps_output_exact(pair_bundle, target_only):

@@ -279,7 +279,7 @@ def test_the_probe_respects_max_draft_tokens_zero():
         use_placement=False,  # adaptive γ: the probe's path
     )
     engine = pipe.engine
-    engine._steps_without_drafting = 10_000  # the probe is due at every step
+    engine.draft_choice.steps_without_drafting = 10_000  # the probe is due at every step
     result = pipe.generate("def", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))[0]
     assert len(result.token_ids) == 40 and result.stats["drafted"] == 0
 

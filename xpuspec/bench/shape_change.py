@@ -8,7 +8,7 @@ in each of four patterns, in an order reversed every other round, and keeps each
 - ``a steady`` and ``b steady``: every pass the same count (``--tokens a,b``);
 - ``a/b alternating``: the count changes every pass;
 - ``a padded to b``: ``a`` tokens and ``b - a`` padding tokens (``SequenceChunk.padding``), which is
-  what the engine runs instead of changing the count (``LLMEngine._keep_shape``).
+  what the engine runs instead of changing the count (``StepShape.keep``).
 
 It prints each pattern's median over the rounds and the change's cost, the alternating pattern's
 mean minus the mean of the two steady ones.

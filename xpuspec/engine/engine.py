@@ -26,20 +26,21 @@ counted in ``num_engine_failures`` / ``num_requests_failed``.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from xpuspec.engine.block_manager import BlockManager
+from xpuspec.engine.draft_choice import DraftChoice
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.prefix_cache import PrefixCachingBlockManager
 from xpuspec.engine.request_stats import RequestStats
 from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.engine.sequence import Sequence, SequenceStatus
+from xpuspec.engine.step_shape import StepShape, step_tokens
 from xpuspec.sample.sampler import (
     finite_argmax,
     make_generator,
@@ -49,11 +50,11 @@ from xpuspec.sample.sampler import (
     sample,
 )
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
+from xpuspec.spec_decode.prompt_lookup import PromptLookup
 from xpuspec.spec_decode.proposal import DraftProposer, Proposal
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
-from xpuspec.spec_decode.tree import DraftTree, TreeShape
+from xpuspec.spec_decode.tree import DraftTree
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance, TreeVerification
 from xpuspec.spec_decode.tree_build import TreeDrafting
 from xpuspec.spec_decode.tree_policy import TreeShapePolicy
@@ -80,9 +81,6 @@ class TargetModel(Protocol):
     def wait(self) -> np.ndarray: ...  # [sum num_logits, vocab]
 
 
-# While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
-PROBE_INTERVAL_STEPS = 64
-MAX_PROBE_INTERVAL_STEPS = 1024
 CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the target
 
 FINISH_REASONS = {
@@ -180,31 +178,34 @@ class LLMEngine:
         self.rejection_sampler = RejectionSampler()
         self.cost_model = CostModel()
         self.acceptance = AcceptanceRates()
-        # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
-        # EAGLE-3 head, which must see every target state in order).
-        self.prompt_lookup = (
-            PromptLookup()
-            if config.prompt_lookup
-            and getattr(proposer, "runner", None) is not None
-            and not hasattr(proposer, "observe_target")
-            else None
-        )
-        self._steps_without_drafting = 0
-        self._probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
-        self._probed = self._policy_drafted = False  # this step's choices of γ (reset by _propose)
-        # (tokens, decoding sequences or None) of the last target step: the shape of the next
-        # step decides whether the plugin pays a change of shapes (cost_model.shape_change).
-        self._last_target_shape: tuple[int, int | None] | None = None
-        # Whether target steps may run padding tokens (SequenceChunk.padding): not for a drafter
-        # that reads the target's states (EAGLE-3), which would get the padding's too.
-        self._can_pad = bool(getattr(target, "supports_padding", False)) and not hasattr(
-            proposer, "observe_target"
-        )
-        # Consecutive decode steps padded up to the last shape, and the most tokens they needed.
-        self._padded_steps = self._padded_need = 0
+        # Padding tokens only where the target runs them, and not for a drafter that reads the
+        # target's states of every token (EAGLE-3), which would get the padding's too.
+        can_pad = bool(getattr(target, "supports_padding", False)) and not hasattr(proposer, "observe_target")
+        self.step_shape = StepShape(can_pad, config.max_model_len)
         self._drafting_seconds = 0.0  # wall time of the last drafting phase
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._init_trees()
+        self.draft_choice: DraftChoice | None = None  # None: no drafter, no drafts
+        if proposer is not None:
+            self.draft_choice = DraftChoice(
+                max_draft_tokens=config.max_draft_tokens,
+                acceptance=self.acceptance,
+                length_policy=self.length_policy,
+                tree_policy=self.tree_policy,
+                # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor
+                # an EAGLE-3 head, which must see every target state in order).
+                prompt_lookup=(
+                    PromptLookup()
+                    if config.prompt_lookup
+                    and getattr(proposer, "runner", None) is not None
+                    and not hasattr(proposer, "observe_target")
+                    else None
+                ),
+                drafts_trees=self.tree_drafter is not None,
+                num_running=lambda: self.scheduler.num_running,
+                is_guided=lambda request_id: self._states[request_id].guide is not None,
+                last_target_shape=lambda: self.step_shape.last,
+            )
         self._sequences: dict[str, Sequence] = {}
         self._states: dict[str, _RequestState] = {}
         # Outputs of the step in progress: kept here so a step that fails still reports them.
@@ -219,6 +220,11 @@ class LLMEngine:
         # Asked between the passes of a decode burst: True ends it, so that work waiting outside the
         # engine (a server's new requests and aborts) is not held back for the rest of the burst.
         self.burst_interrupt: Callable[[], bool] | None = None
+
+    @property
+    def prompt_lookup(self) -> PromptLookup | None:
+        """The prompt-lookup drafter beside the draft model, if any (``DraftChoice.prompt_lookup``)."""
+        return self.draft_choice.prompt_lookup if self.draft_choice is not None else None
 
     @property
     def prefix_caching(self) -> bool:
@@ -246,13 +252,10 @@ class LLMEngine:
                 self.tree_drafter = make_tree_drafter()
         self.tree_acceptance = TreeAcceptance()
         self.tree_policy = TreeShapePolicy(self.cost_model, self.config.max_draft_tokens)
-        self._step_trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
-        self._step_lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
         # The accepted path (node indices) of each tree verified this step: a drafter reading the
         # target's states (EAGLE-3) keeps those of the path's rows only.
         self._tree_paths: dict[str, list[int]] = {}
         self._draft_timings: list[tuple[int, float]] = []  # the drafting passes of this step
-        self._warned_no_trees = False
 
     def _build_scheduler(self) -> None:
         if self.prefix_caching:
@@ -329,7 +332,7 @@ class LLMEngine:
                 self.cost_model.calibrate_target(1, n, steady)
                 if len(chunks) > 1:
                     self.cost_model.calibrate_shape_change(changed - steady)
-        self._last_target_shape = None
+        self.step_shape.last = None
         self.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
 
     def reset_prefix_cache(self) -> int:
@@ -479,7 +482,7 @@ class LLMEngine:
             self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
         if self.proposer is not None:  # without a drafter every decode step has the same shape
-            self._keep_shape(runner_chunks)
+            self.step_shape.keep(runner_chunks, self.cost_model)
         logits = self._forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
         self._accept_all(chunks, runner_chunks, logits, proposals)
         observe = getattr(self.proposer, "observe_target", None)
@@ -488,14 +491,13 @@ class LLMEngine:
         if self.proposer is not None:  # only the choice of γ reads the cost model
             # The whole step but the drafting: the engine's own work per step is paid once however
             # many tokens the step emits, and speculation amortises it as it does the target's pass.
-            shape = (_step_tokens(runner_chunks), _decode_sequences(runner_chunks))
+            shape, changed = self.step_shape.record(runner_chunks)
             self.cost_model.record_target_step(
                 shape[0],
                 self.clock() - started - drafting_seconds,
                 num_sequences=shape[1],
-                shape_changed=self._last_target_shape is not None and shape != self._last_target_shape,
+                shape_changed=changed,
             )
-            self._last_target_shape = shape
         if not proposals:
             self._burst(chunks, self.clock() - started)
 
@@ -551,10 +553,10 @@ class LLMEngine:
                 return
             if any(sequence.is_finished for sequence in sequences):
                 return  # a finished sequence is retired: nothing below may look it up
-            if self.proposer is not None:
-                if any(self._would_draft(sequence) for sequence in sequences):
+            if self.draft_choice is not None:
+                if any(self.draft_choice.would_draft(sequence) for sequence in sequences):
                     return  # the next step drafts (or probes): a step of its own
-                self._steps_without_drafting += 1  # what _propose counts for a step without drafts
+                self.draft_choice.steps_without_drafting += 1  # as for a step without drafts
             for sequence in sequences:
                 if sequence.num_tokens >= config.max_model_len or not self.block_manager.ensure_capacity(
                     sequence, sequence.num_tokens
@@ -572,8 +574,8 @@ class LLMEngine:
                 for sequence in sequences
             ]
             if self.proposer is not None:
-                self._keep_shape(runner_chunks)
-                self._last_target_shape = (_step_tokens(runner_chunks), len(sequences))
+                self.step_shape.keep(runner_chunks, self.cost_model)
+                self.step_shape.record(runner_chunks)
             logits = self.target.forward(runner_chunks)  # [num sequences, vocab]
             for row, sequence in enumerate(sequences):
                 sequence.num_computed_tokens += 1
@@ -594,45 +596,7 @@ class LLMEngine:
                     self.block_manager.commit(sequence)
             pass_seconds = self.clock() - started
             elapsed += pass_seconds
-            passes.append((_step_tokens(runner_chunks), pass_seconds))
-
-    def _keep_shape(self, runner_chunks: list[SequenceChunk]) -> None:
-        """Pad a decode step that needs fewer tokens than the last target step up to that step's
-        count, until the stretch of smaller steps has lasted long enough that shrinking pays
-        (``CostModel.shrink_pays``); then shrink to the most any step of the stretch needed.
-
-        The CPU plugin re-prepares every node when a step's token count changes (see
-        ``PagedModelRunner``), which costs more than a few tokens' compute: adaptive γ and prompt
-        lookup otherwise change the count from step to step. Fixed-γ steps are padded already
-        (``_fixed_shape_padding``); padding goes on the last chain chunk with room for it."""
-        last = self._last_target_shape
-        num_sequences = _decode_sequences(runner_chunks)
-        num_tokens = _step_tokens(runner_chunks)
-        if (
-            not self._can_pad
-            or last is None
-            or num_sequences is None
-            or last[1] != num_sequences
-            or num_tokens >= last[0]
-        ):
-            self._padded_steps = self._padded_need = 0
-            return
-        steps, need = self._padded_steps + 1, max(self._padded_need, num_tokens)
-        if self.cost_model.shrink_pays(last[0], need, num_sequences, steps):
-            self._padded_steps = self._padded_need = 0
-            target = need
-        else:
-            self._padded_steps, self._padded_need = steps, need
-            target = last[0]
-        padding = target - num_tokens
-        if padding <= 0:
-            return
-        for index in reversed(range(len(runner_chunks))):
-            chunk = runner_chunks[index]
-            end = chunk.past_length + len(chunk.token_ids) + chunk.padding + padding
-            if chunk.tree_parents is None and end <= self.config.max_model_len:
-                runner_chunks[index] = replace(chunk, padding=chunk.padding + padding)
-                return
+            passes.append((step_tokens(runner_chunks), pass_seconds))
 
     def recover(self, error: BaseException) -> list[StepOutput]:
         """After a failure of the step as a whole: end every request in flight with "error".
@@ -650,7 +614,8 @@ class LLMEngine:
         self._settle_executors()
         sequences = list(self._sequences.values())
         self._build_scheduler()
-        self._steps_without_drafting = 0
+        if self.draft_choice is not None:
+            self.draft_choice.steps_without_drafting = 0
         for sequence in sequences:
             sequence.status = SequenceStatus.FINISHED_ERROR
             sequence.block_table.clear()
@@ -714,8 +679,8 @@ class LLMEngine:
     # (shared with xpuspec.engine.overlap, which runs them in another order)
     def _schedule(self) -> list[ScheduledChunk]:
         """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
-        self._step_trees = {}
-        self._step_lookups = {}
+        if self.draft_choice is not None:
+            self.draft_choice.new_step()
         self._tree_paths = {}
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
@@ -777,157 +742,39 @@ class LLMEngine:
     # ----------------------------------------------------------------- internals
     def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
-        if self.proposer is None:
+        if self.draft_choice is None:
             return 0
-        shape, tree_rate = self._tree_choice(sequence)
-        if shape is None:
-            return self._choose_chain_length(sequence)
-        lookup = self._lookup_over_tree(sequence, tree_rate)
-        if lookup is not None:
-            self._step_lookups[sequence.request_id] = lookup
-            return len(lookup.token_ids)
-        self._step_trees[sequence.request_id] = shape
-        return shape.nodes
-
-    def _tree_shape(self, sequence: Sequence) -> TreeShape | None:
-        """The tree this sequence drafts this step, or None for a chain (or no drafting)."""
-        return self._tree_choice(sequence)[0]
-
-    def _tree_choice(self, sequence: Sequence) -> tuple[TreeShape | None, float]:
-        """:meth:`_tree_shape`, and the tokens per second the cost model predicts for an "auto" tree
-        (infinite for a shape the request fixed, which nothing replaces)."""
-        wanted = sequence.params.draft_tree
-        if wanted is None or sequence.params.seed is not None:
-            return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
-        if self._states[sequence.request_id].guide is not None:
-            return None, 0.0  # the grammar masks chains (xpuspec.structured.speculation), not trees
-        if self.tree_drafter is None:
-            if not self._warned_no_trees:
-                self._warned_no_trees = True
-                logger.warning(
-                    "draft_tree was asked for but this engine drafts chains only: trees need a draft "
-                    "model or an EAGLE-3 head, paged runners with qq_bias inputs and a target KV cache "
-                    "whose tokens can move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
-                )
-            return None, 0.0
-        if isinstance(wanted, TreeShape):
-            return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
-        running = self.scheduler.num_running
-        return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
-
-    def _lookup_over_tree(self, sequence: Sequence, tree_tokens_per_second: float) -> LookupDraft | None:
-        """A prompt-lookup chain to verify instead of this step's "auto" tree, when the cost model
-        predicts more tokens per second for it (as :meth:`_chain_length` weighs it against a chain).
-        Lookup and tree are not mixed in one step: each is verified as it is verified alone."""
-        if self.prompt_lookup is None or math.isinf(tree_tokens_per_second):
-            return None
-        running = self.scheduler.num_running
-        previous = self._previous_tokens_per_sequence(running)
-        prompt_lookup = self.prompt_lookup
-        return prompt_lookup.choose(sequence, self.length_policy, tree_tokens_per_second, running, previous)
-
-    def _acceptance_rate(self, sequence: Sequence) -> float:
-        """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the
-        tree and chain choices must ask alike: unseeded requests start from the rate pooled over
-        every sequence's drafts, not from the fixed prior."""
-        return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
-
-    def _choose_chain_length(self, sequence: Sequence) -> int:
-        gamma, probe, lookup = self._chain_length(sequence)
-        if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
-            self._probed |= probe
-            self._policy_drafted |= gamma > 0 and not probe and lookup is None
-        if lookup is not None:
-            self._step_lookups[sequence.request_id] = lookup
-        return gamma
-
-    def _would_draft(self, sequence: Sequence) -> bool:
-        """Whether a step now would draft for ``sequence`` (asked between the passes of a decode
-        burst: unlike ``_choose_num_draft_tokens`` it leaves this step's choices alone)."""
-        if self.proposer is None:
-            return False
-        return self._tree_shape(sequence) is not None or self._chain_length(sequence)[0] > 0
-
-    def _chain_length(self, sequence: Sequence) -> tuple[int, bool, LookupDraft | None]:
-        """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
-        prompt-lookup draft to verify instead of the drafter's, if one predicts more."""
-        fixed = sequence.params.num_draft_tokens
-        if fixed is not None:
-            return min(fixed, self.config.max_draft_tokens), False, None
-        rate = self._acceptance_rate(sequence)
-        if sequence.params.seed is not None:
-            # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
-            # verification); γ from the acceptance rate alone makes its drafting repeat as well.
-            # γ = 0 steps decay the rate's counts (_accept), so it drafts again after a bad stretch.
-            return self.length_policy.choose_without_timing(rate), False, None
-        running = self.scheduler.num_running
-        previous = self._previous_tokens_per_sequence(running)
-        gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
-        if gamma == 0 and self._steps_without_drafting >= self._probe_interval:
-            # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
-            # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
-            # A probe costs two changes of the target's shape and a long draft catch-up: while
-            # probes do not bring drafting back, they come ever more rarely (_propose). It goes
-            # before a lookup: where lookups come every step, the draft model is otherwise never
-            # measured again, and the pooled rate other sequences start from stays where it fell.
-            return min(1, self.config.max_draft_tokens), True, None
-        if self.prompt_lookup is not None and self._states[sequence.request_id].guide is None:
-            lookup = self.prompt_lookup.choose(
-                sequence, self.length_policy, tokens_per_second, running, previous
-            )
-            if lookup is not None:
-                return len(lookup.token_ids), False, lookup
-        return gamma, False, None
-
-    def _previous_tokens_per_sequence(self, running: int) -> int | None:
-        """Tokens each sequence verified last step, if that step decoded the same number of sequences
-        with as many tokens each (only then does keeping γ keep the target's shape)."""
-        if self._last_target_shape is None:
-            return None
-        num_tokens, num_sequences = self._last_target_shape
-        if num_sequences != running or num_tokens % running:
-            return None
-        return num_tokens // running
+        return self.draft_choice.num_draft_tokens(sequence)
 
     def _propose(self, chunks: list[ScheduledChunk]) -> dict[str, Proposal]:
         if self.proposer is None:
             return {}
+        choice = self.draft_choice
+        assert choice is not None  # there is a proposer
         wanted = [c for c in chunks if c.num_draft_tokens > 0]
-        probed, policy_drafted = self._probed, self._policy_drafted
-        self._probed = self._policy_drafted = False
+        choice.record_step(wanted)
         if not wanted:
-            self._steps_without_drafting += 1
             return {}
-        if all(c.sequence.request_id in self._step_lookups for c in wanted):
-            # Lookups alone say nothing new about the draft model: a stretch of them must not keep
-            # its probe from coming (with the draft's rate once estimated low, it would never draft).
-            self._steps_without_drafting += 1
-        else:
-            self._steps_without_drafting = 0
-        if policy_drafted:
-            self._probe_interval = PROBE_INTERVAL_STEPS
-        elif probed:
-            self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_INTERVAL_STEPS)
         guides = self._guides(wanted)
         forced = structured.forced_proposals(
             guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
         )
-        # Prompt-lookup drafts chosen at scheduling (_chain_length), cut to the γ the scheduler
+        # Prompt-lookup drafts chosen at scheduling (DraftChoice), cut to the γ the scheduler
         # left room for; never for guided requests.
-        lookups = {c.sequence.request_id: c for c in wanted if c.sequence.request_id in self._step_lookups}
+        lookups = {c.sequence.request_id: c for c in wanted if c.sequence.request_id in choice.lookups}
         proposals: dict[str, Proposal] = {
             request_id: Proposal(
-                self._step_lookups[request_id].token_ids[: chunk.num_draft_tokens],
+                choice.lookups[request_id].token_ids[: chunk.num_draft_tokens],
                 None,
-                lookup_ngram=self._step_lookups[request_id].ngram,
+                lookup_ngram=choice.lookups[request_id].ngram,
             )
             for request_id, chunk in lookups.items()
         }
         taken = forced.keys() | proposals.keys()
         drafting = [c for c in wanted if c.sequence.request_id not in taken]
-        # Constrained requests never draft trees (_tree_shape), so the grammar masks only chains.
-        trees = [c for c in drafting if c.sequence.request_id in self._step_trees]
-        chains = [c for c in drafting if c.sequence.request_id not in self._step_trees]
+        # Constrained requests never draft trees (DraftChoice), so the grammar masks only chains.
+        trees = [c for c in drafting if c.sequence.request_id in choice.trees]
+        chains = [c for c in drafting if c.sequence.request_id not in choice.trees]
         self._draft_timings = []
         started = self.clock()
         try:
@@ -941,7 +788,7 @@ class LLMEngine:
                     for c in trees
                     if not c.sequence.params.greedy
                 }
-                requests = [(c, self._step_trees[c.sequence.request_id]) for c in trees]
+                requests = [(c, choice.trees[c.sequence.request_id]) for c in trees]
                 proposals.update(self.tree_drafter.propose(requests, rngs))
                 self._draft_timings += self.tree_drafter.step_timings
         finally:
@@ -998,23 +845,8 @@ class LLMEngine:
             num_logits=num_logits,
             sequence_id=sequence.request_id,
             tree_parents=tree_parents,
-            padding=0 if tree_parents is not None else self._fixed_shape_padding(chunk, len(token_ids)),
+            padding=0 if tree_parents is not None else self.step_shape.fixed_padding(chunk, len(token_ids)),
         )
-
-    def _fixed_shape_padding(self, chunk: ScheduledChunk, num_tokens: int) -> int:
-        """Padding tokens that keep a fixed-γ decode step at 1 + γ tokens when its drafter proposed
-        fewer (an n-gram match that is short or missing, a γ cut near ``max_tokens``).
-
-        OpenVINO GenAI's prompt lookup pads its candidates so for the same reason: the CPU plugin
-        re-prepares every node when a step's token count changes. Measured on the 2-layer demo target
-        (alternating 1- and 5-token steps): +1.9 ms a step, where a whole 5-token step costs ~1 ms.
-        Adaptive γ prices the change in its cost model instead (``CostModel.shape_change``)."""
-        gamma = chunk.sequence.params.num_draft_tokens
-        if not gamma or not chunk.samples or chunk.num_tokens != 1 or not self._can_pad:
-            return 0
-        padding = 1 + gamma - num_tokens
-        end = chunk.sequence.num_computed_tokens + num_tokens + padding
-        return padding if padding > 0 and end <= self.config.max_model_len else 0
 
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
         state = self._states[sequence.request_id]
@@ -1145,17 +977,3 @@ class LLMEngine:
         if self.prompt_lookup is not None:
             self.prompt_lookup.forget(sequence.request_id)
         self._release_kv(sequence.request_id)
-
-
-def _step_tokens(chunks: list[SequenceChunk]) -> int:
-    """The tokens a target step runs, padding included: what its cost and its shape depend on."""
-    return sum(len(chunk.token_ids) + chunk.padding for chunk in chunks)
-
-
-def _decode_sequences(chunks: list[SequenceChunk]) -> int | None:
-    """The number of sequences when every chunk is a decode verifying all its tokens (a step the
-    verification cost curve describes), else None (a prefill is in the step)."""
-    for chunk in chunks:
-        if chunk.num_logits != len(chunk.token_ids):
-            return None
-    return len(chunks) or None

@@ -1,0 +1,53 @@
+"""StepShape: the target step's shape, and the padding that keeps it while shrinking does not pay."""
+
+from __future__ import annotations
+
+from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.engine.step_shape import StepShape, decode_sequences, step_tokens
+from xpuspec.spec_decode.speculation_length import CostModel
+
+
+def _cost_model() -> CostModel:
+    model = CostModel()
+    for tokens in range(1, 6):  # 1 ms and 0.1 ms more per verified token
+        model.calibrate_target(1, tokens, 1e-3 + 1e-4 * (tokens - 1))
+    model.calibrate_shape_change(1e-3)  # a change of shape costs a whole step
+    return model
+
+
+def _decode(tokens: int, past: int = 40) -> SequenceChunk:
+    return SequenceChunk([7] * tokens, past, list(range(8)), num_logits=tokens, sequence_id="a")
+
+
+def test_a_smaller_decode_step_is_padded_to_the_last_shape_until_shrinking_pays() -> None:
+    shape, model = StepShape(can_pad=True, max_model_len=128), _cost_model()
+    assert shape.record([_decode(5)]) == ((5, 1), False)
+    paddings = []
+    for _ in range(7):
+        chunks = [_decode(1)]
+        shape.keep(chunks, model)
+        paddings.append(chunks[0].padding)
+        assert shape.record(chunks)[0] == ((5 if chunks[0].padding else 1), 1)
+    # 0.4 ms of padding a step pays for two 1 ms changes after 6 steps (CostModel.shrink_pays).
+    assert paddings == [4] * 5 + [0, 0]
+
+
+def test_no_padding_past_the_context_a_prefill_or_a_target_without_it() -> None:
+    model = _cost_model()
+    for can_pad, last, chunk in (
+        (False, _decode(5), _decode(1)),  # the target runs no padding tokens
+        (True, _decode(5), _decode(1, past=125)),  # 126 + 4 padding > max_model_len 128
+        (True, _decode(5), SequenceChunk([7] * 3, 0, [0], num_logits=1)),  # a prefill: no decode shape
+    ):
+        shape = StepShape(can_pad, max_model_len=128)
+        shape.record([last])
+        chunks = [chunk]
+        shape.keep(chunks, model)
+        assert chunks[0].padding == 0
+
+
+def test_shapes_count_padding_and_decodes() -> None:
+    padded = SequenceChunk([1, 2], 10, [0], num_logits=2, padding=3)
+    assert step_tokens([padded, _decode(1)]) == 6
+    assert decode_sequences([padded, _decode(1)]) == 2
+    assert decode_sequences([SequenceChunk([1, 2], 0, [0], num_logits=1)]) is None

@@ -1,0 +1,194 @@
+"""How each decoding sequence drafts in a step: a chain of γ draft tokens, an "auto" tree, a
+prompt-lookup chain, or nothing; and when a stretch of γ = 0 is probed with one draft token.
+
+The engine asks :meth:`DraftChoice.num_draft_tokens` for every decoding sequence while the scheduler
+plans a step, and reads back the trees and lookups chosen for it (``trees``, ``lookups``) when it
+drafts. Between the passes of a decode burst it asks :meth:`DraftChoice.would_draft`, which leaves
+the step's choices alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.engine.sequence import Sequence
+from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
+from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
+from xpuspec.spec_decode.tree import TreeShape
+from xpuspec.spec_decode.tree_policy import TreeShapePolicy
+
+logger = logging.getLogger(__name__)
+
+# While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
+PROBE_INTERVAL_STEPS = 64
+MAX_PROBE_INTERVAL_STEPS = 1024
+
+
+class DraftChoice:
+    """The drafting choices of an engine with a drafter; one per engine.
+
+    ``num_running``, ``is_guided`` and ``last_target_shape`` read the engine's state as it is now
+    (the scheduler is rebuilt after a failed step; the shape changes every step).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_draft_tokens: int,
+        acceptance: AcceptanceRates,
+        length_policy: SpeculationLengthPolicy,
+        tree_policy: TreeShapePolicy,
+        prompt_lookup: PromptLookup | None,
+        drafts_trees: bool,
+        num_running: Callable[[], int],
+        is_guided: Callable[[str], bool],
+        last_target_shape: Callable[[], tuple[int, int | None] | None],
+    ) -> None:
+        self.max_draft_tokens = max_draft_tokens
+        self.acceptance = acceptance
+        self.length_policy = length_policy
+        self.tree_policy = tree_policy
+        self.prompt_lookup = prompt_lookup
+        self.drafts_trees = drafts_trees  # the engine has a drafter of trees (LLMEngine._init_trees)
+        self._num_running = num_running
+        self._is_guided = is_guided
+        self._last_target_shape = last_target_shape
+        self.trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
+        self.lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
+        self.steps_without_drafting = 0
+        self.probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
+        self._probed = self._policy_drafted = False  # this step's choices of γ (reset by record_step)
+        self._warned_no_trees = False
+
+    def new_step(self) -> None:
+        """Forget the last step's trees and lookups (before the scheduler plans the next)."""
+        self.trees = {}
+        self.lookups = {}
+
+    def num_draft_tokens(self, sequence: Sequence) -> int:
+        """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
+        shape, tree_rate = self._tree_choice(sequence)
+        if shape is None:
+            gamma, probe, lookup = self._chain_length(sequence)
+            if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
+                self._probed |= probe
+                self._policy_drafted |= gamma > 0 and not probe and lookup is None
+            if lookup is not None:
+                self.lookups[sequence.request_id] = lookup
+            return gamma
+        lookup = self._lookup_over_tree(sequence, tree_rate)
+        if lookup is not None:
+            self.lookups[sequence.request_id] = lookup
+            return len(lookup.token_ids)
+        self.trees[sequence.request_id] = shape
+        return shape.nodes
+
+    def would_draft(self, sequence: Sequence) -> bool:
+        """Whether a step now would draft for ``sequence`` (asked between the passes of a decode
+        burst: unlike :meth:`num_draft_tokens` it leaves this step's choices alone)."""
+        return self._tree_choice(sequence)[0] is not None or self._chain_length(sequence)[0] > 0
+
+    def record_step(self, wanted: list[ScheduledChunk]) -> None:
+        """A step's drafting, ``wanted`` its chunks with drafts: count the steps since the draft
+        model last drafted, and space the probes of γ = 0 out while they find no gain."""
+        probed, policy_drafted = self._probed, self._policy_drafted
+        self._probed = self._policy_drafted = False
+        if not wanted or all(c.sequence.request_id in self.lookups for c in wanted):
+            # Lookups alone say nothing new about the draft model: a stretch of them must not keep
+            # its probe from coming (with the draft's rate once estimated low, it would never draft).
+            self.steps_without_drafting += 1
+            if not wanted:
+                return
+        else:
+            self.steps_without_drafting = 0
+        if policy_drafted:
+            self.probe_interval = PROBE_INTERVAL_STEPS
+        elif probed:
+            self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL_STEPS)
+
+    def _tree_choice(self, sequence: Sequence) -> tuple[TreeShape | None, float]:
+        """The tree this sequence drafts this step (None: a chain, or no drafting), and the tokens per
+        second the cost model predicts for an "auto" tree (infinite for a shape the request fixed,
+        which nothing replaces)."""
+        wanted = sequence.params.draft_tree
+        if wanted is None or sequence.params.seed is not None:
+            return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
+        if self._is_guided(sequence.request_id):
+            return None, 0.0  # the grammar masks chains (xpuspec.structured.speculation), not trees
+        if not self.drafts_trees:
+            if not self._warned_no_trees:
+                self._warned_no_trees = True
+                logger.warning(
+                    "draft_tree was asked for but this engine drafts chains only: trees need a draft "
+                    "model or an EAGLE-3 head, paged runners with qq_bias inputs and a target KV cache "
+                    "whose tokens can move (on CPU a u8 key cache needs KEY_CACHE_QUANT_MODE=BY_TOKEN)"
+                )
+            return None, 0.0
+        if isinstance(wanted, TreeShape):
+            return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
+        running = self._num_running()
+        return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
+
+    def _lookup_over_tree(self, sequence: Sequence, tree_tokens_per_second: float) -> LookupDraft | None:
+        """A prompt-lookup chain to verify instead of this step's "auto" tree, when the cost model
+        predicts more tokens per second for it (as :meth:`_chain_length` weighs it against a chain).
+        Lookup and tree are not mixed in one step: each is verified as it is verified alone."""
+        if self.prompt_lookup is None or math.isinf(tree_tokens_per_second):
+            return None
+        running = self._num_running()
+        previous = self._previous_tokens_per_sequence(running)
+        return self.prompt_lookup.choose(
+            sequence, self.length_policy, tree_tokens_per_second, running, previous
+        )
+
+    def _acceptance_rate(self, sequence: Sequence) -> float:
+        """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the
+        tree and chain choices must ask alike: unseeded requests start from the rate pooled over
+        every sequence's drafts, not from the fixed prior."""
+        return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
+
+    def _chain_length(self, sequence: Sequence) -> tuple[int, bool, LookupDraft | None]:
+        """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
+        prompt-lookup draft to verify instead of the drafter's, if one predicts more."""
+        fixed = sequence.params.num_draft_tokens
+        if fixed is not None:
+            return min(fixed, self.max_draft_tokens), False, None
+        rate = self._acceptance_rate(sequence)
+        if sequence.params.seed is not None:
+            # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
+            # verification); γ from the acceptance rate alone makes its drafting repeat as well.
+            # γ = 0 steps decay the rate's counts (LLMEngine._accept), so it drafts again after a
+            # bad stretch.
+            return self.length_policy.choose_without_timing(rate), False, None
+        running = self._num_running()
+        previous = self._previous_tokens_per_sequence(running)
+        gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
+        if gamma == 0 and self.steps_without_drafting >= self.probe_interval:
+            # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
+            # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
+            # A probe costs two changes of the target's shape and a long draft catch-up: while
+            # probes do not bring drafting back, they come ever more rarely (record_step). It goes
+            # before a lookup: where lookups come every step, the draft model is otherwise never
+            # measured again, and the pooled rate other sequences start from stays where it fell.
+            return min(1, self.max_draft_tokens), True, None
+        if self.prompt_lookup is not None and not self._is_guided(sequence.request_id):
+            lookup = self.prompt_lookup.choose(
+                sequence, self.length_policy, tokens_per_second, running, previous
+            )
+            if lookup is not None:
+                return len(lookup.token_ids), False, lookup
+        return gamma, False, None
+
+    def _previous_tokens_per_sequence(self, running: int) -> int | None:
+        """Tokens each sequence verified last step, if that step decoded the same number of sequences
+        with as many tokens each (only then does keeping γ keep the target's shape)."""
+        shape = self._last_target_shape()
+        if shape is None:
+            return None
+        num_tokens, num_sequences = shape
+        if num_sequences != running or num_tokens % running:
+            return None
+        return num_tokens // running
