@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import F32
-from tests.support.statistics import goodness_of_fit
+from tests.support.statistics import goodness_of_fit, sampling_engine_config
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine import engine as engine_module
 from xpuspec.engine.model_runner import SequenceChunk
@@ -59,7 +59,9 @@ def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
 
 
 def sample_triples(pair_bundle, seeded: bool) -> list[tuple[int, ...]]:
-    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    pipe = Pipeline(
+        pair_bundle, drafter="draft", properties=F32, engine_config=sampling_engine_config(pair_bundle)
+    )
     params = [SamplingParams(seed=seed if seeded else None, **PARAMS) for seed in range(NUM_SAMPLES)]
     results = pipe.generate([PROMPT] * NUM_SAMPLES, params)
     # Every request's first speculative step drafted both t2 and t3.

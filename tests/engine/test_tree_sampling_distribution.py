@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import F32
 from tests.engine.test_sampling_distribution import NUM_SAMPLES, PROMPT, SIGNIFICANCE
 from tests.engine.test_sampling_distribution import exact_joint as exact_joint  # noqa: PLC0414 (fixture)
-from tests.support.statistics import goodness_of_fit
+from tests.support.statistics import goodness_of_fit, sampling_engine_config
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
 
@@ -27,7 +27,9 @@ PARAMS = dict(max_tokens=6, temperature=1.5, top_k=3, ignore_eos=True, draft_tre
 
 
 def sample_triples(pair_bundle) -> list[tuple[int, ...]]:
-    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32)
+    pipe = Pipeline(
+        pair_bundle, drafter="draft", properties=F32, engine_config=sampling_engine_config(pair_bundle)
+    )
     results = pipe.generate([PROMPT] * NUM_SAMPLES, SamplingParams(**PARAMS))
     # Every request verified a tree, the first one of 4 nodes (t2 and t3 both drafted).
     assert all(r.stats["tree_verifications"] >= 1 for r in results)

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from tests.conftest import EXACT_PRESET, F32  # noqa: E402
 from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless, _mismatches  # noqa: E402
-from tests.support.statistics import goodness_of_fit  # noqa: E402
+from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.engine.model_runner import SequenceChunk  # noqa: E402
@@ -272,7 +272,13 @@ def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
 
 
 def _sample_triples(pair_bundle, head_dir: Path, seeded: bool) -> list[tuple[int, ...]]:
-    pipe = Pipeline(pair_bundle, drafter="eagle3", eagle3_head=head_dir, properties=F32)
+    pipe = Pipeline(
+        pair_bundle,
+        drafter="eagle3",
+        eagle3_head=head_dir,
+        properties=F32,
+        engine_config=sampling_engine_config(pair_bundle),
+    )
     params = [SamplingParams(seed=seed if seeded else None, **SAMPLED) for seed in range(NUM_SAMPLES)]
     results = pipe.generate([PROMPT] * NUM_SAMPLES, params)
     assert all(r.stats["per_position_acceptance"][1] is not None for r in results)

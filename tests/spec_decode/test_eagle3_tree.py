@@ -28,7 +28,7 @@ from tests.spec_decode.test_eagle3_drafter import (  # noqa: E402
 from tests.spec_decode.test_eagle3_drafter import head as head  # noqa: E402, PLC0414 (fixture)
 from tests.spec_decode.test_eagle3_drafter import target_config as target_config  # noqa: E402, PLC0414
 from tests.spec_decode.test_eagle3_drafter import target_only as target_only  # noqa: E402, PLC0414
-from tests.support.statistics import goodness_of_fit  # noqa: E402
+from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.engine.model_runner import SequenceChunk  # noqa: E402
@@ -179,7 +179,14 @@ NUM_SAMPLES = 2000  # the engine test's 6000 is minutes on this machine; 27 cell
 
 
 def _sample_triples(pair_bundle, head_dir) -> list[tuple[int, ...]]:
-    pipe = Pipeline(pair_bundle, drafter="eagle3", eagle3_head=head_dir, properties=F32, draft_tree=TREE)
+    pipe = Pipeline(
+        pair_bundle,
+        drafter="eagle3",
+        eagle3_head=head_dir,
+        properties=F32,
+        draft_tree=TREE,
+        engine_config=sampling_engine_config(pair_bundle),
+    )
     results = pipe.generate([PROMPT] * NUM_SAMPLES, SamplingParams(**SAMPLED))
     assert all(r.stats["tree_verifications"] >= 1 for r in results)
     assert all(r.stats["tree_nodes_verified"] >= TREE["nodes"] for r in results)

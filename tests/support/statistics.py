@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from pathlib import Path
 
 import numpy as np
 from scipy.stats import chisquare
+
+from xpuspec.engine.engine import EngineConfig
+from xpuspec.model_bundle import ModelBundle
+
+# Thousands of requests of a few tokens each: 64 in flight rather than the default 16 take a third
+# less time (27 s -> 18 s for 6,000 on the pair), and the sampled output must not depend on the batch.
+SAMPLING_BATCH = 64
+
+
+def sampling_engine_config(bundle: Path) -> EngineConfig:
+    """The engine of the statistical tests: :data:`SAMPLING_BATCH` requests in flight."""
+    return EngineConfig(
+        max_model_len=ModelBundle.open(bundle).max_context,
+        max_num_seqs=SAMPLING_BATCH,
+        max_num_batched_tokens=16 * SAMPLING_BATCH,  # every waiting prompt's prefill in one step
+    )
 
 
 def goodness_of_fit(samples: Iterable[Hashable], joint: Mapping[Hashable, float]) -> float:
