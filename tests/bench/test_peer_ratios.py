@@ -178,3 +178,33 @@ def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) ->
         lookups = [order.index(_label(GENAI_LOOKUP, length)) for length in (2, 4)]
         assert sorted(abs(index - adaptive) for index in lookups) == [1, 2]  # GenAI's prompt lookup
         assert _label(XPUSPEC, TREE_AUTO) in order
+
+
+def test_each_xpuspec_engine_compiles_beside_its_peer_first_in_turn(tmp_path: Path) -> None:
+    from xpuspec.bench.latency import GENAI_LOOKUP_KEY, _compile_order
+
+    model = SimpleNamespace(path=Path("/nowhere"))
+    bundle = SimpleNamespace(target=model, draft=model, eagle3=None)
+    config = BenchConfig(out=tmp_path, draft_lengths=(2,))
+    _, engines = _configurations(
+        config,
+        bundle,  # type: ignore[arg-type]
+        lambda *args: None,
+        {"INFERENCE_PRECISION_HINT": "f32"},
+        (None, None),
+    )
+    if f"{GENAI}/none" not in engines:
+        pytest.skip("OpenVINO GenAI is not installed: no peer engines")
+    pairs = [
+        (f"{XPUSPEC}/none", f"{GENAI}/none"),
+        (f"{XPUSPEC}/draft", f"{GENAI}/draft"),
+        (f"{XPUSPEC}/{ADAPTIVE}", GENAI_LOOKUP_KEY),
+        (f"{XPUSPEC_DEFAULT}/none", f"{GENAI_DEFAULT}/none"),
+        (f"{XPUSPEC_DEFAULT}/draft", f"{GENAI_DEFAULT}/draft"),
+    ]
+    for round_index in range(2):
+        order = [engine.key for engine in _compile_order(engines, round_index)]
+        assert sorted(order) == sorted(engines)
+        for ours, peer in pairs:
+            first, second = (ours, peer) if round_index == 0 else (peer, ours)
+            assert order.index(second) == order.index(first) + 1, (round_index, order)

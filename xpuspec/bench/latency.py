@@ -17,9 +17,10 @@ Three groups of rows (four with an EAGLE-3 head in the bundle):
 
 Methodology: rounds interleave the configurations prompt by prompt (every configuration runs a prompt
 before any runs the next, the order reversed from one prompt to the next) so that machine noise hits
-all alike, and every round compiles every engine afresh, alternating which engine compiles first (in
-one process the model compiled first ran ~2-3% slower). Prefix caching is off in both engines, so
-neither reuses the prompt's KV across rounds. Each configuration's figures come from each prompt's
+all alike, and every round compiles every engine afresh, each xpuspec engine beside the GenAI engine
+it is compared with, which of the two first alternating from round to round (in one process an engine
+compiled earlier in a round runs slower: see :func:`_compile_order`). Prefix caching is off in both
+engines, so neither reuses the prompt's KV across rounds. Each configuration's figures come from each prompt's
 fastest run over the rounds. Every configuration generates the same prompt tokens, greedy, a fixed number of
 tokens (end-of-sequence ignored).
 """
@@ -206,7 +207,7 @@ class _Engine:
     """One engine configuration, compiled afresh every round by ``build``."""
 
     key: str
-    family: str  # XPUSPEC or GENAI: which compiles first alternates between the families
+    family: str  # XPUSPEC, GENAI or TRANSFORMERS (see _compile_order)
     build: Callable[[], Any]  # -> an object with generate(token_ids, max_tokens, draft_length)
     fresh_per_round: bool = True
 
@@ -392,10 +393,7 @@ def run_latency(
     compile_order: list[list[str]] = []
     for round_index in range(config.rounds):
         # Compile every engine afresh, xpuspec first in even rounds and GenAI first in odd ones.
-        families = [XPUSPEC, GENAI] if round_index % 2 == 0 else [GENAI, XPUSPEC]
-        order = sorted(
-            engines.values(), key=lambda e: families.index(e.family) if e.family in families else 2
-        )
+        order = _compile_order(engines, round_index)
         built: dict[str, Any] = {}
         failed: dict[str, str] = {}
         for engine in order:
@@ -501,6 +499,45 @@ def run_latency(
     if cost_model:
         section["engine_cost_model"] = cost_model
     return section
+
+
+def _peer_engine(key: str) -> str | None:
+    """The GenAI engine whose rows the rows of xpuspec engine ``key`` are compared with, if any."""
+    if key == EAGLE3_KEY:
+        return GENAI_EAGLE3_KEY
+    if key == f"{XPUSPEC}/{ADAPTIVE}":
+        return GENAI_LOOKUP_KEY  # GenAI's usual best row beside adaptive γ
+    label, _, suffix = key.rpartition("/")
+    peer = PEER_OF.get(label)
+    return f"{peer}/{suffix}" if peer is not None and suffix in ("none", "draft") else None
+
+
+def _compile_order(engines: dict[str, _Engine], round_index: int) -> list[_Engine]:
+    """The order in which a round compiles its engines: each xpuspec engine right beside its GenAI
+    peer (:func:`_peer_engine`), which of the two goes first alternating from round to round; the
+    engines without a peer after them.
+
+    In one process an engine compiled earlier in a round runs slower than one compiled later. On the
+    110M random target (2026-12-02) the bench compiled all of xpuspec's 9 engines, then GenAI's 5, or
+    GenAI's first: xpuspec target-only, compiled 1st in rounds 1 and 3 and 6th in round 2, ran at
+    0.84-0.98 of GenAI target-only (10th, or 1st) on 15 of those rounds' 16 prompts and at 1.03-1.16
+    on 7 of round 2's 8; the default rows (5th against 12th, or 10th against 3rd) swung ~5% the same
+    way. With 3 rounds that bias went 2:1 to one family; beside each other a pair differs by a place.
+    """
+    order: list[_Engine] = []
+    placed: set[str] = set()
+    for key, engine in engines.items():
+        if key in placed or engine.family != XPUSPEC:
+            continue
+        pair = [engine]
+        peer = engines.get(_peer_engine(key) or "")
+        if peer is not None and peer.key not in placed:
+            pair.append(peer)
+        if round_index % 2:
+            pair.reverse()
+        order += pair
+        placed.update(e.key for e in pair)
+    return order + [e for e in engines.values() if e.key not in placed]
 
 
 def _adjacent_peers(entries: list[_Config]) -> list[_Config]:
