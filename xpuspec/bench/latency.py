@@ -392,7 +392,7 @@ def run_latency(
     kept: dict[str, Any] = {}  # engines built once (fresh_per_round False)
     compile_order: list[list[str]] = []
     for round_index in range(config.rounds):
-        # Compile every engine afresh, xpuspec first in even rounds and GenAI first in odd ones.
+        # Compile every engine afresh, each xpuspec engine beside its GenAI peer, first in turn.
         order = _compile_order(engines, round_index)
         built: dict[str, Any] = {}
         failed: dict[str, str] = {}
@@ -546,8 +546,8 @@ def _adjacent_peers(entries: list[_Config]) -> list[_Config]:
     A round runs every row on a prompt before the next prompt, so a row and its peer in the table's
     order ran up to ~20 rows (seconds to tens of seconds) apart, and a slow spell of the machine fell
     on one of them; neighbours run within a request of each other. The adaptive and tree rows, whose
-    peer is the best of the peer's fixed-γ rows, are followed by the peer rows not yet placed (GenAI's
-    prompt lookup). Order within each group is kept.
+    peer is the best of the peer's rows (known only after the rounds), are followed by the peer rows
+    not yet placed (GenAI's prompt lookup). Order within each group is kept.
     """
     ordered: list[_Config] = []
     placed: set[int] = set()
