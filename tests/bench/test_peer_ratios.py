@@ -135,17 +135,22 @@ def test_the_ratio_pairs_runs_of_the_same_prompt_and_round() -> None:
     assert len(row["paired_ratios_to_genai"]) == 12
 
 
-def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) -> None:
+def _bench_rows(tmp_path: Path, draft_lengths: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """The bench's rows and engines for a bundle with a draft (nothing is built or run)."""
     model = SimpleNamespace(path=Path("/nowhere"))
     bundle = SimpleNamespace(target=model, draft=model, eagle3=None)
-    config = BenchConfig(out=tmp_path, draft_lengths=(2, 4))
-    configs, engines = _configurations(
+    config = BenchConfig(out=tmp_path, draft_lengths=draft_lengths)
+    return _configurations(
         config,
         bundle,  # type: ignore[arg-type]
         lambda *args: None,
         {"INFERENCE_PRECISION_HINT": "f32"},
         (None, None),
     )
+
+
+def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) -> None:
+    configs, engines = _bench_rows(tmp_path, (2, 4))
     active = [c for c in configs if c.engine_key is not None]
     if not any(c.result.engine == GENAI for c in active):
         pytest.skip("OpenVINO GenAI is not installed: no peer rows")
@@ -183,16 +188,7 @@ def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) ->
 def test_each_xpuspec_engine_compiles_beside_its_peer_first_in_turn(tmp_path: Path) -> None:
     from xpuspec.bench.latency import GENAI_LOOKUP_KEY, _compile_order
 
-    model = SimpleNamespace(path=Path("/nowhere"))
-    bundle = SimpleNamespace(target=model, draft=model, eagle3=None)
-    config = BenchConfig(out=tmp_path, draft_lengths=(2,))
-    _, engines = _configurations(
-        config,
-        bundle,  # type: ignore[arg-type]
-        lambda *args: None,
-        {"INFERENCE_PRECISION_HINT": "f32"},
-        (None, None),
-    )
+    _, engines = _bench_rows(tmp_path, (2,))
     if f"{GENAI}/none" not in engines:
         pytest.skip("OpenVINO GenAI is not installed: no peer engines")
     pairs = [
