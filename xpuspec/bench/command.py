@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-tokens", type=int, default=None, help=f"new tokens per request {default('max_tokens')}"
     )
     parser.add_argument(
-        "--rounds", type=int, default=None, help=f"batch-1 rounds, best kept {default('rounds')}"
+        "--rounds", type=int, default=None, help=f"batch-1 rounds, interleaved and paired {default('rounds')}"
     )
     parser.add_argument(
         "--hf-target",
