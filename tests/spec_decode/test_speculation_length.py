@@ -351,3 +351,19 @@ def test_padded_steps_shrink_once_their_padding_has_cost_a_change_there_and_back
     assert [model.shrink_pays(5, 1, 1, steps) for steps in range(1, 8)] == [False] * 5 + [True] * 2
     # Needing 4 of the 5, a lull must last over 20 steps.
     assert not model.shrink_pays(5, 4, 1, 19) and model.shrink_pays(5, 4, 1, 21)
+
+
+def test_a_step_between_two_multiples_of_the_batch_is_read_between_them_on_the_curve() -> None:
+    """Sequences verifying different numbers of tokens (lookups, padding) make step sizes that are no
+    multiple of the batch: they are priced on the curve, not by the line fitted over prefills too
+    (which put 9 tokens at 2.38 ms where the curve put 8 at 1.70 on the demo pair at batch 4)."""
+    model = CostModel()
+    for tokens, seconds in ((1, 1.0e-3), (2, 1.2e-3), (3, 1.6e-3)):
+        for _ in range(3):
+            model.record_target_step(4 * tokens, seconds, num_sequences=4)
+    model.record_target_step(60, 9e-3)  # a prefill: the line is far steeper than the curve
+    assert model.target_cost(8, 4) == pytest.approx(1.2e-3)
+    assert model.target_cost(9, 4) == pytest.approx(1.3e-3)  # a quarter of the way from 8 to 12
+    assert model.target_cost(11, 4) == pytest.approx(1.5e-3)
+    assert model.target_cost(9, 4) < model.target(9)
+    assert model.target_cost(9) == model.target(9)  # no batch: the line
