@@ -51,3 +51,14 @@ def test_shapes_count_padding_and_decodes() -> None:
     assert step_tokens([padded, _decode(1)]) == 6
     assert decode_sequences([padded, _decode(1)]) == 2
     assert decode_sequences([SequenceChunk([1, 2], 0, [0], num_logits=1)]) is None
+
+
+def test_a_step_that_does_not_hold_the_shape_shrinks_at_once() -> None:
+    """While adaptive drafting is off at a batch (DraftingPayoff), steps do not carry the padding of
+    the drafting steps before them."""
+    shape, model = StepShape(can_pad=True, max_model_len=128), _cost_model()
+    shape.record([_decode(5)])
+    chunks = [_decode(1)]
+    shape.keep(chunks, model, hold=False)
+    assert chunks[0].padding == 0
+    assert shape.record(chunks) == ((1, 1), True)

@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import Callable
 
+from xpuspec.engine.drafting_payoff import DraftingPayoff
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.engine.sequence import Sequence
 from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
@@ -61,12 +62,18 @@ class DraftChoice:
         self.steps_without_drafting = 0
         self.probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
         self._probed = self._policy_drafted = False  # this step's choices of γ (reset by record_step)
+        # Whole steps' tokens per second with drafts and without, per batch shape (recorded by the
+        # engine): adaptive drafting stops where it has given less.
+        self.payoff = DraftingPayoff()
+        # Whether this step's adaptive requests were allowed to draft (None: none asked).
+        self.step_drafting_on: bool | None = None
         self._warned_no_trees = False
 
     def new_step(self) -> None:
         """Forget the last step's trees and lookups (before the scheduler plans the next)."""
         self.trees = {}
         self.lookups = {}
+        self.step_drafting_on = None
 
     def num_draft_tokens(self, sequence: Sequence) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
@@ -89,7 +96,11 @@ class DraftChoice:
     def would_draft(self, sequence: Sequence) -> bool:
         """Whether a step now would draft for ``sequence`` (asked between the passes of a decode
         burst: unlike :meth:`num_draft_tokens` it leaves this step's choices alone)."""
-        return self._tree_choice(sequence)[0] is not None or self._chain_length(sequence)[0] > 0
+        drafting_on = self.step_drafting_on
+        try:
+            return self._tree_choice(sequence)[0] is not None or self._chain_length(sequence)[0] > 0
+        finally:
+            self.step_drafting_on = drafting_on
 
     def record_step(self, wanted: list[ScheduledChunk]) -> None:
         """A step's drafting, ``wanted`` its chunks with drafts: count the steps since the draft
@@ -130,6 +141,8 @@ class DraftChoice:
         if isinstance(wanted, TreeShape):
             return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
         running = self._num_running()
+        if not self._may_draft(running):
+            return None, 0.0  # the chain's γ is 0 then too (_chain_length)
         return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
 
     def _lookup_over_tree(self, sequence: Sequence, tree_tokens_per_second: float) -> LookupDraft | None:
@@ -164,6 +177,8 @@ class DraftChoice:
             # bad stretch.
             return self.length_policy.choose_without_timing(rate), False, None
         running = self._num_running()
+        if not self._may_draft(running):
+            return 0, False, None
         previous = self._previous_tokens_per_sequence(running)
         gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
         if gamma == 0 and self.steps_without_drafting >= self.probe_interval:
@@ -181,6 +196,16 @@ class DraftChoice:
             if lookup is not None:
                 return len(lookup.token_ids), False, lookup
         return gamma, False, None
+
+    def _may_draft(self, running: int) -> bool:
+        """Whether adaptive requests may draft at this batch shape this step
+        (:class:`~xpuspec.engine.drafting_payoff.DraftingPayoff`). Its steps without drafts also
+        measure γ = 0 at that shape, the cost every γ is weighed against: at a shape never
+        calibrated it otherwise came from one odd step (on the demo pair at batch 4, 1.9 ms against
+        1.24 steady, which made verifying 1-3 tokens per sequence look as cheap as one)."""
+        allowed = self.payoff.pays(running)
+        self.step_drafting_on = allowed
+        return allowed
 
     def _previous_tokens_per_sequence(self, running: int) -> int | None:
         """Tokens each sequence verified last step, if that step decoded the same number of sequences

@@ -40,7 +40,7 @@ from xpuspec.engine.prefix_cache import PrefixCachingBlockManager
 from xpuspec.engine.request_stats import RequestStats
 from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.engine.sequence import Sequence, SequenceStatus
-from xpuspec.engine.step_shape import StepShape, step_tokens
+from xpuspec.engine.step_shape import StepShape, decode_sequences, step_tokens
 from xpuspec.sample.sampler import (
     finite_argmax,
     make_generator,
@@ -482,7 +482,7 @@ class LLMEngine:
             self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
         if self.proposer is not None:  # without a drafter every decode step has the same shape
-            self.step_shape.keep(runner_chunks, self.cost_model)
+            self.step_shape.keep(runner_chunks, self.cost_model, self._holds_shape())
         logits = self._forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
         self._accept_all(chunks, runner_chunks, logits, proposals)
         observe = getattr(self.proposer, "observe_target", None)
@@ -500,6 +500,16 @@ class LLMEngine:
             )
         if not proposals:
             self._burst(chunks, self.clock() - started)
+        choice = self.draft_choice
+        if choice is not None and choice.step_drafting_on is not None and decode_sequences(runner_chunks):
+            emitted = sum(len(output.new_token_ids) for output in self._step_outputs)
+            choice.payoff.record(len(chunks), choice.step_drafting_on, emitted, self.clock() - started)
+
+    def _holds_shape(self) -> bool:
+        """Whether this step pads up to the last step's shape: not while adaptive drafting is off at
+        this batch (``DraftChoice.payoff``), whose steps would otherwise carry the padding of the
+        drafting steps before them for a while."""
+        return self.draft_choice is None or self.draft_choice.step_drafting_on is not False
 
     def _burst(self, chunks: list[ScheduledChunk], pass_seconds: float) -> None:
         """More target-only decode passes within this step, without scheduling between them.
@@ -574,7 +584,7 @@ class LLMEngine:
                 for sequence in sequences
             ]
             if self.proposer is not None:
-                self.step_shape.keep(runner_chunks, self.cost_model)
+                self.step_shape.keep(runner_chunks, self.cost_model, self._holds_shape())
                 self.step_shape.record(runner_chunks)
             logits = self.target.forward(runner_chunks)  # [num sequences, vocab]
             for row, sequence in enumerate(sequences):

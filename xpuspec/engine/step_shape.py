@@ -65,19 +65,20 @@ class StepShape:
         end = chunk.sequence.num_computed_tokens + num_tokens + padding
         return padding if padding > 0 and end <= self.max_model_len else 0
 
-    def keep(self, chunks: list[SequenceChunk], cost_model: CostModel) -> None:
+    def keep(self, chunks: list[SequenceChunk], cost_model: CostModel, hold: bool = True) -> None:
         """Pad a decode step that needs fewer tokens than the last target step up to that step's
         count, until the stretch of smaller steps has lasted long enough that shrinking pays
         (``CostModel.shrink_pays``); then shrink to the most any step of the stretch needed.
 
         Adaptive γ and prompt lookup otherwise change the count from step to step. Fixed-γ steps are
         padded already (:meth:`fixed_padding`); padding goes on the last chain chunk with room for
-        it. Replaces that chunk in ``chunks``."""
+        it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once."""
         last = self.last
         num_sequences = decode_sequences(chunks)
         num_tokens = step_tokens(chunks)
         if (
             not self.can_pad
+            or not hold
             or last is None
             or num_sequences is None
             or last[1] != num_sequences

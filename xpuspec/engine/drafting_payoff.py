@@ -1,0 +1,123 @@
+"""Whether adaptive drafting really pays at a batch shape: the tokens per second of whole steps with
+it allowed, against steps with it not.
+
+Adaptive γ chooses per sequence and step from a cost model of one step (``CostModel``). Some costs
+fall outside any one step's model, and at batch > 1 they can outweigh the gain:
+- a change of the target's shape (~a whole step on the CPU plugin), which one sequence's lookup
+  causes for the whole batch;
+- padding that holds the shape at the largest recent step;
+- the draft model's catch-up over tokens accepted from lookups;
+- the end of decode bursts, which only steps without drafts run.
+
+Measured on SmolLM2-135M at batch 4 (4 mixed prompts x 64 greedy tokens, 8 interleaved rounds),
+adaptive γ ran at 0.78x target-only, while each step's model predicted a gain; without prompt
+lookups it ran at 1.02x.
+
+:class:`DraftingPayoff` compares, per batch bucket, two ways of running: adaptive drafting allowed
+("on"), and not ("off"). For each it keeps the tokens and wall seconds of whole engine steps
+(drafting, verification, bursts and the engine's Python) as decayed sums. Steps with drafting on
+that happened to draft nothing count as "on": the padding and shape changes drafting leaves behind
+fall on them. Comparing steps that drafted with those that did not would miss that. In the
+SmolLM2 run above, the steps that drafted gave 283 tokens/s and the steps between them 222, while
+target-only gave ~340.
+
+Each bucket runs in cycles:
+- most of a cycle runs in the way chosen, and its last steps in the other way
+  (:data:`PROBE_OFF_STEPS` or :data:`PROBE_ON_STEPS`), so both rates stay current;
+- at its end, once both ways are measured, drafting stays on unless its rate is below the "off"
+  rate by more than :data:`MARGIN`;
+- a cycle is :data:`CYCLE_STEPS` long, and doubles (up to :data:`MAX_CYCLE_STEPS`) each time its
+  end confirms the way chosen.
+
+A new bucket starts with drafting on, so until its first "off" steps the cost model alone decides.
+The first step after a switch pays the change of shapes either way and is left out of both rates.
+Batch 1 is left to the cost model alone: it is calibrated at load, and there drafting gains most.
+Requests with a fixed γ or tree, and seeded ones, are not affected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xpuspec.spec_decode.verify_costs import batch_bucket
+
+DECAY = 0.9  # per recorded step of the same way: a memory of ~10 steps
+CYCLE_STEPS = 96  # the first cycle; each that confirms the last decision doubles it ...
+MAX_CYCLE_STEPS = 768  # ... up to this
+PROBE_OFF_STEPS = 8  # while drafting is on, the last steps of each cycle run without it ...
+PROBE_ON_STEPS = 12  # ... and while it is off, with it
+MIN_STEPS = 6  # recorded steps of each way before a bucket decides
+MARGIN = 0.05  # drafting must lose by more than this share before it is turned off
+
+
+@dataclass
+class _Rate:
+    """Decayed tokens and seconds of one way of running at one bucket."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def record(self, tokens: int, seconds: float) -> None:
+        self.tokens = DECAY * self.tokens + tokens
+        self.seconds = DECAY * self.seconds + seconds
+        self.steps += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Bucket:
+    on: _Rate = field(default_factory=_Rate)
+    off: _Rate = field(default_factory=_Rate)
+    drafting: bool = True  # the way chosen, outside the probe steps
+    step: int = 0  # steps into the cycle
+    cycle: int = CYCLE_STEPS
+    last_way: bool | None = None  # the way of the last recorded step
+
+    def drafts_now(self) -> bool:
+        probe = PROBE_OFF_STEPS if self.drafting else PROBE_ON_STEPS
+        return self.drafting != (self.step >= self.cycle - probe)
+
+    def end_cycle(self) -> None:
+        """Decide the way of the next cycle, once both are measured; a decision confirmed lengthens
+        the cycles, so the probes of a settled bucket cost less and less."""
+        self.step = 0
+        if self.on.steps < MIN_STEPS or self.off.steps < MIN_STEPS:
+            return
+        drafting = self.on.rate >= (1.0 - MARGIN) * self.off.rate
+        self.cycle = min(2 * self.cycle, MAX_CYCLE_STEPS) if drafting == self.drafting else CYCLE_STEPS
+        self.drafting = drafting
+
+
+class DraftingPayoff:
+    """Per batch bucket (2 sequences or more), whether adaptive requests draft this step."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, _Bucket] = {}
+
+    def pays(self, num_sequences: int) -> bool:
+        """Whether adaptive requests at this batch draft this step (the probes included)."""
+        if num_sequences < 2:
+            return True
+        return self._buckets.setdefault(batch_bucket(num_sequences), _Bucket()).drafts_now()
+
+    def record(self, num_sequences: int, drafting_on: bool, tokens: int, seconds: float) -> None:
+        """A whole decode step of ``num_sequences`` sequences that emitted ``tokens`` tokens in
+        ``seconds``; ``drafting_on``: its adaptive requests were allowed to draft."""
+        bucket = self._buckets.get(batch_bucket(max(num_sequences, 1)))
+        if bucket is None or num_sequences < 2 or seconds <= 0.0:
+            return
+        if drafting_on == bucket.last_way:
+            (bucket.on if drafting_on else bucket.off).record(tokens, seconds)
+        bucket.last_way = drafting_on
+        bucket.step += 1
+        if bucket.step >= bucket.cycle:
+            bucket.end_cycle()
+
+    def rates(self, num_sequences: int) -> tuple[float, float]:
+        """(on, off) tokens per second at this bucket, 0 where unmeasured: for reports."""
+        bucket = self._buckets.get(batch_bucket(max(num_sequences, 1)))
+        return (bucket.on.rate, bucket.off.rate) if bucket is not None else (0.0, 0.0)
