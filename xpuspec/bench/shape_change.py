@@ -8,7 +8,9 @@ in each of four patterns, in an order reversed every other round, and keeps each
 - ``a steady`` and ``b steady``: every pass the same count (``--tokens a,b``);
 - ``a/b alternating``: the count changes every pass;
 - ``a padded to b``: ``a`` tokens and ``b - a`` padding tokens (``SequenceChunk.padding``), which is
-  what the engine runs instead of changing the count (``StepShape.keep``).
+  what the engine runs instead of changing the count (``StepShape.keep``);
+- ``1/b alternating, decode lane`` (when ``a`` is 1): the one-token passes run in a second compiled
+  copy (``PagedModelRunner(decode_lane=True)``), as a speculating target's plain steps do.
 
 It prints each pattern's median over the rounds and the change's cost, the alternating pattern's
 mean minus the mean of the two steady ones.
@@ -36,32 +38,41 @@ def measure(
     bundle = ModelBundle.open(bundle_root)
     small, large = tokens
     target = PagedModelRunner(bundle.target.path, properties=properties, num_blocks=64)
+    laned = (
+        PagedModelRunner(bundle.target.path, properties=properties, num_blocks=64, decode_lane=True)
+        if small == 1
+        else None
+    )
     table = list(range(-(-(PROMPT_TOKENS + large) // target.block_size)))
     prompt = np.random.default_rng(0).integers(100, 1000, PROMPT_TOKENS).tolist()
-    target.forward([SequenceChunk(prompt, 0, table, 1)])
+    for runner in (target, laned):
+        if runner is not None:
+            runner.forward([SequenceChunk(prompt, 0, table, 1)])
 
     def chunk(count: int, padding: int = 0) -> SequenceChunk:
         # Every pass at the same position: its keys and values are overwritten by the next.
         return SequenceChunk([5] * count, PROMPT_TOKENS, table, count, padding=padding)
 
     patterns = {
-        f"{small} steady": [chunk(small)],
-        f"{large} steady": [chunk(large)],
-        f"{small}/{large} alternating": [chunk(small), chunk(large)],
-        f"{small} padded to {large}": [chunk(small, large - small)],
+        f"{small} steady": (target, [chunk(small)]),
+        f"{large} steady": (target, [chunk(large)]),
+        f"{small}/{large} alternating": (target, [chunk(small), chunk(large)]),
+        f"{small} padded to {large}": (target, [chunk(small, large - small)]),
     }
-    for cycle in patterns.values():  # the first pass of each shape compiles kernels
+    if laned is not None:
+        patterns[f"1/{large} alternating, decode lane"] = (laned, [chunk(1), chunk(large)])
+    for runner, cycle in patterns.values():  # the first pass of each shape compiles kernels
         for passed in cycle:
-            target.forward([passed])
+            runner.forward([passed])
     results: dict[str, list[float]] = {name: [] for name in patterns}
     for round_index in range(rounds):
         order = list(patterns.items())
-        for name, cycle in order if round_index % 2 == 0 else order[::-1]:
-            target.forward([cycle[-1]])  # each pattern starts after another shape, as in a step
+        for name, (runner, cycle) in order if round_index % 2 == 0 else order[::-1]:
+            runner.forward([cycle[-1]])  # each pattern starts after another shape, as in a step
             times = []
             for step in range(steps):
                 started = time.perf_counter()
-                target.forward([cycle[step % len(cycle)]])
+                runner.forward([cycle[step % len(cycle)]])
                 times.append(time.perf_counter() - started)
             results[name].append(statistics.fmean(times) * 1000)
     return results
@@ -87,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>24}: {medians[name]:.3f} ms a pass, median; per round {rounds}")
     steady = (medians[f"{small} steady"] + medians[f"{large} steady"]) / 2
     print(f"{'a change of count':>24}: {medians[f'{small}/{large} alternating'] - steady:.3f} ms")
+    laned = medians.get(f"1/{large} alternating, decode lane")
+    if laned is not None:
+        print(f"{'with a decode lane':>24}: {laned - steady:.3f} ms")
     return 0
 
 
