@@ -46,11 +46,6 @@ class CpuPlugin(OpenVINODevicePlugin):
     name = "CPU"
     executor_kind: ExecutorKind = "paged"
     compression_preset = "cpu"
-    # The CPU plugin re-prepares every node when a step's token count changes: ~5 ms on the 30-layer
-    # default target (SmolLM2-135M, one-token step ~6.4 ms), paid twice whenever adaptive γ or prompt
-    # lookup switches between verifying and plain decoding. The second copy costs ~1.7x the weights
-    # file in resident memory; above 1 GiB of weights that is no longer a small price.
-    decode_lane_max_weight_bytes = 1 << 30
 
     def __init__(self, target_threads: int | None = None, draft_threads: int | None = None):
         for label, threads in (("target_threads", target_threads), ("draft_threads", draft_threads)):

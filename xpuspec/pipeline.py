@@ -188,7 +188,6 @@ class Pipeline:
             tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
             hidden_state_layers=tap_layers,
-            speculative=drafter != "none",
             **runner_limits,
         )
         proposer: DraftProposer | None = None

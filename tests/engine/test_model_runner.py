@@ -10,7 +10,7 @@ import openvino as ov
 import pytest
 
 from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
-from xpuspec.engine.model_runner import MODEL_FILE, PagedModelRunner, SequenceChunk, is_decode_step
+from xpuspec.engine.model_runner import MODEL_FILE, PagedModelRunner, SequenceChunk
 
 pytestmark = pytest.mark.slow
 
@@ -323,27 +323,6 @@ def test_a_decode_lane_shares_the_cache_and_gives_the_same_logits(
             for got, want in zip(rows, expected, strict=True):
                 np.testing.assert_array_equal(got, want)
     assert used[1] is laned._decode_lane and used[0] is runner._lane
-
-
-def test_padded_or_tree_steps_of_one_token_run_in_the_main_lane(ir_dir: Path) -> None:
-    """The decode lane takes steps of one unpadded token per sequence only (``is_decode_step``), so
-    its shape changes with the batch alone; a padded step or a one-node tree runs in the main lane."""
-    laned = PagedModelRunner(ir_dir, properties=F32_PROPERTIES, num_blocks=NUM_BLOCKS, decode_lane=True)
-    pool = BlockPool(NUM_BLOCKS)
-    tokens = random_tokens(24, seed=11, vocab_size=laned.vocab_size)
-    table = pool.table(32, laned.block_size)
-    laned.forward([SequenceChunk(tokens[:20], 0, table, 1)])
-    plain = SequenceChunk([tokens[20]], 20, table, 1)
-    for chunk, lane in (
-        (plain, laned._decode_lane),
-        (SequenceChunk([tokens[20]], 20, table, 1, padding=2), laned._lane),
-    ):
-        assert is_decode_step([chunk]) == (lane is laned._decode_lane)
-        laned.start([chunk])
-        assert laned._pending is lane
-        laned.wait()
-    assert not is_decode_step([SequenceChunk([tokens[20]], 20, table, 1, tree_parents=[-1])])
-    assert not is_decode_step([plain, SequenceChunk(tokens[:2], 0, table, 1)])
 
 
 def test_warm_up_touches_block_zero_only(ir_dir: Path, runner: PagedModelRunner) -> None:

@@ -62,31 +62,3 @@ def test_a_step_that_does_not_hold_the_shape_shrinks_at_once() -> None:
     shape.keep(chunks, model, hold=False)
     assert chunks[0].padding == 0
     assert shape.record(chunks) == ((1, 1), True)
-
-
-def test_a_decode_lane_keeps_plain_steps_out_of_the_verification_shape() -> None:
-    """With a decode lane (the target's one-token steps run in a compiled copy of their own), a plain
-    decode step is not padded up to the last verification step, changes no shape there, and the
-    next verification step is compared with the last one, not with the plain steps between."""
-    shape, model = StepShape(can_pad=True, max_model_len=128, decode_lane=True), _cost_model()
-    assert shape.record([_decode(5)]) == ((5, 1), False)
-    for expected_change in (False, False):  # the decode lane's first step changes nothing either
-        chunks = [_decode(1)]
-        shape.keep(chunks, model)
-        assert chunks[0].padding == 0
-        assert shape.record(chunks) == ((1, 1), expected_change)
-    assert shape.last == (5, 1) and shape.last_decode == (1, 1)
-    assert shape.record([_decode(5)]) == ((5, 1), False)  # back to the shape verification left
-    chunks = [_decode(3)]  # a smaller verification step still pads to the last one
-    shape.keep(chunks, model)
-    assert chunks[0].padding == 2
-    assert shape.record(chunks) == ((5, 1), False)
-    shape.forget()
-    assert shape.last is None and shape.last_decode is None
-
-
-def test_without_a_decode_lane_a_plain_step_is_a_change_of_shape() -> None:
-    shape = StepShape(can_pad=False, max_model_len=128)
-    shape.record([_decode(5)])
-    assert shape.record([_decode(1)]) == ((1, 1), True)
-    assert shape.last == (1, 1)

@@ -367,21 +367,3 @@ def test_a_step_between_two_multiples_of_the_batch_is_read_between_them_on_the_c
     assert model.target_cost(11, 4) == pytest.approx(1.5e-3)
     assert model.target_cost(9, 4) < model.target(9)
     assert model.target_cost(9) == model.target(9)  # no batch: the line
-
-
-def test_with_a_decode_lane_plain_decoding_pays_no_change_of_shape() -> None:
-    """A target whose one-token steps run in a compiled copy of their own (the runner's decode lane)
-    changes no shape by dropping to γ = 0, nor by coming back to the γ it verified last: the policy
-    that stayed at γ = 0 above, for fear of the change there and back, now drafts."""
-    model = _curve_model({n: 10.0 + 0.5 * n for n in range(1, 10)}, draft_ms=0.3)
-    model.calibrate_shape_change(0.012)
-    policy = SpeculationLengthPolicy(8, model)
-    assert policy.choose(0.3, 1, 1, previous_tokens_per_sequence=1) == 0
-    model.decode_lane = True
-    model.calibrations += 1  # the policy caches costs per calibration
-    free = policy.choose(0.3, 1, 1)
-    assert free > 0
-    costs = policy.step_costs(1, 1, previous_tokens_per_sequence=free + 1)
-    assert costs[0] == pytest.approx(model.target_cost(1, 1))  # back to plain decoding: no change
-    assert costs[free] == pytest.approx(model.step_cost(free, 1, 1))  # the verification lane's shape
-    assert costs[free + 1] > model.step_cost(free + 1, 1, 1)  # another verification shape does pay

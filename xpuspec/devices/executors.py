@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
@@ -30,7 +29,6 @@ def create_runner(
     core: Any,
     hidden_state_layers: Sequence[int] | None = None,
     logits_vocab: int | None = None,
-    speculative: bool = False,
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
@@ -42,7 +40,6 @@ def create_runner(
     the paged executor has taps. ``logits_vocab``: a draft proposing only the first ids of the shared
     vocabulary (:func:`xpuspec.engine.graph_edits.cut_logits_vocab`); the other executors keep the
     whole LM head and draft from every id (output is exact either way; only the cost differs).
-    ``speculative``: the engine drafts for this target (see :func:`wants_decode_lane`).
     """
     plugin = device.plugin
     user = layer_tuned(tuned_properties, resolve_properties(user_properties))
@@ -68,7 +65,10 @@ def create_runner(
             num_blocks=num_blocks,
             core=core,
             capacity_tokens=max_sequences * (max_context + max_draft_tokens + 1),
-            decode_lane=wants_decode_lane(plugin, model, role, speculative),
+            # A draft alternates catch-up passes with one-token passes every step; a second compiled
+            # copy for the latter spares the plugin a change of shapes twice a step (see the runner).
+            # The draft is small; the target's weights are not doubled.
+            decode_lane=role == "draft",
             hidden_state_layers=hidden_state_layers,
             logits_vocab=logits_vocab,
         )
@@ -99,25 +99,6 @@ def create_runner(
             raise ValueError(f"plugin {plugin.name} has executor_kind 'reference' but no create_runner()")
         return factory(model.path, model.facts, properties, num_blocks, block_size)
     raise ValueError(f"plugin {plugin.name}: unknown executor_kind {plugin.executor_kind!r}")
-
-
-def wants_decode_lane(plugin: Any, model: ModelInfo, role: Role, speculative: bool) -> bool:
-    """Whether the runner compiles a second copy of ``model`` for one-token steps (the runner's
-    decode lane), sparing the plugin a change of step shapes whenever the step switches between one
-    token per sequence and more:
-
-    - a draft, always: it alternates a catch-up pass with one-token passes every step, and it is small;
-    - a target, when it speculates and the plugin prices such changes
-      (``decode_lane_max_weight_bytes``) at no more than that many bytes of weights: the copy
-      costs memory in proportion to them.
-    """
-    if role == "draft":
-        return True
-    limit = getattr(plugin, "decode_lane_max_weight_bytes", 0)
-    if not speculative or limit <= 0:
-        return False
-    weights = Path(model.path) / "openvino_model.bin"
-    return weights.is_file() and weights.stat().st_size <= limit
 
 
 def model_weights(model: ModelInfo) -> str | None:

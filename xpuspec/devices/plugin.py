@@ -100,10 +100,6 @@ class OpenVINODevicePlugin:
     # Read-only properties with the device's memory and its parallel units, where the plugin has them.
     memory_property: str | None = None
     compute_units_property: str | None = None
-    # A speculating target whose weights file is at most this large gets a second compiled copy for
-    # its one-token steps (PagedModelRunner's decode lane), where a change of step shapes costs the
-    # device much; 0: never.
-    decode_lane_max_weight_bytes: int = 0
 
     def matches(self, device: str) -> bool:
         return base_device_name(device) == self.name

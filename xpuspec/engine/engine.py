@@ -181,9 +181,7 @@ class LLMEngine:
         # Padding tokens only where the target runs them, and not for a drafter that reads the
         # target's states of every token (EAGLE-3), which would get the padding's too.
         can_pad = bool(getattr(target, "supports_padding", False)) and not hasattr(proposer, "observe_target")
-        decode_lane = bool(getattr(target, "has_decode_lane", False))
-        self.step_shape = StepShape(can_pad, config.max_model_len, decode_lane)
-        self.cost_model.decode_lane = decode_lane
+        self.step_shape = StepShape(can_pad, config.max_model_len)
         self._drafting_seconds = 0.0  # wall time of the last drafting phase
         self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
         self._init_trees()
@@ -334,7 +332,7 @@ class LLMEngine:
                 self.cost_model.calibrate_target(1, n, steady)
                 if len(chunks) > 1:
                     self.cost_model.calibrate_shape_change(changed - steady)
-        self.step_shape.forget()
+        self.step_shape.last = None
         self.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
 
     def reset_prefix_cache(self) -> int:

@@ -270,11 +270,9 @@ class PagedModelRunner:
         # The CPU plugin re-prepares every node of the graph when an input's shape changes (measured
         # ~0.2 ms per decoder layer: ~6 ms on a 30-layer 135M model, more than a 1-token step of its
         # 2-layer draft), and one compiled model holds one graph whatever its infer requests. A draft
-        # alternates a multi-token catch-up pass with one-token passes every step, and a speculating
-        # target alternates verification with plain decoding: a second compiled copy, sharing the
-        # KV-cache tensors, runs the steps of one token per sequence (is_decode_step), so neither
-        # copy changes shape when the step switches. It costs a second copy of the weights (the
-        # 135M default target: +158 MiB resident for a 92 MB weights file).
+        # alternates a multi-token catch-up pass with one-token passes every step: a second compiled
+        # copy, sharing the KV-cache tensors, runs the steps of one token per sequence, so neither
+        # copy changes shape within a step. It costs a second copy of the weights.
         self._decode_lane = (
             _Lane(
                 core.compile_model(model, device, dict(properties or {})),
@@ -342,7 +340,11 @@ class PagedModelRunner:
         """Fill the inputs for ``chunks`` and start the inference without waiting for it."""
         if self._pending is not None:
             raise RuntimeError("an inference is still running: call wait() before starting another")
-        lane = self._decode_lane if self._decode_lane is not None and is_decode_step(chunks) else self._lane
+        lane = self._lane
+        if self._decode_lane is not None and all(
+            len(chunk.token_ids) == 1 and chunk.tree_parents is None for chunk in chunks
+        ):
+            lane = self._decode_lane
         self._fill_inputs(chunks, lane)
         self._pending = lane
         self._finished = None
@@ -552,14 +554,6 @@ class PagedModelRunner:
                 data[dst_blocks, :, dst_slots, :] = data[src_blocks, :, src_slots, :]
             else:  # [blocks, heads, head_size, tokens]
                 data[dst_blocks, :, :, dst_slots] = data[src_blocks, :, :, src_slots]
-
-
-def is_decode_step(chunks: Sequence[SequenceChunk]) -> bool:
-    """Whether a step runs one token per sequence, unpadded and outside any tree: the steps a
-    runner's decode lane takes, so that the lane's shape changes only with the batch."""
-    return all(
-        len(chunk.token_ids) == 1 and not chunk.padding and chunk.tree_parents is None for chunk in chunks
-    )
 
 
 def tree_depths(parents: Sequence[int]) -> np.ndarray:

@@ -6,17 +6,13 @@ which costs more than a few tokens' compute. Measured on the 2-layer demo target
 to 1 + γ tokens when their drafter proposed fewer, and adaptive steps are padded up to the last
 step's count until shrinking pays (``CostModel.shrink_pays``). OpenVINO GenAI's prompt lookup pads
 its candidates for the same reason.
-
-A target with a decode lane (``PagedModelRunner``: a second compiled copy for steps of one unpadded
-token per sequence, ``is_decode_step``) keeps two shapes: plain decode steps run there and never
-change the shape the verification steps left in the main copy, nor pad up to it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from xpuspec.engine.model_runner import SequenceChunk, is_decode_step
+from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.spec_decode.speculation_length import CostModel
 
@@ -40,38 +36,23 @@ def decode_sequences(chunks: list[SequenceChunk]) -> int | None:
 class StepShape:
     """The last target step's shape, and the padding of the next steps. ``can_pad``: the target
     runs padding tokens (``SequenceChunk.padding``) and no drafter reads the target's states of
-    every token (EAGLE-3 would get the padding's too). ``decode_lane``: the target runs plain decode
-    steps in a compiled copy of their own (see the module docstring)."""
+    every token (EAGLE-3 would get the padding's too)."""
 
-    def __init__(self, can_pad: bool, max_model_len: int, decode_lane: bool = False) -> None:
+    def __init__(self, can_pad: bool, max_model_len: int) -> None:
         self.can_pad = can_pad
         self.max_model_len = max_model_len
-        self.decode_lane = decode_lane
-        # (tokens, decoding sequences or None) of the last target step (with a decode lane: the
-        # last step outside it): the shape of the next step decides whether the plugin pays a
-        # change of shapes (CostModel.shape_change).
+        # (tokens, decoding sequences or None) of the last target step: the shape of the next
+        # step decides whether the plugin pays a change of shapes (CostModel.shape_change).
         self.last: Shape | None = None
-        self.last_decode: Shape | None = None  # the decode lane's last step
         # Consecutive decode steps padded up to the last shape, and the most tokens they needed.
         self._padded_steps = self._padded_need = 0
 
     def record(self, chunks: list[SequenceChunk]) -> tuple[Shape, bool]:
         """A target step ran ``chunks``: its shape, and whether that changed from the last step's."""
         shape = (step_tokens(chunks), decode_sequences(chunks))
-        if self._in_decode_lane(chunks):
-            changed = self.last_decode is not None and shape != self.last_decode
-            self.last_decode = shape
-        else:
-            changed = self.last is not None and shape != self.last
-            self.last = shape
+        changed = self.last is not None and shape != self.last
+        self.last = shape
         return shape, changed
-
-    def forget(self) -> None:
-        """Steps ran outside the engine's view (calibration): no shape is known to be in place."""
-        self.last = self.last_decode = None
-
-    def _in_decode_lane(self, chunks: list[SequenceChunk]) -> bool:
-        return self.decode_lane and is_decode_step(chunks)
 
     def fixed_padding(self, chunk: ScheduledChunk, num_tokens: int) -> int:
         """Padding tokens that keep a fixed-γ decode step at 1 + γ tokens when its drafter proposed
@@ -91,10 +72,7 @@ class StepShape:
 
         Adaptive γ and prompt lookup otherwise change the count from step to step. Fixed-γ steps are
         padded already (:meth:`fixed_padding`); padding goes on the last chain chunk with room for
-        it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once. A plain decode step
-        with a decode lane is left alone: its lane holds its own shape."""
-        if self._in_decode_lane(chunks):
-            return
+        it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once."""
         last = self.last
         num_sequences = decode_sequences(chunks)
         num_tokens = step_tokens(chunks)

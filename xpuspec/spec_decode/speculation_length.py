@@ -170,9 +170,7 @@ class CostModel:
       step) differs from the previous step's. OpenVINO's CPU plugin re-prepares every node of the
       graph then (~6 ms on a 30-layer 135M model whose one-token step takes ~9 ms), so a γ that
       changes from step to step pays it every step. Steps that changed shape go here, not into the
-      curve, which describes steady steps. With ``decode_lane`` (the target runs one-token steps in
-      a compiled copy of their own, ``PagedModelRunner``), γ = 0 never pays it, and γ > 0 pays it
-      against the last verification step's shape however many plain steps came since;
+      curve, which describes steady steps;
     - padding: where the target runs padding tokens (``SequenceChunk.padding``), the engine pads
       a decode step that needs fewer tokens than the last up to the last one's count, until a
       stretch of such steps makes shrinking pay (:meth:`shrink_pays`). γ is still priced as if
@@ -195,7 +193,6 @@ class CostModel:
     draft_python_decay: float = 0.9
     shape_change: float = 0.0
     shape_change_decay: float = 0.9
-    decode_lane: bool = False
     version: int = 0  # bumped by every record, so derived costs can be cached
     calibrations: int = 0  # bumped by every calibration: derived costs are recomputed at once
     _calibrated_shape_changes: list[float] = field(default_factory=list)
@@ -359,7 +356,7 @@ class CostModel:
             seconds = verify[tokens] if tokens < len(verify) else None
             if seconds is None:
                 seconds = self.target(tokens * num_sequences)
-            if tokens != previous_tokens_per_sequence and not (tokens == 1 and self.decode_lane):
+            if tokens != previous_tokens_per_sequence:
                 seconds += change
             if gamma and drafting:
                 phase = phases[gamma] if gamma < len(phases) else None
