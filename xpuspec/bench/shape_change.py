@@ -3,14 +3,16 @@
 
 OpenVINO's CPU plugin re-prepares every node of the graph when an input's shape changes, and a
 decode step's token count is part of its shapes. Each round times ``--steps`` target decode passes
-in each of four patterns, in an order reversed every other round, and keeps each pattern's mean:
+in each of four patterns (five with ``a`` = 1), in an order reversed every other round, and keeps
+each pattern's mean:
 
 - ``a steady`` and ``b steady``: every pass the same count (``--tokens a,b``);
 - ``a/b alternating``: the count changes every pass;
 - ``a padded to b``: ``a`` tokens and ``b - a`` padding tokens (``SequenceChunk.padding``), which is
   what the engine runs instead of changing the count (``StepShape.keep``);
 - ``1/b alternating, decode lane`` (when ``a`` is 1): the one-token passes run in a second compiled
-  copy (``PagedModelRunner(decode_lane=True)``), as a speculating target's plain steps do.
+  copy (``PagedModelRunner(decode_lane=True)``), as a draft's do. A target with such a copy was
+  tried and dropped: the README's "second compiled copy" paragraph has the numbers.
 
 It prints each pattern's median over the rounds and the change's cost, the alternating pattern's
 mean minus the mean of the two steady ones.
