@@ -240,8 +240,7 @@ def test_padding_leaves_the_real_rows_and_every_named_block_alone(runner: PagedM
     after_plain = runner.forward([SequenceChunk(following, size - 1, plain_table, 3)]).copy()
     np.testing.assert_allclose(after_padding, after_plain, rtol=0, atol=RUNNER_ATOL)
     with pytest.raises(ValueError, match="padding"):
-        tree = SequenceChunk([token, 5], size - 2, padded_table, 2, tree_parents=[-1, 0], padding=1)
-        runner.forward([tree])
+        runner.forward([SequenceChunk([token], size - 2, padded_table, 1, padding=-1)])
 
 
 def test_invalid_chunks_are_rejected(runner: PagedModelRunner) -> None:

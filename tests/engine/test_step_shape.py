@@ -62,3 +62,16 @@ def test_a_step_that_does_not_hold_the_shape_shrinks_at_once() -> None:
     shape.keep(chunks, model, hold=False)
     assert chunks[0].padding == 0
     assert shape.record(chunks) == ((1, 1), True)
+
+
+def test_a_smaller_tree_is_padded_to_the_last_shape_like_a_chain() -> None:
+    """An automatic tree of fewer nodes than the last step's holds its shape with padding tokens
+    (roots of their own in the runner's tree mask), as a shorter chain does."""
+    shape, model = StepShape(can_pad=True, max_model_len=128), _cost_model()
+    shape.record([_decode(5)])
+    tree = SequenceChunk([7] * 3, 40, list(range(8)), num_logits=3, tree_parents=[-1, 0, 0])
+    chunks = [tree]
+    shape.keep(chunks, model)
+    assert chunks[0].padding == 2
+    assert chunks[0].tree_parents == [-1, 0, 0]
+    assert shape.record(chunks) == ((5, 1), False)

@@ -108,6 +108,36 @@ def test_mixed_batch_of_tree_decode_chain_and_prefill(runner):
     np.testing.assert_allclose(mixed, np.concatenate(alone), atol=ATOL)
 
 
+def test_padding_after_a_tree_changes_no_row_and_no_named_block(runner):
+    """Padding tokens after a tree (the engine keeps a step's token count with them) are roots of
+    their own: no node sees them, the next sequence's rows are unchanged, and past the tree's last
+    block they write only the scratch block, not the blocks the table names beyond it."""
+    vocab = runner.vocab_size
+    prompts = [_tokens(PROMPT_LENGTH, 40 + i, vocab) for i in range(2)]
+    tree = [prompts[0][-1]] + _tokens(len(PARENTS) - 1, 42, vocab)
+    chain = [prompts[1][-1]] + _tokens(2, 43, vocab)
+    past = PROMPT_LENGTH - 1
+    padding = 2 * runner.block_size - past - len(PARENTS) + 5  # runs 5 slots into a third block
+
+    def run(padding: int) -> np.ndarray:
+        for index, prompt in enumerate(prompts):
+            _prefill(runner, prompt[:-1], index)
+        chunks = [
+            SequenceChunk(tree, past, _blocks(0), len(PARENTS), tree_parents=PARENTS, padding=padding),
+            SequenceChunk(chain, past, _blocks(1), num_logits=3),
+        ]
+        return runner.forward(chunks).copy()
+
+    plain = run(0)
+    later_blocks = _blocks(0)[2:] + _blocks(2)
+    before = {name: tensor.data[later_blocks].copy() for name, tensor in runner.cache_tensors.items()}
+    padded = run(padding)
+    assert padded.shape == plain.shape == (len(PARENTS) + 3, vocab)
+    np.testing.assert_allclose(padded, plain, atol=ATOL)
+    for name, tensor in runner.cache_tensors.items():
+        np.testing.assert_array_equal(tensor.data[later_blocks], before[name], err_msg=name)
+
+
 def test_moved_path_decodes_like_the_path_alone(runner):
     vocab = runner.vocab_size
     prompt = _tokens(PROMPT_LENGTH, 30, vocab)

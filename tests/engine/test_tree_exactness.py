@@ -94,3 +94,38 @@ def test_trees_accept_more_than_the_first_choice(pipe, target_only):
     tree_rate = sum(r.stats["accepted"] for r in tree) / sum(r.stats["verification_steps"] for r in tree)
     chain_rate = sum(r.stats["accepted"] for r in chain) / sum(r.stats["verification_steps"] for r in chain)
     assert tree_rate > chain_rate
+
+
+def test_trees_keep_the_step_shape(pipe, target_only, monkeypatch):
+    """A fixed tree's steps verify 1 + nodes tokens even where the tree has fewer nodes (cut near
+    ``max_tokens``): the missing nodes are padding, roots of their own in the tree mask, so the
+    plugin does not re-prepare its graph. An automatic tree smaller than the last step's is padded
+    while shrinking does not pay. The output stays the target's."""
+    runner = pipe.engine.target
+    steps: list[tuple[str, int, int]] = []  # (kind, tokens with padding, padding) of tree steps
+    fill_inputs = runner._fill_inputs
+
+    def recording(chunks, lane=None):
+        if any(chunk.tree_parents is not None for chunk in chunks):
+            tokens = sum(len(c.token_ids) + c.padding for c in chunks)
+            steps.append(("fixed" if recording.fixed else "auto", tokens, sum(c.padding for c in chunks)))
+        return fill_inputs(chunks, lane)
+
+    monkeypatch.setattr(runner, "_fill_inputs", recording)
+    recording.fixed = True
+    results = [pipe.generate(prompt, _params(FIXED))[0] for prompt in PROMPTS[:8]]
+    assert _mismatches(target_only[:8], results) == []
+    fixed = [(tokens, padding) for kind, tokens, padding in steps if kind == "fixed"]
+    assert {tokens for tokens, _ in fixed} == {1 + FIXED["nodes"]}
+    assert any(padding for _, padding in fixed), "no tree was cut: padding did not run"
+    # Automatic trees: a cheap draft and verification costs that grow with the tokens, so that the
+    # policy picks trees of different sizes, and a change of shape that costs a whole step.
+    cost_model = pipe.engine.cost_model
+    monkeypatch.setattr(cost_model, "draft_cost", lambda num_tokens: 1e-6 * num_tokens)
+    monkeypatch.setattr(
+        cost_model, "target_cost", lambda num_tokens, num_sequences=None: 1e-3 + 2e-5 * num_tokens
+    )
+    recording.fixed = False
+    results = [pipe.generate(prompt, _params("auto"))[0] for prompt in PROMPTS[:8]]
+    assert _mismatches(target_only[:8], results) == []
+    assert any(padding for kind, _, padding in steps if kind == "auto"), "no auto tree was padded"

@@ -855,7 +855,7 @@ class LLMEngine:
             num_logits=num_logits,
             sequence_id=sequence.request_id,
             tree_parents=tree_parents,
-            padding=0 if tree_parents is not None else self.step_shape.fixed_padding(chunk, len(token_ids)),
+            padding=self.step_shape.fixed_padding(chunk, len(token_ids)),
         )
 
     def _accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:

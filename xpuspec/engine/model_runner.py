@@ -74,7 +74,8 @@ class SequenceChunk:
     # than a few tokens' compute (see PagedModelRunner). They repeat the last token at the next
     # positions, give no logits, and write their keys and values only past the sequence's length:
     # into its last block, whose later slots the sequence's next tokens overwrite before reading,
-    # and beyond it into a scratch block that no sequence owns. Chains only (not with tree_parents).
+    # and beyond it into a scratch block that no sequence owns. In a tree chunk they are extra roots
+    # (parent -1) that no node attends to.
     padding: int = 0
 
 
@@ -342,7 +343,7 @@ class PagedModelRunner:
             raise RuntimeError("an inference is still running: call wait() before starting another")
         lane = self._lane
         if self._decode_lane is not None and all(
-            len(chunk.token_ids) == 1 and chunk.tree_parents is None for chunk in chunks
+            len(chunk.token_ids) == 1 and not chunk.padding and chunk.tree_parents is None for chunk in chunks
         ):
             lane = self._decode_lane
         self._fill_inputs(chunks, lane)
@@ -400,8 +401,8 @@ class PagedModelRunner:
                     f"{chunk.num_logits} (need >= 1 token, past_length >= 0, 0 <= num_logits <= tokens)"
                 )
             if chunk.padding:
-                if chunk.padding < 0 or chunk.tree_parents is not None:
-                    raise ValueError(f"padding must be >= 0 and only on chains, got {chunk.padding}")
+                if chunk.padding < 0:
+                    raise ValueError(f"padding must be >= 0, got {chunk.padding}")
                 length += chunk.padding
                 context += chunk.padding
             if len(chunk.block_table) < num_blocks:
@@ -415,7 +416,8 @@ class PagedModelRunner:
             if min(used_blocks) < 0 or max(used_blocks) >= self.num_blocks:
                 raise ValueError(f"block ids must be in [0, {self.num_blocks}), got {list(used_blocks)}")
             if chunk.tree_parents is not None:
-                num_mask_entries += self._check_tree(chunk)
+                self._check_tree(chunk)
+                num_mask_entries += length * length  # padding included
             num_tokens += length
             num_block_entries += -(-context // block_size)  # padding may reach the scratch block
             max_context = max(max_context, context)
@@ -483,8 +485,8 @@ class PagedModelRunner:
         return num_sampled
 
     @staticmethod
-    def _check_tree(chunk: SequenceChunk) -> int:
-        """Check a tree chunk's parents (the kernel checks none of it); return its mask length n*n."""
+    def _check_tree(chunk: SequenceChunk) -> None:
+        """Check a tree chunk's parents (the kernel checks none of it)."""
         parents = chunk.tree_parents
         length = len(chunk.token_ids)
         if len(parents) != length:
@@ -494,7 +496,6 @@ class PagedModelRunner:
                 raise ValueError(
                     f"tree_parents[{index}] = {parent}: a parent is -1 or an earlier token of the chunk"
                 )
-        return length * length
 
     @staticmethod
     def _fill_tree_inputs(
@@ -513,8 +514,11 @@ class PagedModelRunner:
             begins[index] = start
             if chunk.tree_parents is None:
                 continue
-            length = len(chunk.token_ids)
-            bias[start : start + length * length] = tree_mask(chunk.tree_parents).reshape(-1)
+            # Padding tokens are roots of their own: they see the past and themselves, and no
+            # node sees them.
+            parents = list(chunk.tree_parents) + [-1] * chunk.padding
+            length = len(parents)
+            bias[start : start + length * length] = tree_mask(parents).reshape(-1)
             start += length * length
         begins[len(chunks)] = start
         bias_host.bind(num_mask_entries)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.spec_decode.speculation_length import CostModel
+from xpuspec.spec_decode.tree import TreeShape
 
 Shape = tuple[int, "int | None"]  # (tokens, decoding sequences or None)
 
@@ -55,10 +56,13 @@ class StepShape:
         return shape, changed
 
     def fixed_padding(self, chunk: ScheduledChunk, num_tokens: int) -> int:
-        """Padding tokens that keep a fixed-γ decode step at 1 + γ tokens when its drafter proposed
-        fewer (an n-gram match that is short or missing, a γ cut near ``max_tokens``). Adaptive γ
-        prices the change in its cost model instead, and pads through :meth:`keep`."""
-        gamma = chunk.sequence.params.num_draft_tokens
+        """Padding tokens that keep a fixed-γ decode step at 1 + γ tokens, and a fixed tree's at
+        1 + its nodes, when the drafter proposed fewer (an n-gram match that is short or missing, a
+        γ or a tree cut near ``max_tokens``). Adaptive γ and automatic trees price the change in
+        the cost model instead, and pad through :meth:`keep`."""
+        params = chunk.sequence.params
+        tree = params.draft_tree
+        gamma = tree.nodes if isinstance(tree, TreeShape) else params.num_draft_tokens
         if not gamma or not chunk.samples or chunk.num_tokens != 1 or not self.can_pad:
             return 0
         padding = 1 + gamma - num_tokens
@@ -70,9 +74,9 @@ class StepShape:
         count, until the stretch of smaller steps has lasted long enough that shrinking pays
         (``CostModel.shrink_pays``); then shrink to the most any step of the stretch needed.
 
-        Adaptive γ and prompt lookup otherwise change the count from step to step. Fixed-γ steps are
-        padded already (:meth:`fixed_padding`); padding goes on the last chain chunk with room for
-        it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once."""
+        Adaptive γ, automatic trees and prompt lookup otherwise change the count from step to step.
+        Fixed shapes are padded already (:meth:`fixed_padding`); padding goes on the last decode
+        chunk with room for it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once."""
         last = self.last
         num_sequences = decode_sequences(chunks)
         num_tokens = step_tokens(chunks)
@@ -99,6 +103,6 @@ class StepShape:
         for index in reversed(range(len(chunks))):
             chunk = chunks[index]
             end = chunk.past_length + len(chunk.token_ids) + chunk.padding + padding
-            if chunk.tree_parents is None and end <= self.max_model_len:
+            if end <= self.max_model_len:
                 chunks[index] = replace(chunk, padding=chunk.padding + padding)
                 return
