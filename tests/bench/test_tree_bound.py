@@ -70,18 +70,7 @@ def test_a_bad_tree_argument_is_a_usage_error(capsys):
 
 @pytest.mark.slow
 def test_the_command_measures_and_prints_the_bound(capsys):
-    arguments = [
-        "--bundle",
-        "demo",
-        "--prompts",
-        "2",
-        "--max-tokens",
-        "12",
-        "--rounds",
-        "1",
-        "--tree",
-        "3,3,9",
-    ]
+    arguments = "--bundle demo --prompts 2 --max-tokens 12 --rounds 1 --tree 3,3,9".split()
     assert tree_bound.main(arguments) == 0
     out = capsys.readouterr().out
     levels = [line for line in out.splitlines() if line.strip().startswith("level ")]
