@@ -87,3 +87,8 @@ def test_compare_alternates_prompt_by_prompt_and_sums_per_prompt_bests():
 def test_parity_rejects_bad_counts():
     with pytest.raises(SystemExit):
         parity.main(["--rounds", "0"])
+
+
+def test_parity_rejects_an_unknown_workload():
+    with pytest.raises(SystemExit, match="--workload is"):
+        parity.main(["--bundle", "demo", "--workload", "no-such-file.jsonl", "--draft-lengths", "0"])

@@ -9,7 +9,9 @@ alternating prompt by prompt (which goes first alternates), and reports per draf
 round of each engine, their ratio, the median of the per-round ratios and the ratio of per-prompt
 bests (GenAI seconds over xpuspec seconds: above 1 means xpuspec is faster). ``--default`` compiles
 each engine as it comes instead (xpuspec's plan-recorded or plugin properties and adaptive γ beside
-GenAI with no properties).
+GenAI with no properties). ``--drafter eagle3`` drafts on both sides with the bundle's EAGLE-3 head
+(GenAI's after :func:`~xpuspec.bench.genai_eagle3.convert_head`) instead of its draft model;
+``--workload`` picks the prompts (``xpuspec bench``'s: code, chat or a JSONL file).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from xpuspec.bench.latency import XpuspecLatencyRunner, genai_default_properties
 from xpuspec.bench.peers import GenaiLatencyRunner
-from xpuspec.bench.workloads import heldout_code_prompts
+from xpuspec.bench.workloads import encode_prompts, load_workload
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--draft-lengths", default="0,4", help="fixed γ values; 0 is target-only (default: 0,4)"
     )
     parser.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default: 6)")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out code prompts (default: 8)")
+    parser.add_argument("--prompts", type=int, default=8, help="number of prompts (default: 8)")
+    parser.add_argument(
+        "--workload", default="code", help="code, chat, or FILE.jsonl (default: code, held-out code prompts)"
+    )
+    parser.add_argument(
+        "--drafter",
+        choices=("draft", "eagle3"),
+        default="draft",
+        help="draft with the bundle's draft model or its EAGLE-3 head, on both sides (default: draft)",
+    )
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default: 64)")
     parser.add_argument(
         "--default",
@@ -100,7 +111,9 @@ def compare(
     }
 
 
-def xpuspec_pipeline(bundle: str, properties: dict[str, Any] | None, needs_draft: bool) -> Any:
+def xpuspec_pipeline(
+    bundle: str, properties: dict[str, Any] | None, needs_draft: bool, drafter: str = "draft"
+) -> Any:
     """xpuspec's side: the same properties for target and draft, and prefix caching off like GenAI's.
 
     Every prompt repeats (the warm-up, then each round), so a cache on one side only would time that
@@ -110,7 +123,7 @@ def xpuspec_pipeline(bundle: str, properties: dict[str, Any] | None, needs_draft
 
     return Pipeline(
         bundle,
-        drafter="auto" if needs_draft else "none",
+        drafter=("eagle3" if drafter == "eagle3" else "auto") if needs_draft else "none",
         properties=properties,
         draft_properties=properties,
         enable_prefix_caching=False,
@@ -126,10 +139,27 @@ def main(argv: list[str] | None = None) -> int:
     same_properties = genai_default_properties()
     properties = None if args.default else same_properties
     needs_draft = args.default or any(length > 0 for length in lengths)
-    pipeline = xpuspec_pipeline(args.bundle, properties, needs_draft)
-    prompts = [pipeline.encode(prompt.text) for prompt in heldout_code_prompts(args.prompts)]
+    pipeline = xpuspec_pipeline(args.bundle, properties, needs_draft, args.drafter)
+    try:
+        workload = load_workload(args.workload, args.prompts)
+    except ValueError as error:
+        raise SystemExit(f"python -m xpuspec.bench.parity: {error}") from None
+    max_prompt_tokens = (
+        pipeline.bundle.max_context - args.max_tokens - pipeline.engine.config.max_draft_tokens - 1
+    )
+    prompts = encode_prompts(pipeline, workload, max_prompt_tokens)
     ours = XpuspecLatencyRunner(pipeline)
-    target, draft = pipeline.bundle.target.path, pipeline.bundle.draft
+    target = pipeline.bundle.target.path
+    draft_dir = None
+    if needs_draft and args.drafter == "eagle3":
+        from xpuspec.bench.genai_eagle3 import convert_head, genai_eagle3_unavailable
+
+        reason = genai_eagle3_unavailable(pipeline.bundle)
+        if reason is not None:
+            raise SystemExit(f"python -m xpuspec.bench.parity: GenAI cannot run the EAGLE-3 head: {reason}")
+        draft_dir = convert_head(pipeline.bundle)
+    elif needs_draft and pipeline.bundle.draft is not None:
+        draft_dir = pipeline.bundle.draft.path
     genai_properties = {} if args.default else same_properties
     if args.default:
         # xpuspec adaptive against GenAI target-only and GenAI with its draft at each fixed γ.
@@ -138,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         configurations = [(f"γ={g}" if g else "target-only", g, g or None) for g in lengths]
     for label, our_length, genai_length in configurations:
-        genai = GenaiLatencyRunner(
-            target, draft.path if genai_length and draft is not None else None, genai_properties
-        )
+        genai = GenaiLatencyRunner(target, draft_dir if genai_length else None, genai_properties)
         result = compare(ours, genai, prompts, args.max_tokens, args.rounds, our_length, genai_length)
         best = {name: min(values) for name, values in result["seconds"].items()}
         print(
