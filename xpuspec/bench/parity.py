@@ -139,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     same_properties = genai_default_properties()
     properties = None if args.default else same_properties
     needs_draft = args.default or any(length > 0 for length in lengths)
-    pipeline = xpuspec_pipeline(args.bundle, properties, needs_draft, args.drafter)
-    try:
+    try:  # before anything compiles: a bad --workload should cost nothing
         workload = load_workload(args.workload, args.prompts)
     except ValueError as error:
         raise SystemExit(f"python -m xpuspec.bench.parity: {error}") from None
+    pipeline = xpuspec_pipeline(args.bundle, properties, needs_draft, args.drafter)
     max_prompt_tokens = (
         pipeline.bundle.max_context - args.max_tokens - pipeline.engine.config.max_draft_tokens - 1
     )
