@@ -241,7 +241,7 @@ class Pipeline:
     ) -> Eagle3Proposer:
         """The EAGLE-3 head on the draft device, drafting from the tapped target."""
         from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
-        from xpuspec.spec_decode.eagle3.runtime import Eagle3Head
+        from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, Eagle3Head
 
         head = Eagle3Head.from_folders(
             head_dir,
@@ -249,6 +249,7 @@ class Pipeline:
             device=self.draft_device.device,  # type: ignore[union-attr]
             properties=draft_properties if draft_properties is not None else properties,
             core=core,
+            weight_type=HEAD_WEIGHT_TYPE,
         )
         width = self.target_runner.hidden_state_width
         if width != 3 * head.config.hidden_size:

@@ -44,6 +44,7 @@ from xpuspec.bench.latency import (  # noqa: E402
 from xpuspec.demo.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
+from xpuspec.spec_decode.eagle3.head_model import quantise_int8_rows  # noqa: E402
 
 TAPS = (1, 2, 3)
 # f32 compute and KV cache, no dynamic quantisation: GenAI's speculative output must then equal its own
@@ -113,6 +114,14 @@ def test_the_converted_ir_is_what_genai_loads(bundle: ModelBundle, converted: Pa
     assert model.get_rt_info("eagle3_mode").astype(str) == "True"
     assert model.get_rt_info("hidden_layers_list").astype(str) == "0 1 2"
     assert {"openvino_tokenizer.xml", "openvino_detokenizer.xml"} <= {p.name for p in converted.iterdir()}
+    # The head's matrices at xpuspec's int8 (fc, q/k/v/o, the MLP, lm_head); the embedding table is not one.
+    int8 = [
+        n
+        for n in model.get_ops()
+        if n.get_type_name() == "Constant" and n.get_output_element_type(0) == ov.Type.i8
+    ]
+    assert len(int8) == 9
+    assert sorted(len(n.get_output_partial_shape(0)) for n in int8) == [2] * 9
     # Converted once: a second call reuses the folder.
     assert convert_head(bundle, converted.parent) == converted
 
@@ -124,7 +133,13 @@ def test_the_converted_head_computes_the_torch_reference(bundle: ModelBundle, co
     config = Eagle3HeadConfig.from_folder(bundle.eagle3.path)  # type: ignore[union-attr]
     head = Eagle3Head(config).eval()
     state = load_file(str(bundle.eagle3.path / "model.safetensors"))  # type: ignore[union-attr]
-    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    # At the int8 matrices both engines run (xpuspec.spec_decode.eagle3.head_model.quantise_int8_rows).
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    for name, value in weights.items():
+        if value.ndim == 2 and name != "embed_tokens.weight":
+            quantised, scale = quantise_int8_rows(value.numpy())
+            weights[name] = torch.from_numpy(quantised * scale)
+    head.load_state_dict(weights)
     table = target_embedding_table(bundle.target.path, config.vocab_size)
 
     rng = np.random.default_rng(0)
@@ -135,7 +150,8 @@ def test_the_converted_head_computes_the_torch_reference(bundle: ModelBundle, co
         fused = head.fuse(torch.from_numpy(hidden))
         expected, _, _ = head(torch.from_numpy(table[ids]), fused, torch.from_numpy(positions))
 
-    compiled = ov.Core().compile_model(converted / MODEL_FILE, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    # F32: int8 weights would otherwise have their activations quantised on the fly.
+    compiled = ov.Core().compile_model(converted / MODEL_FILE, "CPU", F32)
     request = compiled.create_infer_request()
     request.reset_state()
     outputs = request.infer(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import openvino as ov
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,6 +21,7 @@ from xpuspec.spec_decode.eagle3 import (  # noqa: E402
     load_head_weights,
     target_embedding_model,
 )
+from xpuspec.spec_decode.eagle3 import head_model as graph  # noqa: E402
 from xpuspec.spec_decode.eagle3.embedding import table_embedding_model  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import read_safetensors  # noqa: E402
 
@@ -371,3 +373,40 @@ def test_f16_weights_stay_close(head_dir: Path, reference, table: np.ndarray):
     (result,) = head.run([HeadStep("h", [1, 2, 3, 4], fused, logits_rows=range(4))])
     logits_ref, _ = Reference(reference[0], table).run([1, 2, 3, 4], fused)
     np.testing.assert_allclose(result.logits, logits_ref, atol=2e-2)
+
+
+def test_int8_weights_are_int8_in_the_graph_and_stay_close(head_dir: Path, reference, table: np.ndarray):
+    config = Eagle3HeadConfig.from_folder(head_dir)
+    weights = load_head_weights(head_dir, config)
+    model = graph.build_head_model(config, weights, "int8")
+    int8_names = {
+        node.get_friendly_name()
+        for node in model.get_ops()
+        if node.get_type_name() == "Constant" and node.get_output_element_type(0) == ov.Type.i8
+    }
+    # Every matrix of the layer and the LM head; norms stay f32.
+    assert "lm_head.weight" in int8_names and "midlayer.mlp.down_proj.weight" in int8_names
+    assert not any("norm" in name for name in int8_names)
+
+    head = Eagle3Head(config, weights, table_embedding_model(table), properties=F32, weight_type="int8")
+    _, fused = _fused(reference, 4, seed=8)
+    (result,) = head.run([HeadStep("h", [1, 2, 3, 4], fused, logits_rows=range(4))])
+    logits_ref, _ = Reference(reference[0], table).run([1, 2, 3, 4], fused)
+    scale = np.abs(logits_ref).max()
+    assert 0 < np.abs(result.logits - logits_ref).max() < 0.05 * scale  # quantised, and close
+
+
+def test_int8_weight_rounds_each_row_to_its_own_step():
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((5, 7)).astype(np.float32)
+    weight[2] = 0.0  # an all-zero row must stay zero, not divide by zero
+    weight[4] *= 1000.0  # rows of very different magnitudes get their own scales
+    model = ov.Model([ov.opset13.result(graph.int8_weight(weight, "w"))], [], "w")
+    (dequantised,) = ov.Core().compile_model(model, "CPU", F32)({}).values()
+    quantised, scale = graph.quantise_int8_rows(weight)
+    assert quantised.dtype == np.int8 and np.array_equal(dequantised, quantised * scale)
+    step = np.abs(weight).max(axis=1, keepdims=True) / 127
+    assert np.all(np.abs(dequantised - weight) <= step / 2 + 1e-6 * np.abs(weight))
+    assert np.array_equal(dequantised[2], np.zeros(7, np.float32))
+    with pytest.raises(ValueError, match=r"matrices \[out, in\]"):
+        graph.int8_weight(np.ones(3), "bias")

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 CACHE_FOLDER = "genai_eagle3"
 MODEL_FILE = "openvino_model.xml"
 # Bump when the converted form changes, so cached conversions are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: matrices int8 like xpuspec's head (HEAD_WEIGHT_TYPE)
 _TOKENIZER_GLOBS = ("openvino_tokenizer.*", "openvino_detokenizer.*")
 
 
@@ -188,6 +188,7 @@ def _export(head_dir: Path, target_dir: Path, layers: list[int], out: Path) -> N
     if not ir.has_rt_info("eagle3_mode"):
         raise ValueError("optimum-intel did not mark the export as EAGLE-3 (no eagle3_mode in its rt_info)")
     ir.set_rt_info(layers, "hidden_layers_list")  # read back by GenAI as std::vector<int>
+    compress_head_matrices(ir)
     ov.save_model(ir, out / MODEL_FILE, compress_to_fp16=False)
     shutil.copy(exported / "config.json", out / "config.json")
     shutil.rmtree(exported)
@@ -195,6 +196,38 @@ def _export(head_dir: Path, target_dir: Path, layers: list[int], out: Path) -> N
     for pattern in ("generation_config.json", *_TOKENIZER_GLOBS):
         for path in target_dir.glob(pattern):
             shutil.copy(path, out / path.name)
+
+
+def compress_head_matrices(model: Any) -> int:
+    """The head's linear layers (``MatMul`` by a constant ``[out, in]``) at xpuspec's head weights, in place.
+
+    xpuspec runs the head with :data:`HEAD_WEIGHT_TYPE` matrices (int8 per output row); GenAI gets the
+    very same int8 values, so the two engines compare on one head. The embedding table (a Gather) stays
+    as it is: GenAI replaces it by the target's. Returns how many matrices were compressed.
+    """
+    import openvino as ov
+
+    from xpuspec.spec_decode.eagle3.head_model import int8_weight
+    from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE
+
+    if HEAD_WEIGHT_TYPE != "int8":
+        return 0
+    count = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul" or not node.get_attributes().get("transpose_b"):
+            continue
+        weight = node.input_value(1).get_node()
+        if (
+            weight.get_type_name() != "Constant"
+            or weight.get_output_element_type(0) != ov.Type.f32
+            or len(weight.get_output_partial_shape(0)) != 2
+        ):
+            continue
+        node.input(1).replace_source_output(int8_weight(weight.get_data(), weight.get_friendly_name()))
+        count += 1
+    model.validate_nodes_and_infer_types()
+    logger.debug("GenAI's head: %d matrices at int8", count)
+    return count
 
 
 def genai_eagle3_pipeline(

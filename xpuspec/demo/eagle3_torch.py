@@ -196,8 +196,12 @@ def random_head(
     """A randomly initialised head for a target (its ``config.json`` dict), for tests.
 
     ``draft_vocab`` ids are a random increasing subset of the target's (all of them when None). Norm
-    weights are perturbed from 1 so a test notices a norm applied to the wrong tensor.
+    weights are perturbed from 1 so a test notices a norm applied to the wrong tensor. The matrices sit
+    on the int8 grid of :func:`xpuspec.spec_decode.eagle3.head_model.quantise_int8_rows`, so the engine's
+    int8 head computes this very module and tests can compare drafts with it token for token.
     """
+    from xpuspec.spec_decode.eagle3.head_model import quantise_int8_rows
+
     vocab = int(target_config["vocab_size"])
     heads = int(target_config["num_attention_heads"])
     config = Eagle3HeadConfig(
@@ -220,6 +224,9 @@ def random_head(
         for name, parameter in module.named_parameters():
             if name.endswith("norm.weight"):
                 parameter.copy_(1 + 0.2 * torch.randn(parameter.shape, generator=generator))
+            elif parameter.ndim == 2 and name != "embed_tokens.weight":
+                quantised, scale = quantise_int8_rows(parameter.numpy())
+                parameter.copy_(torch.from_numpy(quantised * scale))
         ids = torch.randperm(vocab, generator=generator)[: config.draft_vocab_size].sort().values
         module.set_draft_vocabulary(ids.numpy())
     return module, config

@@ -32,7 +32,8 @@ the target's token embedding of the *next* token:
 
 Graph interface of :func:`build_head_model` (``b`` sequences, ``n`` new positions, ``P`` past slots):
 
-- inputs ``inputs_embeds [b, n, hidden]`` f32, ``hidden_in [b, n, hidden]`` f32 (already fused, or
+- inputs ``inputs_embeds [b, n, hidden]`` f32 (or ``input_ids [b, n]`` i64 when the head embeds them
+  itself: ``embedding``), ``hidden_in [b, n, hidden]`` f32 (already fused, or
   carried), ``position_ids [b, n]`` i64, ``past_key`` / ``past_value [b, kv_heads, P, head_dim]`` f32,
   ``attention_mask [b, n, P + n]`` boolean (True: may attend; padded batches and tree masks are masks),
   ``logits_indices [b, k]`` i64 (which of the n positions get logits: the LM head over the draft
@@ -57,6 +58,7 @@ from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
 from xpuspec.spec_decode.eagle3.weights import Eagle3HeadWeights
 
 INPUTS_EMBEDS, HIDDEN_IN, POSITION_IDS = "inputs_embeds", "hidden_in", "position_ids"
+INPUT_IDS = "input_ids"
 PAST_KEY, PAST_VALUE, ATTENTION_MASK, LOGITS_INDICES = (
     "past_key",
     "past_value",
@@ -65,7 +67,7 @@ PAST_KEY, PAST_VALUE, ATTENTION_MASK, LOGITS_INDICES = (
 )
 LOGITS, HIDDEN_OUT, PRESENT_KEY, PRESENT_VALUE = "logits", "hidden_out", "present_key", "present_value"
 TARGET_HIDDEN, FUSED = "target_hidden", "fused"
-_WEIGHT_TYPES = ("f32", "f16")
+_WEIGHT_TYPES = ("f32", "f16", "int8")
 
 
 def _parameter(name: str, shape: list[int], element_type: ov.Type) -> ov.Node:
@@ -85,8 +87,36 @@ def _shape(values: list[int]) -> ov.Node:
     return opset.constant(np.array(values, dtype=np.int64))
 
 
+def quantise_int8_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[out, in]`` -> (int8 ``[out, in]``, f32 scale ``[out, 1]``): symmetric, one scale per output row.
+
+    Each row keeps its largest magnitude exact; a row of zeros stays zeros. ``q * scale`` is the weight
+    the graph computes with (NNCF's data-free ``INT8_SYM``).
+    """
+    weight = np.asarray(weight, dtype=np.float32)
+    if weight.ndim != 2:
+        raise ValueError(f"int8 weights are matrices [out, in], got {list(weight.shape)}")
+    scale = np.abs(weight).max(axis=1, keepdims=True) / 127.0
+    scale[scale == 0] = 1.0
+    return np.clip(np.rint(weight / scale), -127, 127).astype(np.int8), scale
+
+
+def int8_weight(array: np.ndarray, name: str | None = None) -> ov.Output:
+    """A torch-layout weight ``[out, in]`` as int8 rows (:func:`quantise_int8_rows`), dequantised in the
+    graph: ``Constant(i8) -> Convert(f32) -> Multiply(scale)``, the decompression pattern the CPU and GPU
+    plugins fold into a compressed-weight matmul."""
+    quantised, scale = quantise_int8_rows(array)
+    constant = opset.constant(quantised, name=name)
+    return opset.multiply(opset.convert(constant, ov.Type.f32), opset.constant(scale)).output(0)
+
+
 class _Weights:
-    """Weight constants in f32, or stored f16 behind a Convert (OpenVINO's decompression pattern)."""
+    """Weight constants in f32, or matrices stored f16 or int8 behind their decompression.
+
+    The head is small but runs γ times a round right after the target's pass has pushed it out of the
+    caches: at int8 its matrices are a quarter of their f32 size, and a round of four head passes ran
+    ~30% faster than at f32 weights (bf16 compute, SmolLM2-135M's head, caches flushed between rounds).
+    """
 
     def __init__(self, weights: Eagle3HeadWeights, weight_type: str):
         if weight_type not in _WEIGHT_TYPES:
@@ -96,6 +126,8 @@ class _Weights:
 
     def __call__(self, name: str) -> ov.Output:
         array = self.tensors[name]
+        if self.weight_type == "int8" and array.ndim == 2:
+            return int8_weight(array, name)
         if self.weight_type == "f16" and array.ndim == 2:
             constant = opset.constant(array.astype(np.float16), name=name)
             return opset.convert(constant, ov.Type.f32).output(0)
@@ -133,10 +165,39 @@ def build_fusion_model(
     return ov.Model([_result(fused, FUSED)], [target_hidden], "eagle3_fusion")
 
 
+def _embed_ids_into(inputs_embeds: ov.Node, embedding: ov.Model) -> ov.Node:
+    """Feed ``inputs_embeds``'s consumers from ``embedding`` (cloned) and return its ``input_ids [b, n]``
+    Parameter, which replaces ``inputs_embeds`` among the model's inputs."""
+    embedding = embedding.clone()
+    (table_ids,) = embedding.get_parameters()
+    input_ids = _parameter(INPUT_IDS, [-1, -1], ov.Type.i64)
+    # The target's own ids may be [b, n] or flat [n]: feed them flat, read them back as [b, n, hidden].
+    flat = opset.reshape(
+        input_ids, _shape([-1] if table_ids.get_partial_shape().rank.get_length() == 1 else [1, -1]), False
+    )
+    table_ids.output(0).replace(flat.output(0))
+    embedded = embedding.get_results()[0].input_value(0)
+    if embedded.get_element_type() != ov.Type.f32:
+        embedded = opset.convert(embedded, ov.Type.f32).output(0)
+    batch_first = opset.concat([opset.shape_of(input_ids), _shape([-1])], axis=0)
+    inputs_embeds.output(0).replace(opset.reshape(embedded, batch_first, False).output(0))
+    return input_ids
+
+
 def build_head_model(
-    config: Eagle3HeadConfig, weights: Eagle3HeadWeights, weight_type: str = "f32"
+    config: Eagle3HeadConfig,
+    weights: Eagle3HeadWeights,
+    weight_type: str = "f32",
+    embedding: ov.Model | None = None,
 ) -> ov.Model:
-    """The head's decoder layer, final norm and LM head over an explicit KV cache (module docstring)."""
+    """The head's decoder layer, final norm and LM head over an explicit KV cache (module docstring).
+
+    With ``embedding`` (a model ``input_ids -> embeddings``, e.g.
+    :func:`xpuspec.spec_decode.eagle3.embedding.target_embedding_model`) the head reads token ids
+    ``input_ids [b, n]`` i64 instead of ``inputs_embeds`` and embeds them itself: one call a draft
+    instead of two (the separate lookup cost ~0.3 ms a draft in the engine, as much as a third of the
+    head's own Python).
+    """
     w = _Weights(weights, weight_type)
     hidden, head_dim, eps = config.hidden_size, config.head_dim, config.rms_norm_eps
     kv_heads, groups = config.num_key_value_heads, config.num_groups
@@ -218,6 +279,8 @@ def build_head_model(
         _result(key, PRESENT_KEY),
         _result(value, PRESENT_VALUE),
     ]
+    if embedding is not None:
+        inputs_embeds = _embed_ids_into(inputs_embeds, embedding)
     parameters = [
         inputs_embeds,
         hidden_in,
