@@ -175,11 +175,19 @@ class Pipeline:
             target_properties = {**(properties or {}), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}
         # An EAGLE-3 target taps the residual stream at the head's layers (checked against the target
         # first); other drafters keep the plain target graph.
-        tap_layers = None
+        tap_layers = tap_projection = head = None
         if eagle3_head is not None:
+            from xpuspec.spec_decode.eagle3 import head_model
             from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
+            from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE
+            from xpuspec.spec_decode.eagle3.weights import load_head_weights
 
-            tap_layers = Eagle3HeadConfig.from_folder(eagle3_head).check_target(self.bundle.target.path)
+            head_config = Eagle3HeadConfig.from_folder(eagle3_head)
+            tap_layers = head_config.check_target(self.bundle.target.path)
+            head = (head_config, load_head_weights(eagle3_head, head_config))
+            # The head's fc runs inside the target's pass, as in GenAI: a call of its own after every
+            # step cost ~1 ms a round.
+            tap_projection = head_model.fusion(head[1], HEAD_WEIGHT_TYPE)
         self.target_runner = create_runner(
             self.target_device,
             self.bundle.target,
@@ -188,11 +196,12 @@ class Pipeline:
             tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
             hidden_state_layers=tap_layers,
+            hidden_state_projection=tap_projection,
             **runner_limits,
         )
         proposer: DraftProposer | None = None
         if drafter == "eagle3":
-            proposer = self._eagle3_proposer(eagle3_head, core, draft_properties, properties)  # type: ignore[arg-type]
+            proposer = self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
         elif self.draft_device is not None:
             if draft_vocab is None:
                 draft_vocab = self.bundle.draft.facts.get("draft_vocab")  # type: ignore[union-attr]
@@ -237,33 +246,42 @@ class Pipeline:
         self.last_stats: dict[str, Any] | None = None
 
     def _eagle3_proposer(
-        self, head_dir: str | Path, core: Any, draft_properties: PropertiesArg, properties: PropertiesArg
+        self,
+        head_dir: str | Path,
+        head: tuple[Any, Any],
+        core: Any,
+        draft_properties: PropertiesArg,
+        properties: PropertiesArg,
     ) -> Eagle3Proposer:
-        """The EAGLE-3 head on the draft device, drafting from the tapped target."""
+        """The EAGLE-3 head (its config and weights, read once) on the draft device, drafting from the
+        tapped target."""
+        from xpuspec.spec_decode.eagle3.embedding import target_embedding_model
         from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
         from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, Eagle3Head
 
-        head = Eagle3Head.from_folders(
-            head_dir,
-            self.bundle.target.path,
+        config, weights = head
+        head_runtime = Eagle3Head(
+            config,
+            weights,
+            target_embedding_model(self.bundle.target.path, core),
             device=self.draft_device.device,  # type: ignore[union-attr]
             properties=draft_properties if draft_properties is not None else properties,
             core=core,
             weight_type=HEAD_WEIGHT_TYPE,
         )
         width = self.target_runner.hidden_state_width
-        if width != 3 * head.config.hidden_size:
+        if width != config.hidden_size:
             raise ValueError(
-                f"the target's tapped states have {width} features, the EAGLE-3 head fuses "
-                f"3 x {head.config.hidden_size}: it is not this target's head"
+                f"the target's tapped states have {width} features, the EAGLE-3 head's fc gives "
+                f"{config.hidden_size}: it is not this target's head"
             )
         logger.info(
             "EAGLE-3 head %s: target layers %s, draft vocabulary %d",
             head_dir,
             self.target_runner.hidden_state_layers,
-            head.config.draft_vocab_size,
+            config.draft_vocab_size,
         )
-        return Eagle3Proposer(head, self.target_runner.hidden_states, self.target_runner.vocab_size)
+        return Eagle3Proposer(head_runtime, self.target_runner.hidden_states, self.target_runner.vocab_size)
 
     # ------------------------------------------------------------------ prompts
     def apply_chat_template(self, messages: Messages) -> str:

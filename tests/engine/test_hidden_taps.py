@@ -179,6 +179,34 @@ def test_decode_lane_taps_too(tiny: TinyModel) -> None:
     np.testing.assert_allclose(as_boundaries(np.concatenate(rows), layers), expected, atol=REFERENCE_ATOL)
 
 
+def test_a_projection_maps_the_taps_inside_the_graph(tiny: TinyModel) -> None:
+    """An EAGLE-3 head's fc folded into the target: the runner returns ``taps @ W.T``, one row a token,
+    in prefill and decode steps alike."""
+    import openvino.opset13 as opset
+
+    layers = (1, 2, 3)
+    weight = np.random.default_rng(7).standard_normal((HIDDEN, len(layers) * HIDDEN)).astype(np.float32)
+    runner = PagedModelRunner(
+        tiny.ir,
+        properties=F32,
+        num_blocks=4,
+        hidden_state_layers=layers,
+        hidden_state_projection=lambda states: opset.matmul(
+            states, opset.constant(weight), False, True
+        ).output(0),
+    )
+    assert runner.hidden_state_width == HIDDEN
+    tokens = random_tokens(9, seed=6, vocab_size=runner.vocab_size)
+    table = blocks(runner, 0, 9)
+    runner.forward([SequenceChunk(tokens[:8], 0, table, 1)])
+    rows = [runner.hidden_states().copy()]
+    runner.forward([SequenceChunk(tokens[8:], 8, table, 1)])
+    rows.append(runner.hidden_states().copy())
+    raw = reference_boundaries(tiny.checkpoint, tokens)[list(layers)]  # [3, 9, hidden]
+    expected = np.concatenate(list(raw), axis=-1) @ weight.T  # [9, hidden]
+    np.testing.assert_allclose(np.concatenate(rows), expected, atol=1e-4)
+
+
 def test_bad_layer_ids_and_models_are_refused(tiny: TinyModel) -> None:
     core = ov.Core()
     paged = make_paged_model(core.read_model(tiny.ir / MODEL_FILE))

@@ -20,7 +20,7 @@ from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless, _misma
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
-from xpuspec.engine.model_runner import SequenceChunk  # noqa: E402
+from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 from xpuspec.sample.sampler import probabilities  # noqa: E402
 from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer  # noqa: E402
@@ -69,6 +69,8 @@ def eagle3(pair_bundle, head) -> Pipeline:
 def test_pipeline_taps_the_target_for_eagle3_only(eagle3, target_only, pair_bundle):
     assert isinstance(eagle3.engine.proposer, Eagle3Proposer)
     assert eagle3.target_runner.hidden_state_layers == TAPS
+    # The head's fc is folded into the target: it returns fused rows, one hidden state per token.
+    assert eagle3.target_runner.hidden_state_width == eagle3.engine.proposer.head.config.hidden_size
     assert not eagle3.engine.prefix_caching  # a cached prefix has no states for the head
     plain = Pipeline(pair_bundle, drafter="ngram", properties=EXACT_PRESET)
     assert plain.target_runner.hidden_state_layers is None
@@ -153,6 +155,16 @@ class _Recorder:
         return proposals
 
 
+def unfused_target_states(pair_bundle, tokens: list[int]) -> np.ndarray:
+    """The target's raw taps ``[len(tokens), 3 * hidden]`` at f32, from a runner of its own without the
+    head's fc (the engine's target folds it in): the reference fuses them with the torch module."""
+    runner = PagedModelRunner(
+        ModelBundle.open(pair_bundle).target.path, properties=F32, hidden_state_layers=TAPS
+    )
+    runner.forward([SequenceChunk(tokens, 0, list(range(runner.num_blocks)), num_logits=1)])
+    return runner.hidden_states().copy()
+
+
 def _reference_chain(
     module, ov_head: Eagle3Head, states: np.ndarray, tokens: list[int], computed: int, gamma: int
 ):
@@ -194,9 +206,7 @@ def test_drafts_equal_the_torch_reference(pair_bundle, head, monkeypatch, caplog
     if schedule == "after_gamma_zero":
         assert max(computed for computed, _ in recorder.calls) > 64
 
-    runner = pipe.target_runner  # idle and its blocks free: one prefill of the whole sequence
-    runner.forward([SequenceChunk(tokens, 0, list(range(runner.num_blocks)), num_logits=1)])
-    states = runner.hidden_states().copy()  # [len(tokens), 3 * hidden]
+    states = unfused_target_states(pair_bundle, tokens)  # [len(tokens), 3 * hidden]
     for computed, drafted in recorder.calls:
         expected = _reference_chain(module, proposer.head, states, tokens, computed, len(drafted))
         assert drafted == expected, f"after {computed} tokens"

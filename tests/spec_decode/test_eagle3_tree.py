@@ -24,6 +24,7 @@ from tests.spec_decode.test_eagle3_drafter import (  # noqa: E402
     NUM_PROMPTS,
     TAPS,
     greedy,
+    unfused_target_states,
 )
 from tests.spec_decode.test_eagle3_drafter import head as head  # noqa: E402, PLC0414 (fixture)
 from tests.spec_decode.test_eagle3_drafter import target_config as target_config  # noqa: E402, PLC0414
@@ -31,7 +32,6 @@ from tests.spec_decode.test_eagle3_drafter import target_only as target_only  # 
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
-from xpuspec.engine.model_runner import SequenceChunk  # noqa: E402
 from xpuspec.spec_decode.eagle3.tree import Eagle3TreeDrafter  # noqa: E402
 from xpuspec.spec_decode.tree import TreeShape  # noqa: E402
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance  # noqa: E402
@@ -276,9 +276,7 @@ def test_trees_equal_the_torch_reference(pair_bundle, head, monkeypatch):
     assert len(recorder.calls) > 2, "few trees were drafted"
     assert any(computed > len(pipe.encode(prompt)) for computed, *_ in recorder.calls)
 
-    runner = pipe.target_runner  # idle and its blocks free: one prefill of the whole sequence
-    runner.forward([SequenceChunk(tokens, 0, list(range(runner.num_blocks)), num_logits=1)])
-    states = runner.hidden_states().copy()  # [len(tokens), 3 * hidden]
+    states = unfused_target_states(pair_bundle, tokens)  # [len(tokens), 3 * hidden]
     ov_head = pipe.engine.proposer.head
     for computed, shape, budget, proposal in recorder.calls:
         expected = _reference_tree(module, ov_head, states, tokens, computed, shape, budget)

@@ -29,6 +29,7 @@ def create_runner(
     core: Any,
     hidden_state_layers: Sequence[int] | None = None,
     logits_vocab: int | None = None,
+    hidden_state_projection: Any = None,
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
@@ -37,7 +38,8 @@ def create_runner(
     ``user_properties`` may name a preset ("exact"); ``tuned_properties`` are what `xpuspec plan`
     recorded for this role and device (see :mod:`xpuspec.devices.properties` for the layering).
     ``hidden_state_layers``: tap the residual stream entering these layers (an EAGLE-3 target); only
-    the paged executor has taps. ``logits_vocab``: a draft proposing only the first ids of the shared
+    the paged executor has taps; ``hidden_state_projection`` maps them in the graph (the head's ``fc``).
+    ``logits_vocab``: a draft proposing only the first ids of the shared
     vocabulary (:func:`xpuspec.engine.graph_edits.cut_logits_vocab`); the other executors keep the
     whole LM head and draft from every id (output is exact either way; only the cost differs).
     """
@@ -70,6 +72,7 @@ def create_runner(
             # The draft is small; the target's weights are not doubled.
             decode_lane=role == "draft",
             hidden_state_layers=hidden_state_layers,
+            hidden_state_projection=hidden_state_projection,
             logits_vocab=logits_vocab,
         )
     if logits_vocab is not None:

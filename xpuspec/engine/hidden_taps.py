@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import openvino as ov
@@ -57,6 +57,9 @@ from xpuspec.engine.graph_edits import find_logits_matmul, is_constant_like
 logger = logging.getLogger(__name__)
 
 HIDDEN_STATES_OUTPUT = "hidden_states"
+# A graph function applied to the concatenated taps ``[num_tokens, len(layers) * hidden]`` inside the
+# target, e.g. an EAGLE-3 head's ``fc``: the runner then returns its output instead.
+Projection = Callable[[ov.Output], ov.Output]
 
 _PAGED_ATTENTION = "PagedAttentionExtension"
 _KEY_CACHE = re.compile(r"^key_cache\.(\d+)$")
@@ -199,13 +202,17 @@ def find_layer_boundaries(model: ov.Model) -> list[ov.Output]:
     return boundaries
 
 
-def add_hidden_state_taps(model: ov.Model, layer_ids: Sequence[int]) -> str:
+def add_hidden_state_taps(
+    model: ov.Model, layer_ids: Sequence[int], projection: Projection | None = None
+) -> str:
     """Add an output with the residual stream entering each layer of ``layer_ids``; return its name.
 
     ``model`` is a paged model (after ``paged_attention_transformation``: tokens on axis 0). The new
     output ``hidden_states`` is ``[num_tokens, len(layer_ids) * hidden]`` f32: for every scheduled
     token, the states at the boundaries ``layer_ids`` (0..num_layers, see the module docstring)
-    concatenated in the given order.
+    concatenated in the given order. With ``projection`` it is ``projection`` of those rows instead
+    (GenAI likewise moves an EAGLE-3 head's ``fc`` into the target): a matmul inside the target's
+    pass costs far less than a call of its own after every step.
     """
     layer_ids = [int(layer) for layer in layer_ids]
     if any(HIDDEN_STATES_OUTPUT in result.output(0).get_names() for result in model.get_results()):
@@ -223,10 +230,13 @@ def add_hidden_state_taps(model: ov.Model, layer_ids: Sequence[int]) -> str:
     width = len(layer_ids) * hidden_size
     # Paged models keep a unit axis ([num_tokens, 1, hidden]); the taps drop it.
     tapped = opset.reshape(concatenated, opset.constant(np.array([-1, width], dtype=np.int64)), False)
-    if tapped.get_output_element_type(0) != ov.Type.f32:
-        tapped = opset.convert(tapped, ov.Type.f32)
-    tapped.output(0).get_tensor().set_names({HIDDEN_STATES_OUTPUT})
-    result = opset.result(tapped)
+    tapped_output = tapped.output(0)
+    if tapped_output.get_element_type() != ov.Type.f32:
+        tapped_output = opset.convert(tapped_output, ov.Type.f32).output(0)
+    if projection is not None:
+        tapped_output = projection(tapped_output)
+    tapped_output.get_tensor().set_names({HIDDEN_STATES_OUTPUT})
+    result = opset.result(tapped_output)
     result.set_friendly_name(HIDDEN_STATES_OUTPUT)
     model.add_results([result])
     model.validate_nodes_and_infer_types()

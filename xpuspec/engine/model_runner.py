@@ -24,7 +24,7 @@ import numpy as np
 import openvino as ov
 
 from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, cut_logits_vocab, make_paged_model
-from xpuspec.engine.hidden_taps import add_hidden_state_taps
+from xpuspec.engine.hidden_taps import Projection, add_hidden_state_taps
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ class PagedModelRunner:
     ``hidden_state_layers`` (an EAGLE-3 target): the compiled graph gets one more output, the residual
     stream entering each of these layers for every scheduled token (:mod:`xpuspec.engine.hidden_taps`),
     read with :meth:`hidden_states` after a step. Without it the graph is the plain paged model.
+    ``hidden_state_projection`` maps those rows inside the graph (an EAGLE-3 head's ``fc``).
 
     ``logits_vocab`` (a draft): keep the LM head's first ``logits_vocab`` rows
     (:func:`~xpuspec.engine.graph_edits.cut_logits_vocab`), so ``vocab_size`` is that.
@@ -179,6 +180,7 @@ class PagedModelRunner:
         decode_lane: bool = False,
         hidden_state_layers: Sequence[int] | None = None,
         logits_vocab: int | None = None,
+        hidden_state_projection: Projection | None = None,
     ) -> None:
         model_path = Path(model_dir) / MODEL_FILE
         if not model_path.is_file():
@@ -195,7 +197,7 @@ class PagedModelRunner:
         tapped_name = None
         if hidden_state_layers is not None:
             self.hidden_state_layers = tuple(int(layer) for layer in hidden_state_layers)
-            tapped_name = add_hidden_state_taps(model, self.hidden_state_layers)
+            tapped_name = add_hidden_state_taps(model, self.hidden_state_layers, hidden_state_projection)
         self.compiled_model = core.compile_model(model, device, dict(properties or {}))
         ports = _compiled_input_names(self.compiled_model)
         cache_ports = self._check_inputs(ports)

@@ -50,6 +50,8 @@ head's own output (rollout), and the fusion runs once per verified token, not pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import openvino as ov
 import openvino.opset13 as opset
@@ -155,13 +157,19 @@ def _rotate(x: ov.Output, cos: ov.Output, sin: ov.Output) -> ov.Output:
     return opset.add(opset.multiply(x, cos), opset.multiply(rotated, sin)).output(0)
 
 
+def fusion(weights: Eagle3HeadWeights, weight_type: str = "f32") -> Callable[[ov.Output], ov.Output]:
+    """The head's ``fc`` as a graph function, ``[.., 3*hidden] -> [.., hidden]``: for a fusion model of
+    its own, or folded into the target's taps (``PagedModelRunner(hidden_state_projection=...)``)."""
+    weight = _Weights(weights, weight_type)("fc.weight")
+    return lambda states: _linear(states, weight)
+
+
 def build_fusion_model(
     config: Eagle3HeadConfig, weights: Eagle3HeadWeights, weight_type: str = "f32"
 ) -> ov.Model:
     """``fused [m, hidden] = fc(target_hidden [m, 3*hidden])``: the target's tapped states, fused."""
-    constants = _Weights(weights, weight_type)
     target_hidden = _parameter(TARGET_HIDDEN, [-1, 3 * config.hidden_size], ov.Type.f32)
-    fused = _linear(target_hidden.output(0), constants("fc.weight"))
+    fused = fusion(weights, weight_type)(target_hidden.output(0))
     return ov.Model([_result(fused, FUSED)], [target_hidden], "eagle3_fusion")
 
 

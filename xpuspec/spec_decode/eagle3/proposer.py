@@ -86,7 +86,8 @@ class Eagle3Proposer:
     """A :class:`xpuspec.spec_decode.proposal.DraftProposer` drafting chains with an EAGLE-3 head (trees:
     :meth:`tree_drafter`, :mod:`xpuspec.spec_decode.eagle3.tree`, on the same per-sequence states).
 
-    ``target_states`` returns the last target step's tapped states ``[num_tokens, 3 * hidden]``
+    ``target_states`` returns the last target step's tapped states ``[num_tokens, 3 * hidden]``, or
+    ``[num_tokens, hidden]`` already fused when the target's taps carry the head's ``fc``
     (``PagedModelRunner.hidden_states``); ``target_vocab_size`` is the width of the target's logits.
     """
 
@@ -125,7 +126,7 @@ class Eagle3Proposer:
         verified a tree, the accepted path's node indices (``TreeVerification.accepted_nodes``): its
         computed tokens are the root (row 0) and those nodes (rows ``1 + node``), not a prefix.
         """
-        states = self.target_states()  # [num_tokens, 3 * hidden], rows in chunk order
+        states = self.target_states()  # [num_tokens, 3 * hidden or hidden], rows in chunk order
         kept: list[np.ndarray] = []
         owners: list[tuple[str, int, int]] = []  # (request_id, first position, rows)
         offset = 0
@@ -147,7 +148,9 @@ class Eagle3Proposer:
             )
         if not kept:
             return
-        fused = self.head.fuse(np.concatenate(kept))  # [sum valid, hidden]
+        rows = np.concatenate(kept)
+        # A target whose taps carry the head's fc (the engine's) gives fused rows already.
+        fused = rows if rows.shape[1] == self.head.config.hidden_size else self.head.fuse(rows)
         row = 0
         for request_id, first, count in owners:
             self._sequence_at(request_id, first).add(fused[row : row + count])

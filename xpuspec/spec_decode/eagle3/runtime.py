@@ -138,13 +138,14 @@ class Eagle3Head:
                 f"it is not this head's target"
             )
         # The head embeds its token ids itself (one call a draft); `embed` compiles the lookup alone
-        # when someone asks for embeddings.
+        # for callers that want embeddings.
         self._head = core.compile_model(
             graph.build_head_model(config, weights, weight_type, embedding), device, compile_properties
         ).create_infer_request()
-        self._fusion = core.compile_model(
-            graph.build_fusion_model(config, weights, weight_type), device, compile_properties
-        ).create_infer_request()
+        # The engine folds the fusion into the target (head_model.fusion); `fuse` compiles it alone
+        # for callers holding unfused states.
+        self._fusion_model = graph.build_fusion_model(config, weights, weight_type)
+        self._fusion: ov.InferRequest | None = None
         self._embedding_model = embedding
         self._embedding: ov.InferRequest | None = None
         self._core, self._device, self._compile_properties = core, device, compile_properties
@@ -197,6 +198,8 @@ class Eagle3Head:
                 f"target states must be [m, {3 * self.config.hidden_size}] (three taps of "
                 f"{self.config.hidden_size}), got {list(target_hidden.shape)}"
             )
+        if self._fusion is None:
+            self._fusion = self._compile(self._fusion_model)
         # share_inputs: the arrays are the request's inputs as they are, not copied in (synchronous
         # calls, and nothing writes the arrays meanwhile); copying cost ~0.4 ms per head pass.
         self._fusion.infer({graph.TARGET_HIDDEN: target_hidden}, share_inputs=True)
@@ -206,12 +209,14 @@ class Eagle3Head:
         """``[m]`` target ids -> ``[m, hidden]`` embeddings from the target's table."""
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         if self._embedding is None:
-            compiled = self._core.compile_model(self._embedding_model, self._device, self._compile_properties)
-            self._embedding = compiled.create_infer_request()
+            self._embedding = self._compile(self._embedding_model)
         rank = self._embedding_model.input(INPUT_IDS).get_partial_shape().rank.get_length()
         shaped = ids.reshape((1, -1) if rank == 2 else (-1,))
         self._embedding.infer({INPUT_IDS: shaped}, share_inputs=True)
         return self._embedding.get_tensor(EMBEDDINGS).data.reshape(ids.shape[0], -1).copy()
+
+    def _compile(self, model: ov.Model) -> ov.InferRequest:
+        return self._core.compile_model(model, self._device, self._compile_properties).create_infer_request()
 
     def run(self, steps: Sequence[HeadStep]) -> list[HeadStepResult]:
         """One padded pass over every step's positions; appends each sequence's new KV to its cache."""
