@@ -39,6 +39,7 @@ from xpuspec.text import ChatTemplate, Tokenizer
 
 if TYPE_CHECKING:
     from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
+    from xpuspec.spec_decode.eagle3.runtime import HeadFolder
 
 logger = logging.getLogger(__name__)
 
@@ -178,16 +179,13 @@ class Pipeline:
         tap_layers = tap_projection = head = None
         if eagle3_head is not None:
             from xpuspec.spec_decode.eagle3 import head_model
-            from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
-            from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE
-            from xpuspec.spec_decode.eagle3.weights import load_head_weights
+            from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, read_head
 
-            head_config = Eagle3HeadConfig.from_folder(eagle3_head)
-            tap_layers = head_config.check_target(self.bundle.target.path)
-            head = (head_config, load_head_weights(eagle3_head, head_config))
+            head = read_head(eagle3_head, self.bundle.target.path)
+            tap_layers = head.tap_layers
             # The head's fc runs inside the target's pass, as in GenAI: a call of its own after every
             # step cost ~1 ms a round.
-            tap_projection = head_model.fusion(head[1], HEAD_WEIGHT_TYPE)
+            tap_projection = head_model.fusion(head.weights, HEAD_WEIGHT_TYPE)
         self.target_runner = create_runner(
             self.target_device,
             self.bundle.target,
@@ -248,21 +246,21 @@ class Pipeline:
     def _eagle3_proposer(
         self,
         head_dir: str | Path,
-        head: tuple[Any, Any],
+        head: HeadFolder,
         core: Any,
         draft_properties: PropertiesArg,
         properties: PropertiesArg,
     ) -> Eagle3Proposer:
-        """The EAGLE-3 head (its config and weights, read once) on the draft device, drafting from the
+        """The EAGLE-3 head (read once, for the target's taps too) on the draft device, drafting from the
         tapped target."""
         from xpuspec.spec_decode.eagle3.embedding import target_embedding_model
         from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
         from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, Eagle3Head
 
-        config, weights = head
+        config = head.config
         head_runtime = Eagle3Head(
             config,
-            weights,
+            head.weights,
             target_embedding_model(self.bundle.target.path, core),
             device=self.draft_device.device,  # type: ignore[union-attr]
             properties=draft_properties if draft_properties is not None else properties,

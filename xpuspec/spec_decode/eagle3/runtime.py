@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import openvino as ov
@@ -40,6 +40,25 @@ logger = logging.getLogger(__name__)
 # the same acceptance as f32 on held-out chat (0.172 against 0.173 of 4.7k drafts, SmolLM2-135M's head),
 # 1.07x the decode speed at γ = 4.
 HEAD_WEIGHT_TYPE = "int8"
+
+
+class HeadFolder(NamedTuple):
+    """A published-layout head folder, read and checked against its target (:func:`read_head`)."""
+
+    config: Eagle3HeadConfig
+    weights: Eagle3HeadWeights
+    tap_layers: tuple[int, ...]  # the target's layer boundaries the head reads
+
+
+def read_head(head_dir: str | Path, target_dir: str | Path) -> HeadFolder:
+    """The head's config and weights, checked against the target's IR folder (hidden size, vocabulary,
+    layer ids)."""
+    config = Eagle3HeadConfig.from_folder(head_dir)
+    tap_layers = tuple(config.check_target(target_dir))
+    weights = load_head_weights(head_dir, config)
+    if weights.embed_tokens is not None:
+        logger.info("%s ships embed_tokens; embedding with the target's table instead", head_dir)
+    return HeadFolder(config, weights, tap_layers)
 
 
 @dataclass
@@ -162,14 +181,10 @@ class Eagle3Head:
         weight_type: str = "f32",
     ) -> Eagle3Head:
         """A published-layout head folder and its target's IR folder (checked against each other)."""
-        config = Eagle3HeadConfig.from_folder(head_dir)
-        config.check_target(target_dir)
-        weights = load_head_weights(head_dir, config)
-        if weights.embed_tokens is not None:
-            logger.info("%s ships embed_tokens; embedding with the target's table instead", head_dir)
+        head = read_head(head_dir, target_dir)
         core = core or ov.Core()
         embedding = target_embedding_model(target_dir, core)
-        return cls(config, weights, embedding, device, properties, core, weight_type)
+        return cls(head.config, head.weights, embedding, device, properties, core, weight_type)
 
     # --- per-sequence KV -------------------------------------------------------------------------
 
