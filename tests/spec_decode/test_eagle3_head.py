@@ -23,6 +23,7 @@ from xpuspec.spec_decode.eagle3 import (  # noqa: E402
 )
 from xpuspec.spec_decode.eagle3 import head_model as graph  # noqa: E402
 from xpuspec.spec_decode.eagle3.embedding import table_embedding_model  # noqa: E402
+from xpuspec.spec_decode.eagle3.runtime import CACHE_GRAIN  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import read_safetensors  # noqa: E402
 
 # The tiny target of tests/support/tiny_checkpoints.py: 2 layers, so the taps are named explicitly.
@@ -162,6 +163,29 @@ def test_padded_batch_matches_each_sequence_alone(head: Eagle3Head, reference, t
             np.testing.assert_allclose(result.logits, logits_ref, atol=ATOL, err_msg=sid)
             np.testing.assert_allclose(result.hidden, hidden_ref, atol=ATOL, err_msg=sid)
     assert head.sequences == {"b": 6, "c": 5}
+
+
+def test_a_cache_grown_past_its_capacity_and_cut_back_matches_torch(
+    head: Eagle3Head, reference, table: np.ndarray
+):
+    """A lone sequence's cache is the pass's past input at a capacity of CACHE_GRAIN slots: crossing it
+    grows the cache, and a truncated slot (here first filled with NaN) is never read again."""
+    ref = Reference(reference[0], table)
+    rows = CACHE_GRAIN + 3
+    _, fused = _fused(reference, rows, seed=6)
+    tokens = np.random.default_rng(6).integers(0, TARGET["vocab_size"], rows)
+    first = CACHE_GRAIN - 2
+    head.run([HeadStep("g", tokens[:first], fused[:first])])
+    ref.run(tokens[:first], fused[:first])
+    # Two rollout-like slots of garbage, then rejected: they must not reach any later row.
+    poisoned = np.full((2, TARGET["hidden_size"]), np.nan, np.float32)
+    head.run([HeadStep("g", [1, 2], poisoned)])
+    head.truncate("g", first)
+    (result,) = head.run([HeadStep("g", tokens[first:], fused[first:], logits_rows=range(rows - first))])
+    logits_ref, hidden_ref = ref.run(tokens[first:], fused[first:])
+    assert head.kv_length("g") == rows
+    np.testing.assert_allclose(result.logits, logits_ref, atol=ATOL)
+    np.testing.assert_allclose(result.hidden, hidden_ref, atol=ATOL)
 
 
 def test_tree_mask_and_positions(head: Eagle3Head, reference, table: np.ndarray):
