@@ -96,9 +96,16 @@ class SamplingParams:
             )
         self.constraint()  # raises for a bad shape; the grammar itself is checked by the engine
 
+    @property
+    def constrained(self) -> bool:
+        """Whether an output constraint is set (:meth:`constraint` compiles it)."""
+        return not (
+            self.response_format is None and self.guided_regex is None and self.guided_grammar is None
+        )
+
     def constraint(self):
         """The output constraint (``xpuspec.structured.Constraint``) or None."""
-        if self.response_format is None and self.guided_regex is None and self.guided_grammar is None:
+        if not self.constrained:
             return None
         from xpuspec.structured.constraint import constraint_of  # llguidance only when used
 

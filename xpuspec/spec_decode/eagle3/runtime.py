@@ -203,6 +203,7 @@ class Eagle3Head:
         self._core, self._device, self._compile_properties = core, device, compile_properties
         self._caches: dict[str, _SequenceCache] = {}
         self._inputs: dict[str, np.ndarray] = {}  # the head request's own input tensors (_input)
+        self._past: tuple[ov.Tensor, ov.Tensor] | None = None  # the past KV tensors set on the request
 
     @classmethod
     def from_folders(
@@ -319,8 +320,10 @@ class Eagle3Head:
                 key[i, :, :cached] = cache.key[0, :, :cached]
                 value[i, :, :cached] = cache.value[0, :, :cached]
             past_key, past_value = ov.Tensor(key, shared_memory=True), ov.Tensor(value, shared_memory=True)
-        self._head.set_tensor(graph.PAST_KEY, past_key)
-        self._head.set_tensor(graph.PAST_VALUE, past_value)
+        if self._past is None or self._past[0] is not past_key:  # a lone sequence's cache: set once
+            self._head.set_tensor(graph.PAST_KEY, past_key)
+            self._head.set_tensor(graph.PAST_VALUE, past_value)
+            self._past = past_key, past_value
 
         input_ids = self._input(graph.INPUT_IDS, (batch, new))
         hidden = self._input(graph.HIDDEN_IN, (batch, new, config.hidden_size))
@@ -335,7 +338,8 @@ class Eagle3Head:
             positions[i, :length] = cached + np.arange(length) if step.positions is None else step.positions
             if step.attention_mask is None:
                 mask[i, :length, :cached] = True
-                mask[i, :length, past : past + length] = np.tri(length, dtype=np.bool_)
+                if length > 1:  # one new position: the diagonal set above
+                    mask[i, :length, past : past + length] = np.tri(length, dtype=np.bool_)
             else:
                 given = np.asarray(step.attention_mask, dtype=np.bool_)
                 if given.shape != (length, cached + length):
