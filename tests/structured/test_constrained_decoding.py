@@ -82,8 +82,9 @@ def test_greedy_constrained_output_is_identical_with_and_without_speculation(
         ]
         results = pipe.generate(PROMPTS, params)
         outputs[drafter] = [r.token_ids for r in results]
-        if drafter in ("draft", "eagle3"):  # fixed γ: the identity below is not for want of drafts
-            assert all(r.stats["drafted"] > 0 for r in results[1:]), drafter
+        if drafter in ("draft", "eagle3"):  # the identity below is not for want of drafts (the grammar
+            # may leave none of a random head's 96 draft ids at a position, so not every request drafts)
+            assert sum(r.stats["drafted"] for r in results) > 0, drafter
         for result in results:
             if kind == "json_object" and result.finish_reason == "length":
                 continue  # unbounded: a random tiny model may write one long string
