@@ -1,4 +1,5 @@
-"""Generate with the embedded demo pair (or a bundle given as the first argument) and show the speculation figures.
+"""Generate with the embedded demo pair (or a bundle given as the first argument); show the speculation
+figures.
 
     python samples/generate.py [BUNDLE]
 """
@@ -16,5 +17,7 @@ prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n", "cla
 for result in pipe.generate(prompts, SamplingParams(max_tokens=64, temperature=0.0)):
     stats = result.stats
     print(result.text)
-    print(f"--- {result.finish_reason}; drafted {stats['drafted']}, accepted {stats['accepted']}, "
-          f"{stats['tokens_per_s'] or 0:.0f} tokens/s\n")
+    print(
+        f"--- {result.finish_reason}; drafted {stats['drafted']}, accepted {stats['accepted']}, "
+        f"{stats['tokens_per_s'] or 0:.0f} tokens/s\n"
+    )

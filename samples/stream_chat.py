@@ -1,6 +1,6 @@
 """Stream a chat answer through the bundle's chat template, sampled with a seed.
 
-    python samples/stream_chat.py "How do I read a file?" [BUNDLE]
+python samples/stream_chat.py "How do I read a file?" [BUNDLE]
 """
 
 import sys
