@@ -253,15 +253,13 @@ class Pipeline:
     ) -> Eagle3Proposer:
         """The EAGLE-3 head (read once, for the target's taps too) on the draft device, drafting from the
         tapped target."""
-        from xpuspec.spec_decode.eagle3.embedding import target_embedding_model
         from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
         from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, Eagle3Head
 
         config = head.config
-        head_runtime = Eagle3Head(
-            config,
-            head.weights,
-            target_embedding_model(self.bundle.target.path, core),
+        head_runtime = Eagle3Head.from_folders(
+            head,
+            self.bundle.target.path,
             device=self.draft_device.device,  # type: ignore[union-attr]
             properties=draft_properties if draft_properties is not None else properties,
             core=core,

@@ -2,7 +2,8 @@
 
 What a drafter (a :class:`xpuspec.spec_decode.proposal.DraftProposer`) does with it, per step:
 
-1. after verification, fuse the target's tapped states of the newly verified tokens (:meth:`fuse`),
+1. after verification, fuse the target's tapped states of the newly verified tokens (:meth:`fuse`; the
+   engine's target does it inside its own pass, ``PagedModelRunner(hidden_state_projection=...)``),
    drop the head's KV past the accepted prefix (:meth:`truncate`), and run one catch-up pass over them
    (:meth:`run`, one :class:`HeadStep` per sequence: token ids shifted by one, see
    :mod:`xpuspec.spec_decode.eagle3.head_model`), which yields the first draft's logits;
@@ -208,15 +209,16 @@ class Eagle3Head:
     @classmethod
     def from_folders(
         cls,
-        head_dir: str | Path,
+        head_dir: str | Path | HeadFolder,
         target_dir: str | Path,
         device: str = "CPU",
         properties: PropertiesArg = None,
         core: ov.Core | None = None,
         weight_type: str = "f32",
     ) -> Eagle3Head:
-        """A published-layout head folder and its target's IR folder (checked against each other)."""
-        head = read_head(head_dir, target_dir)
+        """A published-layout head folder and its target's IR folder (checked against each other), or
+        the folder as :func:`read_head` read it already."""
+        head = head_dir if isinstance(head_dir, HeadFolder) else read_head(head_dir, target_dir)
         core = core or ov.Core()
         embedding = target_embedding_model(target_dir, core)
         return cls(head.config, head.weights, embedding, device, properties, core, weight_type)
