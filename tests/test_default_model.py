@@ -23,6 +23,7 @@ from xpuspec.default_model import (
     CACHE_ENV,
     DRAFT_DIR,
     DRAFT_STAMP,
+    EAGLE3_DIR,
     SMOLLM2,
     DefaultModel,
     cache_root,
@@ -173,15 +174,38 @@ def test_a_stamped_draft_is_not_read_for_the_cache_key(tiny_default, tmp_path, m
     assert model.cache_key() == key
 
 
-def test_the_shipped_draft_stamp_matches_its_files():
-    """The stamp saves reading the shipped draft per open; it must name exactly its files' hashes."""
-    if not (DRAFT_DIR / DRAFT_STAMP).is_file():
-        pytest.skip("no shipped draft stamp in xpuspec/default_draft")
-    stamp = json.loads((DRAFT_DIR / DRAFT_STAMP).read_text(encoding="utf-8"))["files"]
-    files = sorted(p for p in DRAFT_DIR.rglob("*") if p.is_file() and p.name != DRAFT_STAMP)
-    assert sorted(stamp) == [p.relative_to(DRAFT_DIR).as_posix() for p in files]
+@pytest.mark.parametrize("folder", [DRAFT_DIR, EAGLE3_DIR], ids=["draft", "eagle3"])
+def test_the_shipped_drafter_stamps_match_their_files(folder):
+    """The stamp saves reading a shipped drafter per open; it must name exactly its files' hashes."""
+    stamp = json.loads((folder / DRAFT_STAMP).read_text(encoding="utf-8"))["files"]
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != DRAFT_STAMP)
+    assert sorted(stamp) == [p.relative_to(folder).as_posix() for p in files]
     for path in files:
-        assert stamp[path.relative_to(DRAFT_DIR).as_posix()]["sha256"] == sha256_file(path), path.name
+        assert stamp[path.relative_to(folder).as_posix()]["sha256"] == sha256_file(path), path.name
+
+
+def test_a_head_goes_into_the_default_bundle_and_keys_the_cache(tiny_default, tmp_path):
+    """A default model with an EAGLE-3 head: its own cache, the bundle's head, and drafter='eagle3'."""
+    pytest.importorskip("torch")
+    from xpuspec.demo.eagle3_torch import random_head, save_head
+
+    plain = default_bundle_path(tiny_default, root=tmp_path, progress=lambda line: None)
+    assert ModelBundle.open(plain).eagle3 is None
+    target_config = json.loads((plain / "target" / "config.json").read_text(encoding="utf-8"))
+    module, config = random_head(target_config, 96, seed=3, aux_layer_ids=(0, 1, 2))
+    with_head = dataclasses.replace(tiny_default, eagle3_dir=save_head(module, config, tmp_path / "head"))
+    assert with_head.cache_key() != tiny_default.cache_key()
+    path = default_bundle_path(with_head, root=tmp_path, progress=lambda line: None)
+    assert path != plain
+    bundle = ModelBundle.open(path, verify=True)
+    assert bundle.eagle3 is not None and bundle.draft is not None
+    pipe = Pipeline(path, drafter="eagle3", properties=EXACT, use_placement=False)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, num_draft_tokens=2)
+    alone = Pipeline(path, drafter="none", properties=EXACT, use_placement=False)
+    result = pipe.generate(["the head drafts"], params)[0]
+    assert result.token_ids == alone.generate(["the head drafts"], params)[0].token_ids
+    assert result.stats["drafted"] > 0
+    assert Pipeline(path, use_placement=False).drafter == "draft"  # the head is asked for, never automatic
 
 
 def test_demo_names_the_embedded_pair():
@@ -240,3 +264,21 @@ def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypa
     stats = fixed.stats
     assert "Paris" in fixed.text and fixed.token_ids == reference
     assert stats["drafted"] > stats["lookup_drafted"] and stats["accepted"] > stats["lookup_accepted"], stats
+
+
+@pytest.mark.smollm2
+def test_the_shipped_head_drafts_for_the_default_model(smollm2_gguf, tmp_path, monkeypatch):
+    """`drafter="eagle3"` with no bundle: the shipped head, accepted by the target, target-only's text."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    head = Pipeline(None, drafter="eagle3", properties=EXACT, use_placement=False)
+    assert head.bundle.eagle3 is not None and head.bundle.eagle3.facts["tap_layers"] == [2, 15, 27]
+    alone = Pipeline(None, drafter="none", properties=EXACT, use_placement=False)
+    params = SamplingParams(max_tokens=48, temperature=0.0, num_draft_tokens=3)
+    messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    result = head.generate([messages], params)[0]
+    assert result.token_ids == alone.generate([messages], params)[0].token_ids
+    # The trained head is right often (17 of 89 drafts here at γ = 3, 11 of 30 first drafts); a random
+    # or mismatched head would be right about once in 49k.
+    assert result.stats["accepted"] > result.stats["drafted"] / 10, result.stats
+    metrics = json.loads((EAGLE3_DIR / "training_metrics.json").read_text(encoding="utf-8"))
+    assert metrics["tap_layers"] == [2, 15, 27] and metrics["heldout"]["greedy_acceptance"] > 0.4

