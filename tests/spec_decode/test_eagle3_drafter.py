@@ -63,7 +63,9 @@ def target_only(pair_bundle) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def eagle3(pair_bundle, head) -> Pipeline:
-    return Pipeline(pair_bundle, drafter="eagle3", eagle3_head=head[2], properties=EXACT_PRESET)
+    pipe = Pipeline(pair_bundle, drafter="eagle3", eagle3_head=head[2], properties=EXACT_PRESET)
+    pipe.engine.proposer.head.compile_chains_inline = True  # one-call chains from the first round
+    return pipe
 
 
 def test_pipeline_taps_the_target_for_eagle3_only(eagle3, target_only, pair_bundle):
@@ -184,13 +186,28 @@ def _reference_chain(
     return chain
 
 
+@pytest.mark.parametrize("drafting", ["one_call", "pass_by_pass"])
 @pytest.mark.parametrize("schedule", ["fixed", "after_gamma_zero"])
-def test_drafts_equal_the_torch_reference(pair_bundle, head, monkeypatch, caplog, schedule):
+def test_drafts_equal_the_torch_reference(pair_bundle, head, monkeypatch, caplog, schedule, drafting):
     """Every chain the proposer drafts (after prefill, rejections, and a long catch-up after γ = 0
-    steps) equals the torch head's chain computed from scratch from the target's states."""
+    steps) equals the torch head's chain computed from scratch from the target's states: the lone
+    greedy request's chain in one call, and the pass-by-pass loop that batches and sampling use."""
     module, _config, head_dir = head
     pipe = Pipeline(pair_bundle, drafter="eagle3", eagle3_head=head_dir, properties=EXACT_PRESET)
     proposer = pipe.engine.proposer
+    proposer.head.compile_chains_inline = True
+    one_call = proposer.head.draft_greedy_chain
+    calls = []
+
+    def counted(step, count):
+        drafted = one_call(step, count)
+        if drafted is not None:
+            calls.append(count)
+        return drafted
+
+    monkeypatch.setattr(proposer.head, "draft_greedy_chain", counted)
+    if drafting == "pass_by_pass":
+        monkeypatch.setattr(proposer, "_drafts_greedy_chain", lambda drafting: False)
     recorder = _Recorder(proposer)
     monkeypatch.setattr(proposer, "propose", recorder)
     if schedule == "fixed":
@@ -206,6 +223,8 @@ def test_drafts_equal_the_torch_reference(pair_bundle, head, monkeypatch, caplog
     if schedule == "after_gamma_zero":
         assert max(computed for computed, _ in recorder.calls) > 64
 
+    # One-call chains draft γ ≥ 2; adaptive γ's probes of γ = 1 go pass by pass.
+    assert bool(calls) == (drafting == "one_call" and schedule == "fixed"), calls
     states = unfused_target_states(pair_bundle, tokens)  # [len(tokens), 3 * hidden]
     for computed, drafted in recorder.calls:
         expected = _reference_chain(module, proposer.head, states, tokens, computed, len(drafted))
@@ -246,9 +265,54 @@ def test_right_drafts_are_accepted_and_output_stays_exact(
         return results
 
     monkeypatch.setattr(ov_head, "run", oracle_run)
+    # The oracle edits each pass's logits, so the chain is drafted pass by pass, not in one call.
+    monkeypatch.setattr(pipe.engine.proposer, "_drafts_greedy_chain", lambda drafting: False)
     result = pipe.generate(PROMPTS[prompt_index], greedy(3))[0]
     assert result.token_ids == target_only[prompt_index]
     assert 0 < result.stats["accepted"] < result.stats["drafted"]
+
+
+def test_chains_compiled_in_the_background_take_over_once_ready(pair_bundle, head, target_only):
+    """By default a chain's graph compiles in the background: the first request drafts pass by pass,
+    a later one in one call, and both write the target's text."""
+    pipe = Pipeline(pair_bundle, drafter="eagle3", eagle3_head=head[2], properties=EXACT_PRESET)
+    ov_head = pipe.engine.proposer.head
+    assert not ov_head.compile_chains_inline
+    one_call = ov_head.draft_greedy_chain
+    chains = []
+
+    def counted(step, count):
+        drafted = one_call(step, count)
+        chains.append(drafted is not None)
+        return drafted
+
+    ov_head.draft_greedy_chain = counted
+    assert pipe.generate(PROMPTS[1], greedy(3))[0].token_ids == target_only[1]
+    assert chains and not chains[0]  # the first call found nothing compiled
+    for compiling in ov_head._chains.values():
+        compiling.result(timeout=120)
+    chains.clear()
+    result = pipe.generate(PROMPTS[1], greedy(3))[0]
+    assert result.token_ids == target_only[1] and result.stats["drafted"] > 0
+    assert any(chains)
+
+
+def test_a_chain_with_nan_logits_fails_its_request_alone(eagle3, target_only, monkeypatch):
+    """A one-call chain whose logits held NaN ends its request with the error, as a pass-by-pass draft's
+    NaN does; the next request drafts and stays exact."""
+    head = eagle3.engine.proposer.head
+    one_call = head.draft_greedy_chain
+
+    def poisoned(step, count):
+        drafted = one_call(step, count)
+        return drafted and (drafted[0], np.full_like(drafted[1], np.nan))
+
+    monkeypatch.setattr(head, "draft_greedy_chain", poisoned)
+    failed = eagle3.generate(PROMPTS[2], greedy(3))[0]
+    assert failed.finish_reason == "error" and "NaN or infinity" in failed.error
+    monkeypatch.setattr(head, "draft_greedy_chain", one_call)
+    result = eagle3.generate(PROMPTS[2], greedy(3))[0]
+    assert result.token_ids == target_only[2] and result.stats["drafted"] > 0
 
 
 # ----------------------------------------------------------------------------- sampled requests

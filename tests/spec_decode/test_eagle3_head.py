@@ -434,3 +434,72 @@ def test_int8_weight_rounds_each_row_to_its_own_step():
     assert np.array_equal(dequantised[2], np.zeros(7, np.float32))
     with pytest.raises(ValueError, match=r"matrices \[out, in\]"):
         graph.int8_weight(np.ones(3), "bias")
+
+
+def _step_by_step_chain(head: Eagle3Head, sequence_id: str, step: HeadStep, count: int):
+    """Greedy drafts as the proposer's chain loop makes them: run, argmax, feed back; cut back after."""
+    start = head.kv_length(sequence_id)
+    (result,) = head.run([step])
+    position = int(step.positions[-1]) if step.positions is not None else start + len(step.token_ids) - 1
+    drafted, sums = [], []
+    for k in range(count):
+        drafted.append(int(head.target_ids[int(np.argmax(result.logits[0]))]))
+        sums.append(float(result.logits[0].sum()))
+        if k < count - 1:
+            (result,) = head.run(
+                [HeadStep(sequence_id, drafted[-1:], result.hidden[-1:], positions=[position + k + 1])]
+            )
+    head.truncate(sequence_id, start + len(step.token_ids))
+    return drafted, np.array(sums)
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_a_greedy_chain_in_one_call_drafts_what_the_step_by_step_chain_does(
+    head: Eagle3Head, reference, count: int
+):
+    """The rollout graph against the proposer's pass-by-pass loop on the same cache, over rounds that
+    read the earlier rounds' slots and cross a cache grain (a second static compile)."""
+    head.compile_chains_inline = True
+    _, fused = _fused(reference, CACHE_GRAIN + 40, seed=11)
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, TARGET["vocab_size"], size=fused.shape[0])
+    done = CACHE_GRAIN - 2 * count - 2
+    for sequence_id in ("chain", "loop"):  # the same prompt in two sequences: one per way of drafting
+        head.run([HeadStep(sequence_id, tokens[:done], fused[:done])])
+    for new in (count + 1, 1, count + 1, 1, count + 1):  # the last rounds cross the cache's first grain
+        ids, rows = tokens[done : done + new], fused[done : done + new]
+        chain, chain_sums = head.draft_greedy_chain(HeadStep("chain", ids, rows), count)
+        loop, loop_sums = _step_by_step_chain(head, "loop", HeadStep("loop", ids, rows), count)
+        assert chain.tolist() == loop
+        np.testing.assert_allclose(chain_sums, loop_sums, rtol=1e-4, atol=1e-3)
+        done += new
+        assert head.kv_length("chain") == head.kv_length("loop") == done
+        chain_cache, loop_cache = head._caches["chain"], head._caches["loop"]
+        np.testing.assert_allclose(chain_cache.key[0, :, :done], loop_cache.key[0, :, :done], atol=1e-5)
+    assert head._caches["chain"].capacity == 2 * CACHE_GRAIN
+    # NaN in the carried state reaches every pass's logits: the caller sees it in the sums.
+    poisoned = np.full((1, TARGET["hidden_size"]), np.nan, np.float32)
+    _, sums = head.draft_greedy_chain(HeadStep("chain", [1], poisoned), count)
+    assert not np.isfinite(sums).any()
+
+
+def test_a_greedy_chain_compiles_in_the_background_and_drafts_once_ready(head: Eagle3Head):
+    hidden = np.zeros((2, TARGET["hidden_size"]), np.float32)
+    head.run([HeadStep("a", [1, 2, 3], np.zeros((3, TARGET["hidden_size"]), np.float32))])
+    assert head.draft_greedy_chain(HeadStep("a", [4, 5], hidden), 3) is None  # compiling: pass by pass
+    assert head.kv_length("a") == 3  # nothing ran
+    (compiling,) = head._chains.values()
+    compiling.result(timeout=120)
+    token_ids, sums = head.draft_greedy_chain(HeadStep("a", [4, 5], hidden), 3)
+    assert token_ids.shape == (3,) and np.isfinite(sums).all() and head.kv_length("a") == 5
+    # A first pass wider than count + 1 (the round after a prefill) is drafted pass by pass.
+    wide = np.zeros((5, TARGET["hidden_size"]), np.float32)
+    assert head.draft_greedy_chain(HeadStep("a", [1] * 5, wide), 3) is None
+
+
+def test_a_greedy_chain_takes_only_a_default_pass(head: Eagle3Head):
+    hidden = np.zeros((2, TARGET["hidden_size"]), np.float32)
+    with pytest.raises(ValueError, match="default mask and the last position"):
+        head.draft_greedy_chain(HeadStep("a", [1, 2], hidden, logits_rows=[0, 1]), 2)
+    with pytest.raises(ValueError, match="at least one token"):
+        head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 0)

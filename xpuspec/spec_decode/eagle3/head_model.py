@@ -125,8 +125,14 @@ class _Weights:
             raise ValueError(f"weight_type must be one of {_WEIGHT_TYPES}, got {weight_type!r}")
         self.tensors = weights.tensors
         self.weight_type = weight_type
+        self._made: dict[str, ov.Output] = {}  # one constant per weight, however many passes read it
 
     def __call__(self, name: str) -> ov.Output:
+        if name not in self._made:
+            self._made[name] = self._constant(name)
+        return self._made[name]
+
+    def _constant(self, name: str) -> ov.Output:
         array = self.tensors[name]
         if self.weight_type == "int8" and array.ndim == 2:
             return int8_weight(array, name)
@@ -173,55 +179,44 @@ def build_fusion_model(
     return ov.Model([_result(fused, FUSED)], [target_hidden], "eagle3_fusion")
 
 
-def _embed_ids_into(inputs_embeds: ov.Node, embedding: ov.Model) -> ov.Node:
-    """Feed ``inputs_embeds``'s consumers from ``embedding`` (cloned) and return its ``input_ids [b, n]``
-    Parameter, which replaces ``inputs_embeds`` among the model's inputs."""
-    embedding = embedding.clone()
-    (table_ids,) = embedding.get_parameters()
-    input_ids = _parameter(INPUT_IDS, [-1, -1], ov.Type.i64)
-    # The target's own ids may be [b, n] or flat [n]: feed them flat, read them back as [b, n, hidden].
-    flat = opset.reshape(
-        input_ids, _shape([-1] if table_ids.get_partial_shape().rank.get_length() == 1 else [1, -1]), False
-    )
-    table_ids.output(0).replace(flat.output(0))
-    embedded = embedding.get_results()[0].input_value(0)
-    if embedded.get_element_type() != ov.Type.f32:
-        embedded = opset.convert(embedded, ov.Type.f32).output(0)
-    batch_first = opset.concat([opset.shape_of(input_ids), _shape([-1])], axis=0)
-    inputs_embeds.output(0).replace(opset.reshape(embedded, batch_first, False).output(0))
-    return input_ids
+def _embedding_function(embedding: ov.Model) -> Callable[[ov.Output], ov.Output]:
+    """``ids [b, n]`` i64 -> ``[b, n, hidden]`` f32 through a clone of ``embedding`` per call (clones share
+    the table's constant, so each call adds only the lookup's few nodes)."""
+
+    def embed(ids: ov.Output) -> ov.Output:
+        model = embedding.clone()
+        (table_ids,) = model.get_parameters()
+        # The target's own ids may be [b, n] or flat [n]: feed them flat, read them back as [b, n, hidden].
+        flat_shape = [-1] if table_ids.get_partial_shape().rank.get_length() == 1 else [1, -1]
+        table_ids.output(0).replace(opset.reshape(ids, _shape(flat_shape), False).output(0))
+        embedded = model.get_results()[0].input_value(0)
+        if embedded.get_element_type() != ov.Type.f32:
+            embedded = opset.convert(embedded, ov.Type.f32).output(0)
+        batch_first = opset.concat([opset.shape_of(ids), _shape([-1])], axis=0)
+        return opset.reshape(embedded, batch_first, False).output(0)
+
+    return embed
 
 
-def build_head_model(
+def _decoder_layer(
+    w: _Weights,
     config: Eagle3HeadConfig,
-    weights: Eagle3HeadWeights,
-    weight_type: str = "f32",
-    embedding: ov.Model | None = None,
-) -> ov.Model:
-    """The head's decoder layer, final norm and LM head over an explicit KV cache (module docstring).
-
-    With ``embedding`` (a model ``input_ids -> embeddings``, e.g.
-    :func:`xpuspec.spec_decode.eagle3.embedding.target_embedding_model`) the head reads token ids
-    ``input_ids [b, n]`` i64 instead of ``inputs_embeds`` and embeds them itself: one call a draft
-    instead of two (the separate lookup cost ~0.3 ms a draft in the engine, as much as a third of the
-    head's own Python).
-    """
-    w = _Weights(weights, weight_type)
-    hidden, head_dim, eps = config.hidden_size, config.head_dim, config.rms_norm_eps
+    embeds: ov.Output,
+    hidden_in: ov.Output,
+    position_ids: ov.Output,
+    past_key: ov.Output,
+    past_value: ov.Output,
+    attention_mask: ov.Output,
+) -> tuple[ov.Output, ov.Output, ov.Output]:
+    """The decoder layer (module docstring) -> ``hidden_out [b, n, hidden]`` and the new positions' rotated
+    keys and values ``[b, kv_heads, n, head_dim]``; attends to ``past`` then the new positions."""
+    head_dim, eps = config.head_dim, config.rms_norm_eps
     kv_heads, groups = config.num_key_value_heads, config.num_groups
     f32 = ov.Type.f32
 
-    inputs_embeds = _parameter(INPUTS_EMBEDS, [-1, -1, hidden], f32)
-    hidden_in = _parameter(HIDDEN_IN, [-1, -1, hidden], f32)
-    position_ids = _parameter(POSITION_IDS, [-1, -1], ov.Type.i64)
-    past_key = _parameter(PAST_KEY, [-1, kv_heads, -1, head_dim], f32)
-    past_value = _parameter(PAST_VALUE, [-1, kv_heads, -1, head_dim], f32)
-    attention_mask = _parameter(ATTENTION_MASK, [-1, -1, -1], ov.Type.boolean)
-    logits_indices = _parameter(LOGITS_INDICES, [-1, -1], ov.Type.i64)
-
-    embeds_normed = _rms_norm(inputs_embeds.output(0), w("midlayer.input_layernorm.weight"), eps)
-    hidden_normed = _rms_norm(hidden_in.output(0), w("midlayer.hidden_norm.weight"), eps)
-    residual = hidden_normed if config.norm_before_residual else hidden_in.output(0)
+    embeds_normed = _rms_norm(embeds, w("midlayer.input_layernorm.weight"), eps)
+    hidden_normed = _rms_norm(hidden_in, w("midlayer.hidden_norm.weight"), eps)
+    residual = hidden_normed if config.norm_before_residual else hidden_in
     x = opset.concat([embeds_normed, hidden_normed], axis=-1).output(0)  # [b, n, 2*hidden]
 
     # Rotary angles from the position ids: [b, n, head_dim], the two halves repeating the frequencies.
@@ -276,26 +271,150 @@ def build_head_model(
         w("midlayer.mlp.down_proj.weight"),
     )
     hidden_out = opset.add(after_attention, mlp).output(0)  # [b, n, hidden]
+    return hidden_out, key, value
 
+
+def _logits(w: _Weights, config: Eagle3HeadConfig, rows: ov.Output) -> ov.Output:
+    """``[b, k, hidden]`` states -> ``[b, k, draft_vocab]``: the final norm and the LM head."""
+    return _linear(_rms_norm(rows, w("norm.weight"), config.rms_norm_eps), w("lm_head.weight"))
+
+
+def _head_parameters(config: Eagle3HeadConfig, embedding: ov.Model | None) -> dict[str, ov.Node]:
+    hidden, kv_heads, head_dim = config.hidden_size, config.num_key_value_heads, config.head_dim
+    f32 = ov.Type.f32
+    first = (
+        {INPUT_IDS: _parameter(INPUT_IDS, [-1, -1], ov.Type.i64)}
+        if embedding is not None
+        else {INPUTS_EMBEDS: _parameter(INPUTS_EMBEDS, [-1, -1, hidden], f32)}
+    )
+    return {
+        **first,
+        HIDDEN_IN: _parameter(HIDDEN_IN, [-1, -1, hidden], f32),
+        POSITION_IDS: _parameter(POSITION_IDS, [-1, -1], ov.Type.i64),
+        PAST_KEY: _parameter(PAST_KEY, [-1, kv_heads, -1, head_dim], f32),
+        PAST_VALUE: _parameter(PAST_VALUE, [-1, kv_heads, -1, head_dim], f32),
+        ATTENTION_MASK: _parameter(ATTENTION_MASK, [-1, -1, -1], ov.Type.boolean),
+        LOGITS_INDICES: _parameter(LOGITS_INDICES, [-1, -1], ov.Type.i64),
+    }
+
+
+def build_head_model(
+    config: Eagle3HeadConfig,
+    weights: Eagle3HeadWeights,
+    weight_type: str = "f32",
+    embedding: ov.Model | None = None,
+) -> ov.Model:
+    """The head's decoder layer, final norm and LM head over an explicit KV cache (module docstring).
+
+    With ``embedding`` (a model ``input_ids -> embeddings``, e.g.
+    :func:`xpuspec.spec_decode.eagle3.embedding.target_embedding_model`) the head reads token ids
+    ``input_ids [b, n]`` i64 instead of ``inputs_embeds`` and embeds them itself: one call a draft
+    instead of two (the separate lookup cost ~0.3 ms a draft in the engine, as much as a third of the
+    head's own Python).
+    """
+    w = _Weights(weights, weight_type)
+    inputs = _head_parameters(config, embedding)
+    first = next(iter(inputs.values())).output(0)
+    embeds = _embedding_function(embedding)(first) if embedding is not None else first
+    hidden_out, key, value = _decoder_layer(
+        w,
+        config,
+        embeds,
+        inputs[HIDDEN_IN].output(0),
+        inputs[POSITION_IDS].output(0),
+        inputs[PAST_KEY].output(0),
+        inputs[PAST_VALUE].output(0),
+        inputs[ATTENTION_MASK].output(0),
+    )
     # [b, k, hidden]: only the rows that get logits go through the final norm and the LM head.
-    rows = opset.gather(hidden_out, logits_indices, opset.constant(np.array(1, np.int64)), 1)
-    logits = _linear(_rms_norm(rows.output(0), w("norm.weight"), eps), w("lm_head.weight"))
-
+    rows = opset.gather(hidden_out, inputs[LOGITS_INDICES], opset.constant(np.array(1, np.int64)), 1)
     results = [
-        _result(logits, LOGITS),
+        _result(_logits(w, config, rows.output(0)), LOGITS),
         _result(hidden_out, HIDDEN_OUT),
         _result(key, PRESENT_KEY),
         _result(value, PRESENT_VALUE),
     ]
-    if embedding is not None:
-        inputs_embeds = _embed_ids_into(inputs_embeds, embedding)
-    parameters = [
-        inputs_embeds,
-        hidden_in,
-        position_ids,
-        past_key,
-        past_value,
-        attention_mask,
-        logits_indices,
+    return ov.Model(results, list(inputs.values()), "eagle3_head")
+
+
+DRAFT_IDS, LOGIT_SUMS = "draft_ids", "logit_sums"
+
+
+def build_greedy_rollout_model(
+    config: Eagle3HeadConfig,
+    weights: Eagle3HeadWeights,
+    target_ids: np.ndarray,
+    steps: int,
+    weight_type: str = "f32",
+    embedding: ov.Model | None = None,
+) -> ov.Model:
+    """A greedy chain of ``steps`` drafts for one sequence in one call: the head's pass over the new
+    positions, then ``steps - 1`` rollout passes, each feeding the previous pass's last ``hidden_out`` and
+    its argmax token (mapped to its target id through ``target_ids [draft_vocab]``).
+
+    Inputs as :func:`build_head_model`'s at batch 1, with ``input_ids`` (``embedding`` is required) and
+    ``logits_indices [1, 1]`` naming the last new position. Outputs: ``draft_ids [1, steps]`` i64 (target
+    ids), ``logit_sums [1, steps]`` (a NaN or infinity in a pass's logits shows there), and the new
+    positions' ``present_key`` / ``present_value``; the rollout passes' keys stay inside the graph, as the
+    step-by-step caller cuts them off its cache after drafting anyway. Ties go to the lowest draft id,
+    as ``numpy.argmax``'s do.
+    """
+    if embedding is None:
+        raise ValueError("a rollout embeds the ids it drafts: give the target's embedding model")
+    if steps < 1:
+        raise ValueError(f"a rollout drafts at least one token, got steps={steps}")
+    w = _Weights(weights, weight_type)
+    embed = _embedding_function(embedding)
+    inputs = _head_parameters(config, embedding)
+    last = inputs[LOGITS_INDICES]  # [1, 1]
+    axis_1 = opset.constant(np.array(1, np.int64))
+    table = opset.constant(np.asarray(target_ids, np.int64))  # [draft_vocab]
+
+    def last_row(x: ov.Output) -> ov.Output:  # [1, n, ...] -> [1, 1, ...] at the last new position
+        return opset.gather(x, last, axis_1, 1).output(0)
+
+    hidden_out, key, value = _decoder_layer(
+        w,
+        config,
+        embed(inputs[INPUT_IDS].output(0)),
+        inputs[HIDDEN_IN].output(0),
+        inputs[POSITION_IDS].output(0),
+        inputs[PAST_KEY].output(0),
+        inputs[PAST_VALUE].output(0),
+        inputs[ATTENTION_MASK].output(0),
+    )
+    carried = last_row(hidden_out)  # [1, 1, hidden]
+    position = last_row(inputs[POSITION_IDS].output(0))  # [1, 1]
+    mask = last_row(inputs[ATTENTION_MASK].output(0))  # [1, 1, P + n]
+    keys, values = [inputs[PAST_KEY].output(0), key], [inputs[PAST_VALUE].output(0), value]
+    drafted, sums = [], []
+    for step in range(steps):
+        logits = _logits(w, config, carried)  # [1, 1, draft_vocab]
+        sums.append(opset.reduce_sum(logits, _shape([2]), keep_dims=False).output(0))  # [1, 1]
+        best = opset.topk(logits, 1, -1, "max", "value", "i64", stable=True).output(1)  # [1, 1, 1]
+        token = opset.gather(table, opset.squeeze(best, _shape([2])), opset.constant(np.array(0, np.int64)))
+        drafted.append(token.output(0))  # [1, 1]
+        if step == steps - 1:
+            break
+        position = opset.add(position, opset.constant(np.array([[1]], np.int64))).output(0)
+        # The new pass attends to the valid past, the new positions and every earlier rollout pass.
+        step_mask = opset.concat([mask, opset.constant(np.ones((1, 1, step + 1), np.bool_))], axis=2)
+        carried, step_key, step_value = _decoder_layer(
+            w,
+            config,
+            embed(token.output(0)),
+            carried,
+            position,
+            opset.concat(keys, axis=2).output(0),
+            opset.concat(values, axis=2).output(0),
+            step_mask.output(0),
+        )
+        keys.append(step_key)
+        values.append(step_value)
+    results = [
+        _result(opset.concat(drafted, axis=1).output(0), DRAFT_IDS),
+        _result(opset.concat(sums, axis=1).output(0), LOGIT_SUMS),
+        _result(key, PRESENT_KEY),
+        _result(value, PRESENT_VALUE),
     ]
-    return ov.Model(results, parameters, "eagle3_head")
+    return ov.Model(results, list(inputs.values()), f"eagle3_greedy_rollout_{steps}")

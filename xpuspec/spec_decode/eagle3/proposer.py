@@ -16,7 +16,9 @@ prompt; after steps of γ = 0: every token since) yields the first draft from it
 draft is one rollout pass at the next slot, feeding the head's previous ``hidden_out`` and the token just
 drafted. Rollout slots hold the head's own states, not the target's, so the head's KV is cut back to
 the target-backed slots at the end of every ``propose``; the verified tokens' target states replace them
-at the next catch-up, as in the EAGLE reference and vLLM.
+at the next catch-up, as in the EAGLE reference and vLLM. A lone greedy, unconstrained sequence (the
+latency case) gets the catch-up and the rollout in one call instead (:meth:`Eagle3Head.draft_greedy_chain`:
+the same drafts, without a call and a loop iteration per token) once that chain's graph is compiled.
 
 A verified tree's computed tokens are its root and accepted path, not a prefix of the chunk's rows: the
 engine names the path (``tree_paths``), and only those rows' states are kept.
@@ -236,6 +238,10 @@ class Eagle3Proposer:
         if not steps:
             return {}
         try:
+            if self._drafts_greedy_chain(drafting):
+                proposals = self._draft_greedy_chain(drafting[0], steps[0])
+                if proposals is not None:  # None: that chain's graph is not compiled yet
+                    return proposals
             return self._draft(drafting, self._timed_run(steps), draw)
         finally:
             # Rollout slots hold the head's own states: cut back to the target-backed ones.
@@ -272,6 +278,30 @@ class Eagle3Proposer:
             state.take(),
             positions=np.arange(first, end),
         )
+
+    def _drafts_greedy_chain(self, drafting: list[ScheduledChunk]) -> bool:
+        """A lone greedy, unconstrained sequence drafting two or more tokens: the latency case, drafted in
+        one call (:meth:`Eagle3Head.draft_greedy_chain`) instead of a call and a Python loop a token."""
+        if len(drafting) != 1 or drafting[0].num_draft_tokens < 2:
+            return False
+        params = drafting[0].sequence.params
+        return params.greedy and not params.constrained
+
+    def _draft_greedy_chain(self, chunk: ScheduledChunk, step: HeadStep) -> dict[str, Proposal] | None:
+        request_id, count = chunk.sequence.request_id, chunk.num_draft_tokens
+        started = time.perf_counter()
+        drafted = self.head.draft_greedy_chain(step, count)
+        if drafted is None:
+            return None
+        token_ids, logit_sums = drafted
+        share = (time.perf_counter() - started) / count
+        # The cost model times passes: the call's time shared among them (the first one catches up).
+        self.step_timings += [(len(step.token_ids), share)] + [(1, share)] * (count - 1)
+        if not np.isfinite(logit_sums).all():
+            error = "drafting failed: the EAGLE-3 head's logits hold NaN or infinity"
+            logger.warning("EAGLE-3 %s for %s", error, request_id)
+            return {request_id: Proposal([], None, error=error)}
+        return {request_id: Proposal(token_ids.tolist(), None)}
 
     def _timed_run(self, steps: list[HeadStep]) -> list[HeadStepResult]:
         started = time.perf_counter()

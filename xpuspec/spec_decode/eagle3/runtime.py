@@ -23,12 +23,18 @@ head, one token): it rebuilt seven arrays, copied the sequence's past KV into th
 name, and each new past length changed the graph's input shapes. Now the sequence's cache *is* the past
 input, at a capacity that grows in :data:`CACHE_GRAIN` slots (masked beyond its length, so the shapes stay
 put for that many tokens), and the other inputs are written into the request's own tensors.
+
+Step 2 of a greedy chain need not leave the graph: :meth:`draft_greedy_chain` runs the catch-up and γ - 1
+rollout passes in one call, in a graph compiled at static shapes per γ and cache capacity (in a
+background thread; the caller drafts pass by pass until it is ready).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -166,6 +172,40 @@ class _SequenceCache:
             self.length = length
 
 
+class _HeadRequest:
+    """An infer request of a head graph with its input arrays (the request's own tensors) and the past
+    KV tensors last set on it."""
+
+    def __init__(self, request: ov.InferRequest):
+        self.request = request
+        self._inputs: dict[str, np.ndarray] = {}
+        self._past: tuple[ov.Tensor, ov.Tensor] | None = None
+
+    def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The request's own input tensor ``name`` at ``shape``, as a writable array (zero-filled).
+
+        Writing into the request's tensors skips the per-call wrapping of a dict of arrays (~0.1 ms a
+        pass). The array is kept while the shape stays: asking the tensor for its shape and data costs
+        ~30 µs an input.
+        """
+        held = self._inputs.get(name)
+        if held is None or held.shape != shape:
+            tensor = self.request.get_tensor(name)
+            tensor.shape = list(shape)
+            held = self._inputs[name] = tensor.data
+        held.fill(0)
+        return held
+
+    def set_past(self, key: ov.Tensor, value: ov.Tensor) -> None:
+        if self._past is None or self._past[0] is not key:  # a lone sequence's cache: set once
+            self.request.set_tensor(graph.PAST_KEY, key)
+            self.request.set_tensor(graph.PAST_VALUE, value)
+            self._past = key, value
+
+    def output(self, name: str) -> np.ndarray:
+        return self.request.get_tensor(name).data
+
+
 class Eagle3Head:
     """A compiled EAGLE-3 head: fusion, embedding and decoder-layer models, and per-sequence KV."""
 
@@ -192,9 +232,17 @@ class Eagle3Head:
             )
         # The head embeds its token ids itself (one call a draft); `embed` compiles the lookup alone
         # for callers that want embeddings.
-        self._head = core.compile_model(
-            graph.build_head_model(config, weights, weight_type, embedding), device, compile_properties
-        ).create_infer_request()
+        self._head = _HeadRequest(
+            core.compile_model(
+                graph.build_head_model(config, weights, weight_type, embedding), device, compile_properties
+            ).create_infer_request()
+        )
+        self._weights, self._weight_type = weights, weight_type
+        # Greedy chains in one call (draft_greedy_chain), by (drafts, cache capacity).
+        self._chains: dict[tuple[int, int], Future[_HeadRequest]] = {}
+        self._chain_errors: set[tuple[int, int]] = set()
+        self._compiler: ThreadPoolExecutor | None = None
+        self.compile_chains_inline = False
         # The engine folds the fusion into the target (head_model.fusion); `fuse` compiles it alone
         # for callers holding unfused states.
         self._fusion_model = graph.build_fusion_model(config, weights, weight_type)
@@ -203,8 +251,6 @@ class Eagle3Head:
         self._embedding: ov.InferRequest | None = None
         self._core, self._device, self._compile_properties = core, device, compile_properties
         self._caches: dict[str, _SequenceCache] = {}
-        self._inputs: dict[str, np.ndarray] = {}  # the head request's own input tensors (_input)
-        self._past: tuple[ov.Tensor, ov.Tensor] | None = None  # the past KV tensors set on the request
 
     @classmethod
     def from_folders(
@@ -277,39 +323,135 @@ class Eagle3Head:
     def _compile(self, model: ov.Model) -> ov.InferRequest:
         return self._core.compile_model(model, self._device, self._compile_properties).create_infer_request()
 
-    def _input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The request's own input tensor ``name`` at ``shape``, as a writable array (zero-filled).
-
-        Writing into the request's tensors skips the per-call wrapping of a dict of arrays (~0.1 ms a
-        pass). The array is kept while the shape stays: asking the tensor for its shape and data costs
-        ~30 µs an input.
-        """
-        held = self._inputs.get(name)
-        if held is None or held.shape != shape:
-            tensor = self._head.get_tensor(name)
-            tensor.shape = list(shape)
-            held = self._inputs[name] = tensor.data
-        held.fill(0)
-        return held
-
     def run(self, steps: Sequence[HeadStep]) -> list[HeadStepResult]:
         """One padded pass over every step's positions; appends each sequence's new KV to its cache."""
         if not steps:
             return []
         if len({step.sequence_id for step in steps}) != len(steps):
             raise ValueError("one head pass takes each sequence once")
+        caches = [self._cache(step.sequence_id) for step in steps]
+        lengths = self._fill(self._head, steps, caches)
+        self._head.request.infer()
+        logits = self._head.output(graph.LOGITS)  # [b, rows, draft_vocab]
+        hidden_out = self._head.output(graph.HIDDEN_OUT)  # [b, new, hidden]
+        present_key = self._head.output(graph.PRESENT_KEY)  # [b, kv, new, head_dim]
+        present_value = self._head.output(graph.PRESENT_VALUE)
+        results = []
+        for i, (step, length, cache) in enumerate(zip(steps, lengths, caches, strict=True)):
+            cache.append(present_key[i, :, :length], present_value[i, :, :length])
+            results.append(
+                HeadStepResult(
+                    logits=logits[i, : len(step.logits_rows)].copy(), hidden=hidden_out[i, :length].copy()
+                )
+            )
+        return results
+
+    def draft_greedy_chain(self, step: HeadStep, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``count`` greedy drafts of one sequence in one call: :meth:`run` of ``step`` (default mask, last
+        row's logits) then ``count - 1`` rollout passes, inside one graph
+        (:func:`~xpuspec.spec_decode.eagle3.head_model.build_greedy_rollout_model`). Returns the drafted
+        target ids ``[count]`` and each pass's sum of logits ``[count]`` (not finite: that pass's logits
+        held NaN or infinity). Only ``step``'s own positions join the cache, as after a step-by-step
+        chain cut back to them.
+
+        The graph is compiled at static shapes, one per ``count`` and cache capacity, for a first pass of
+        up to ``count + 1`` positions, padded to that many: the tokens a round of ``count`` drafts can
+        accept (every round at a steady γ but the one after a prefill). Returns None, and
+        the caller drafts pass by pass, while that graph is not compiled yet: its compilation starts in
+        the background at the first such call (``compile_chains_inline`` compiles it there and then).
+        """
+        if step.attention_mask is not None or step.logits_rows != [len(step.token_ids) - 1]:
+            raise ValueError("a greedy chain starts from the default mask and the last position's logits")
+        if count < 1:
+            raise ValueError(f"a greedy chain drafts at least one token, got count={count}")
+        rows = count + 1
+        if len(step.token_ids) > rows:
+            return None
+        cache = self._cache(step.sequence_id)
+        request = self._chain_request(count, cache.capacity)
+        if request is None:
+            return None
+        (length,) = self._fill(request, [step], [cache], rows=rows)
+        request.request.infer()
+        cache.append(
+            request.output(graph.PRESENT_KEY)[0, :, :length],
+            request.output(graph.PRESENT_VALUE)[0, :, :length],
+        )
+        return request.output(graph.DRAFT_IDS)[0].copy(), request.output(graph.LOGIT_SUMS)[0].copy()
+
+    def _chain_request(self, count: int, capacity: int) -> _HeadRequest | None:
+        """The compiled chain of ``count`` drafts over a cache of ``capacity`` slots, if it is ready."""
+        key = count, capacity
+        compiling = self._chains.get(key)
+        if compiling is None:
+            if self.compile_chains_inline:
+                compiling = Future()
+                compiling.set_result(self._compile_chain(count, capacity))
+            else:
+                if self._compiler is None:
+                    self._compiler = ThreadPoolExecutor(1, thread_name_prefix="eagle3-chain-compile")
+                compiling = self._compiler.submit(self._compile_chain, count, capacity)
+            self._chains[key] = compiling
+        if not compiling.done():
+            return None
+        error = compiling.exception()
+        if error is not None:
+            if key not in self._chain_errors:
+                self._chain_errors.add(key)
+                logger.warning(
+                    "EAGLE-3: the chain of %d drafts did not compile, drafting pass by pass: %s", count, error
+                )
+            return None
+        return compiling.result()
+
+    def _compile_chain(self, count: int, capacity: int) -> _HeadRequest:
+        started = time.perf_counter()
+        model = graph.build_greedy_rollout_model(
+            self.config, self._weights, self.target_ids, count, self._weight_type, self._embedding_model
+        )
+        rows = count + 1
+        hidden, kv_heads, head_dim = (
+            self.config.hidden_size,
+            self.config.num_key_value_heads,
+            self.config.head_dim,
+        )
+        # Static shapes: a dynamic graph re-derived its shapes every call (~0.5 ms, SmolLM2's head, γ = 4).
+        model.reshape(
+            {
+                graph.INPUT_IDS: [1, rows],
+                graph.HIDDEN_IN: [1, rows, hidden],
+                graph.POSITION_IDS: [1, rows],
+                graph.PAST_KEY: [1, kv_heads, capacity, head_dim],
+                graph.PAST_VALUE: [1, kv_heads, capacity, head_dim],
+                graph.ATTENTION_MASK: [1, rows, capacity + rows],
+                graph.LOGITS_INDICES: [1, 1],
+            }
+        )
+        request = _HeadRequest(self._compile(model))
+        logger.debug(
+            "EAGLE-3 chain of %d drafts over %d slots compiled in %.2fs",
+            count,
+            capacity,
+            time.perf_counter() - started,
+        )
+        return request
+
+    def _fill(
+        self, request: _HeadRequest, steps: Sequence[HeadStep], caches: list[_SequenceCache], rows: int = 1
+    ) -> list[int]:
+        """Write one pass of ``steps``, padded to at least ``rows`` positions, into ``request``'s inputs;
+        returns each step's length."""
         config = self.config
-        batch = len(steps)
         for step in steps:
             if step.hidden.shape[1] != config.hidden_size:
                 raise ValueError(
                     f"head step for {step.sequence_id}: hidden has {step.hidden.shape[1]} features, the head "
                     f"{config.hidden_size} (fuse the target's states first)"
                 )
-        caches = [self._cache(step.sequence_id) for step in steps]
+        batch = len(steps)
         pasts = [cache.length for cache in caches]
         lengths = [step.token_ids.shape[0] for step in steps]
-        new = max(lengths)
+        new = max(max(lengths), rows)
         if batch == 1:
             # The cache is the past input as it is: no copy, and its width changes once per CACHE_GRAIN.
             past = caches[0].capacity
@@ -322,16 +464,13 @@ class Eagle3Head:
                 key[i, :, :cached] = cache.key[0, :, :cached]
                 value[i, :, :cached] = cache.value[0, :, :cached]
             past_key, past_value = ov.Tensor(key, shared_memory=True), ov.Tensor(value, shared_memory=True)
-        if self._past is None or self._past[0] is not past_key:  # a lone sequence's cache: set once
-            self._head.set_tensor(graph.PAST_KEY, past_key)
-            self._head.set_tensor(graph.PAST_VALUE, past_value)
-            self._past = past_key, past_value
+        request.set_past(past_key, past_value)
 
-        input_ids = self._input(graph.INPUT_IDS, (batch, new))
-        hidden = self._input(graph.HIDDEN_IN, (batch, new, config.hidden_size))
-        positions = self._input(graph.POSITION_IDS, (batch, new))
-        mask = self._input(graph.ATTENTION_MASK, (batch, new, past + new))
-        logits_indices = self._input(graph.LOGITS_INDICES, (batch, max(len(s.logits_rows) for s in steps)))
+        input_ids = request.input(graph.INPUT_IDS, (batch, new))
+        hidden = request.input(graph.HIDDEN_IN, (batch, new, config.hidden_size))
+        positions = request.input(graph.POSITION_IDS, (batch, new))
+        mask = request.input(graph.ATTENTION_MASK, (batch, new, past + new))
+        logits_indices = request.input(graph.LOGITS_INDICES, (batch, max(len(s.logits_rows) for s in steps)))
         # Padded query rows attend to themselves only, so no row is fully masked.
         mask[:, np.arange(new), past + np.arange(new)] = True
         for i, (step, length, cached) in enumerate(zip(steps, lengths, pasts, strict=True)):
@@ -353,21 +492,7 @@ class Eagle3Head:
                 mask[i, :length, :cached] = given[:, :cached]
                 mask[i, :length, past : past + length] = given[:, cached:]
             logits_indices[i, : len(step.logits_rows)] = step.logits_rows
-
-        self._head.infer()
-        logits = self._head.get_tensor(graph.LOGITS).data  # [b, rows, draft_vocab]
-        hidden_out = self._head.get_tensor(graph.HIDDEN_OUT).data  # [b, new, hidden]
-        present_key = self._head.get_tensor(graph.PRESENT_KEY).data  # [b, kv, new, head_dim]
-        present_value = self._head.get_tensor(graph.PRESENT_VALUE).data
-        results = []
-        for i, (step, length, cache) in enumerate(zip(steps, lengths, caches, strict=True)):
-            cache.append(present_key[i, :, :length], present_value[i, :, :length])
-            results.append(
-                HeadStepResult(
-                    logits=logits[i, : len(step.logits_rows)].copy(), hidden=hidden_out[i, :length].copy()
-                )
-            )
-        return results
+        return lengths
 
     # --- vocabularies ----------------------------------------------------------------------------
 
