@@ -55,3 +55,25 @@ def test_bad_counts_are_refused():
         tree_compare.main(["--rounds", "0"])
     with pytest.raises(SystemExit):
         tree_compare.main(["--concurrency", "0"])
+
+
+def test_drafters_are_compared_row_by_row(eagle3_bundle, capsys):
+    """The draft model and the EAGLE-3 head, each with a chain and a tree, against one target-only."""
+    arguments = ["--bundle", str(eagle3_bundle), "--prompts", "1", "--max-tokens", "8", "--rounds", "1"]
+    arguments += ["--drafters", "draft,eagle3", "--configurations", "chain γ=2;tree 3,2,6"]
+    assert tree_compare.main(arguments) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    width = lines[0].index("tokens/pass")
+    rows = {line[:width].strip(): line[width:].split() for line in lines[1:]}
+    expected = ["target-only", "draft chain γ=2", "draft tree 3,2,6", "eagle3 chain γ=2", "eagle3 tree 3,2,6"]
+    assert list(rows) == expected
+    assert float(rows["target-only"][0]) == pytest.approx(1.0)
+    for drafter in ("draft", "eagle3"):
+        assert float(rows[f"{drafter} tree 3,2,6"][1]) > 1.0  # each drafter's trees were verified
+        assert float(rows[f"{drafter} chain γ=2"][1]) == 0.0
+
+
+def test_unknown_drafters_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        tree_compare.main(["--drafters", "draft,ngram"])
+    assert "--drafters takes names among ['draft', 'eagle3']" in capsys.readouterr().err

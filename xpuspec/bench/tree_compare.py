@@ -1,4 +1,4 @@
-"""Trees against chains in one engine: ``python -m xpuspec.bench.tree_compare [--bundle B] [--prompts 6]``.
+"""Trees against chains, per drafter: ``python -m xpuspec.bench.tree_compare [--bundle B] [--prompts 6]``.
 
 Runs the held-out chat instructions (greedy, ``--max-tokens`` each, end-of-sequence ignored) through one
 ``Pipeline``'s engine under each configuration: target-only, chains of fixed γ, adaptive γ, fixed tree
@@ -11,6 +11,10 @@ configurations alternating batch by batch: the ratio is then of aggregate throug
 
 All configurations share the engine's cost model, so adaptive γ and ``"auto"`` also see the steps of the
 fixed shapes: this compares shapes, it does not show what adaptive γ reaches alone (``xpuspec bench``).
+
+``--drafters draft,eagle3`` runs every configuration with each drafter (one ``Pipeline`` each, on the
+bundle's one target, rows named ``"<drafter> <configuration>"``), interleaved the same way: the bundle's
+draft model against its EAGLE-3 head. Target-only runs once, on the first drafter's pipeline.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +33,14 @@ from xpuspec.bench.acceptance_traces import HELDOUT_INSTRUCTIONS
 
 logger = logging.getLogger(__name__)
 
+DRAFTERS = ("draft", "eagle3")
+
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "target-only": {"num_draft_tokens": 0},
     "chain γ=1": {"num_draft_tokens": 1},
     "chain γ=2": {"num_draft_tokens": 2},
+    "chain γ=3": {"num_draft_tokens": 3},
+    "chain γ=4": {"num_draft_tokens": 4},
     "adaptive γ": {},
     "tree 2,2,3": {"draft_tree": {"depth": 2, "width": 2, "nodes": 3}},
     "tree 3,2,6": {"draft_tree": {"depth": 3, "width": 2, "nodes": 6}},
@@ -70,24 +79,28 @@ def _run_batch(
 
 
 def compare(
-    pipeline: Any,
+    pipelines: Mapping[str, Any],
     prompts: list[list[int]],
     max_tokens: int,
     rounds: int,
     concurrency: int = 1,
     names: list[str] | None = None,
 ) -> dict[str, Tally]:
-    """The configurations ``names`` (default: all) over ``prompts`` in batches of ``concurrency`` (1:
-    one request at a time)."""
+    """The configurations ``names`` (default: all) with each drafter's pipeline of ``pipelines`` (rows
+    named by the configuration alone when there is one drafter) over ``prompts`` in batches of
+    ``concurrency`` (1: one request at a time)."""
     from xpuspec import SamplingParams
 
-    engine = pipeline.engine
-    chosen = {name: CONFIGURATIONS[name] for name in names or CONFIGURATIONS}
-    params = {
-        name: SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **fields)
-        for name, fields in chosen.items()
-    }
-    tallies = {name: Tally() for name in chosen}
+    runs: dict[str, tuple[Any, SamplingParams]] = {}
+    for drafter_index, (drafter, pipeline) in enumerate(pipelines.items()):
+        for name in names or CONFIGURATIONS:
+            if name == "target-only" and drafter_index:
+                continue
+            row = name if len(pipelines) == 1 or name == "target-only" else f"{drafter} {name}"
+            fields = CONFIGURATIONS[name]
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **fields)
+            runs[row] = pipeline.engine, params
+    tallies = {row: Tally() for row in runs}
     counter = iter(range(1 << 62))
     # One batch per prompt: that prompt and the next ones, cycled, `concurrency` in all.
     batches = [
@@ -95,17 +108,18 @@ def compare(
         for first in range(len(prompts))
     ]
     for batch in batches[:2]:  # warm-up: every shape compiles its kernels once
-        for name in chosen:
-            _run_batch(engine, [f"warm-{next(counter)}" for _ in batch], batch, params[name])
+        for engine, params in runs.values():
+            _run_batch(engine, [f"warm-{next(counter)}" for _ in batch], batch, params)
     for round_index in range(rounds):
         for batch_index, batch in enumerate(batches):
-            order = list(chosen)
+            order = list(runs)
             if (round_index + batch_index) % 2:
                 order.reverse()
-            for name in order:
+            for row in order:
+                engine, params = runs[row]
                 request_ids = [f"r-{next(counter)}" for _ in batch]
-                seconds, passes, stats = _run_batch(engine, request_ids, batch, params[name])
-                tally = tallies[name]
+                seconds, passes, stats = _run_batch(engine, request_ids, batch, params)
+                tally = tallies[row]
                 tally.seconds.append(seconds)
                 tally.tokens += sum(request.num_output_tokens for request in stats)
                 tally.passes += passes
@@ -126,6 +140,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, default=1, help="requests run at once (default: 1, batch 1)"
     )
     parser.add_argument(
+        "--drafters",
+        default="draft",
+        help="drafters to compare, separated by ',': draft, eagle3 (default: draft)",
+    )
+    parser.add_argument(
         "--configurations",
         default=";".join(CONFIGURATIONS),
         help="names to run, separated by ';' (target-only always runs: the ratios' baseline; "
@@ -139,6 +158,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown configurations {unknown}; choose from {list(CONFIGURATIONS)}")
     args.configurations = ["target-only"] + [name for name in names if name != "target-only"]
+    args.drafters = list(dict.fromkeys(name.strip() for name in args.drafters.split(",") if name.strip()))
+    if not args.drafters or any(name not in DRAFTERS for name in args.drafters):
+        parser.error(f"--drafters takes names among {list(DRAFTERS)}, got {args.drafters}")
     return args
 
 
@@ -147,20 +169,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from xpuspec import Pipeline
 
-    pipeline = Pipeline(args.bundle, drafter="draft")
+    pipelines = {drafter: Pipeline(args.bundle, drafter=drafter) for drafter in args.drafters}
+    pipeline = next(iter(pipelines.values()))
     with open(HELDOUT_INSTRUCTIONS, encoding="utf-8") as lines:
         conversations = [json.loads(line)["messages"] for line in lines if line.strip()]
     prompts = [
         pipeline.encode(pipeline.apply_chat_template(messages)) for messages in conversations[: args.prompts]
     ]
-    tallies = compare(pipeline, prompts, args.max_tokens, args.rounds, args.concurrency, args.configurations)
+    tallies = compare(pipelines, prompts, args.max_tokens, args.rounds, args.concurrency, args.configurations)
     baseline = tallies["target-only"].seconds
-    print(f"{'configuration':14s}  tokens/pass  nodes/tree  ÷ target-only  tokens/s")
-    for name, tally in tallies.items():
+    width = max(14, *(len(row) for row in tallies))
+    print(f"{'configuration':{width}s}  tokens/pass  nodes/tree  ÷ target-only  tokens/s")
+    for row, tally in tallies.items():
         ratio = statistics.median(base / ours for base, ours in zip(baseline, tally.seconds, strict=True))
         nodes = tally.nodes / tally.trees if tally.trees else 0.0
         print(
-            f"{name:14s}  {tally.tokens / max(tally.passes, 1):11.3f}  {nodes:10.2f}  {ratio:13.3f}  "
+            f"{row:{width}s}  {tally.tokens / max(tally.passes, 1):11.3f}  {nodes:10.2f}  {ratio:13.3f}  "
             f"{tally.tokens / sum(tally.seconds):8.1f}",
             flush=True,
         )
