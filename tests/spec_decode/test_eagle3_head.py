@@ -503,3 +503,24 @@ def test_a_greedy_chain_takes_only_a_default_pass(head: Eagle3Head):
         head.draft_greedy_chain(HeadStep("a", [1, 2], hidden, logits_rows=[0, 1]), 2)
     with pytest.raises(ValueError, match="at least one token"):
         head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 0)
+
+
+def test_a_chain_that_does_not_compile_leaves_drafting_pass_by_pass(head: Eagle3Head, monkeypatch, caplog):
+    def broken(count, capacity):
+        raise RuntimeError("injected compile failure")
+
+    monkeypatch.setattr(head, "_compile_chain", broken)
+    hidden = np.zeros((2, TARGET["hidden_size"]), np.float32)
+    for inline in (True, False):
+        head.compile_chains_inline = inline
+        head._chains.clear()
+        head._chain_errors.clear()
+        assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 2) is None
+        for compiling in head._chains.values():
+            compiling.exception(timeout=60)
+        with caplog.at_level("WARNING"):
+            assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 2) is None
+            assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 2) is None
+        assert caplog.text.count("injected compile failure") == 1  # said once per chain
+        caplog.clear()
+    assert head.kv_length("a") == 0  # nothing ran

@@ -386,7 +386,10 @@ class Eagle3Head:
         if compiling is None:
             if self.compile_chains_inline:
                 compiling = Future()
-                compiling.set_result(self._compile_chain(count, capacity))
+                try:
+                    compiling.set_result(self._compile_chain(count, capacity))
+                except Exception as error:  # as a background compile's failure: drafted pass by pass
+                    compiling.set_exception(error)
             else:
                 if self._compiler is None:
                     self._compiler = ThreadPoolExecutor(1, thread_name_prefix="eagle3-chain-compile")
