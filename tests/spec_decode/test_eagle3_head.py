@@ -524,3 +524,12 @@ def test_a_chain_that_does_not_compile_leaves_drafting_pass_by_pass(head: Eagle3
         assert caplog.text.count("injected compile failure") == 1  # said once per chain
         caplog.clear()
     assert head.kv_length("a") == 0  # nothing ran
+
+
+def test_prepared_chains_are_ready_for_every_capacity_a_context_reaches(head: Eagle3Head):
+    head.prepare_chains(3, CACHE_GRAIN + 1)  # two capacities: 256 and 512
+    assert sorted(head._chains) == [(3, CACHE_GRAIN), (3, 2 * CACHE_GRAIN)]
+    assert all(compiling.done() for compiling in head._chains.values())
+    assert not head.compile_chains_inline  # left as it was
+    hidden = np.zeros((2, TARGET["hidden_size"]), np.float32)
+    assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 3) is not None  # no background wait

@@ -379,6 +379,20 @@ class Eagle3Head:
         )
         return request.output(graph.DRAFT_IDS)[0].copy(), request.output(graph.LOGIT_SUMS)[0].copy()
 
+    def prepare_chains(self, count: int, context: int) -> None:
+        """Compile now (or wait for) the chains of ``count`` drafts for a sequence of up to ``context``
+        tokens, one per cache capacity it reaches: for a caller that times requests and wants no compile
+        inside them (the benchmarks)."""
+        if count < 1:
+            return
+        for capacity in range(CACHE_GRAIN, -(-max(context, 1) // CACHE_GRAIN) * CACHE_GRAIN + 1, CACHE_GRAIN):
+            inline, self.compile_chains_inline = self.compile_chains_inline, True
+            try:
+                self._chain_request(count, capacity)
+            finally:
+                self.compile_chains_inline = inline
+            self._chains[count, capacity].exception()  # waits for a compile already under way
+
     def _chain_request(self, count: int, capacity: int) -> _HeadRequest | None:
         """The compiled chain of ``count`` drafts over a cache of ``capacity`` slots, if it is ready."""
         key = count, capacity
