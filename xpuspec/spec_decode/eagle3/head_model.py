@@ -42,6 +42,9 @@ Graph interface of :func:`build_head_model` (``b`` sequences, ``n`` new position
   ``present_value [b, kv_heads, n, head_dim]`` (rotated keys of the new positions only; the caller
   owns the cache).
 
+:func:`build_greedy_rollout_model` unrolls the same layer γ times into one graph for a greedy chain (each
+pass's argmax, mapped to its target id, is the next pass's token): the latency case in one call.
+
 The fusion is a second model (:func:`build_fusion_model`, ``target_hidden [m, 3*hidden] -> fused
 [m, hidden]``) rather than a branch of this graph: the layer's input is then always ``[.., hidden]``, so
 one pass can mix rows fused from the target (catch-up of verified tokens) with rows carried from the
