@@ -267,9 +267,9 @@ def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypa
 
 
 @pytest.mark.smollm2
-def test_the_shipped_head_drafts_for_the_default_model(smollm2_gguf, tmp_path, monkeypatch):
-    """`drafter="eagle3"` with no bundle: the shipped head, accepted by the target, target-only's text."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+def test_the_shipped_head_drafts_for_the_default_model(smollm2_gguf):
+    """`drafter="eagle3"` with no bundle: the shipped head, accepted by the target, target-only's text.
+    (The session's cache: the bundle other smollm2 tests build is this one.)"""
     head = Pipeline(None, drafter="eagle3", properties=EXACT, use_placement=False)
     assert head.bundle.eagle3 is not None and head.bundle.eagle3.facts["tap_layers"] == [2, 15, 27]
     alone = Pipeline(None, drafter="none", properties=EXACT, use_placement=False)
