@@ -172,6 +172,11 @@ class _SequenceCache:
             self.length = length
 
 
+def _chain_rows(count: int) -> int:
+    """Positions of a chain's first pass (padded): the tokens a round of ``count`` drafts can accept."""
+    return count + 1
+
+
 class _HeadRequest:
     """An infer request of a head graph with its input arrays (the request's own tensors) and the past
     KV tensors last set on it."""
@@ -364,7 +369,7 @@ class Eagle3Head:
             raise ValueError("a greedy chain starts from the default mask and the last position's logits")
         if count < 1:
             raise ValueError(f"a greedy chain drafts at least one token, got count={count}")
-        rows = count + 1
+        rows = _chain_rows(count)
         if len(step.token_ids) > rows:
             return None
         cache = self._cache(step.sequence_id)
@@ -386,19 +391,16 @@ class Eagle3Head:
         if count < 1:
             return
         for capacity in range(CACHE_GRAIN, -(-max(context, 1) // CACHE_GRAIN) * CACHE_GRAIN + 1, CACHE_GRAIN):
-            inline, self.compile_chains_inline = self.compile_chains_inline, True
-            try:
-                self._chain_request(count, capacity)
-            finally:
-                self.compile_chains_inline = inline
+            self._chain_request(count, capacity, inline=True)
             self._chains[count, capacity].exception()  # waits for a compile already under way
 
-    def _chain_request(self, count: int, capacity: int) -> _HeadRequest | None:
-        """The compiled chain of ``count`` drafts over a cache of ``capacity`` slots, if it is ready."""
+    def _chain_request(self, count: int, capacity: int, inline: bool = False) -> _HeadRequest | None:
+        """The compiled chain of ``count`` drafts over a cache of ``capacity`` slots, if it is ready; a
+        missing one compiles here when ``inline`` or ``compile_chains_inline``, else in the background."""
         key = count, capacity
         compiling = self._chains.get(key)
         if compiling is None:
-            if self.compile_chains_inline:
+            if inline or self.compile_chains_inline:
                 compiling = Future()
                 try:
                     compiling.set_result(self._compile_chain(count, capacity))
@@ -426,7 +428,7 @@ class Eagle3Head:
         model = graph.build_greedy_rollout_model(
             self.config, self._weights, self.target_ids, count, self._weight_type, self._embedding_model
         )
-        rows = count + 1
+        rows = _chain_rows(count)
         hidden, kv_heads, head_dim = (
             self.config.hidden_size,
             self.config.num_key_value_heads,
