@@ -15,12 +15,23 @@ Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.reques
 them and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``, dropping the tokens after the
 one that completed the stop string.
 
-Failures are contained. A request is validated whole before any structure holds it. An error that
-belongs to one request (its sampling, NaN or infinity in its logits rows, its drafting) ends that
-request alone with finish_reason "error" and frees its KV; the batch goes on. Any other exception in
-a step (a target or drafter inference raising) ends every request in flight with "error", rebuilds
-the scheduler and the block table, and the engine goes on serving new requests; it is logged and
-counted in ``num_engine_failures`` / ``num_requests_failed``.
+Failures are contained, by one rule: **what is computed from one request's own data may fail only
+that request; only the shared model execution may fail a step.**
+
+* A request is validated whole before any structure holds it: its parameters, its prompt and its
+  output constraint, whose grammar is compiled (and refused, with a ValueError) at admission.
+* May fail only its request, which ends with finish_reason "error" and a message about that request
+  alone, its KV freed, the batch going on: its sampling and verification; NaN or infinity in its
+  logits rows or its draft rows; its drafting; and everything its output constraint computes —
+  forced tokens, the masks of drafted and verified rows, the cut of its proposals, the matcher's
+  advance and rollback (``xpuspec.structured.speculation`` catches per request), and a mask that
+  allows no token.
+* May fail the step: an exception out of the target's or a drafter's batched inference, or a bug in
+  the engine's own bookkeeping. :meth:`LLMEngine.recover` then ends every request in flight with
+  "error", rebuilds the scheduler and the block table, and the engine goes on serving new requests.
+  Those requests' clients get a generic message naming their own request id: the failure's detail
+  (which may quote any request's data) goes to the log only. Failures are counted in
+  ``num_engine_failures`` / ``num_requests_failed``.
 """
 
 from __future__ import annotations
@@ -210,6 +221,8 @@ class LLMEngine:
         self._states: dict[str, _RequestState] = {}
         # Outputs of the step in progress: kept here so a step that fails still reports them.
         self._step_outputs: list[StepOutput] = []
+        # Requests whose output constraint failed while the target ran (ended at acceptance).
+        self._constraint_failures: dict[str, str] = {}
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
         # Compiles output constraints (response_format, guided_regex, guided_grammar); set by the
@@ -384,7 +397,13 @@ class LLMEngine:
                 "this engine has no grammar support (no tokenizer.json in the model folder), so it "
                 "cannot constrain output; drop response_format / guided_regex / guided_grammar"
             )
-        return self.grammar.compile(constraint)
+        try:
+            return self.grammar.compile(constraint)
+        except ValueError:
+            raise
+        except Exception as error:  # the grammar engine failing on this request's grammar is still its own
+            logger.warning("compiling an output constraint failed", exc_info=error)
+            raise ValueError(f"the output constraint could not be compiled: {error}") from error
 
     def _guides(self, chunks: list[ScheduledChunk]) -> dict[str, GuidedRequest]:
         """The matchers of the constrained requests among ``chunks``."""
@@ -406,11 +425,12 @@ class LLMEngine:
         self._prepare_masks(guides, proposals)
         return self.target.wait()
 
-    @staticmethod
-    def _prepare_masks(guides: dict[str, GuidedRequest], proposals: dict[str, Proposal]) -> None:
-        structured.prepare_masks(
+    def _prepare_masks(self, guides: dict[str, GuidedRequest], proposals: dict[str, Proposal]) -> None:
+        """The verification masks, ahead; a request whose grammar fails is ended at acceptance."""
+        failures = structured.prepare_masks(
             guides, {rid: proposals[rid].token_ids for rid in guides if rid in proposals}
         )
+        self._constraint_failures.update(failures)
 
     def _check_prompt(self, prompt_token_ids: list[int]) -> None:
         if not isinstance(prompt_token_ids, (list, tuple, np.ndarray)) or len(prompt_token_ids) == 0:
@@ -616,9 +636,12 @@ class LLMEngine:
         cost model keeps its measurements: they come from steps that completed. Returns the outputs
         of the step so far plus one "error" output per request that was in flight.
         """
-        message = f"engine failure: {type(error).__name__}: {error}"
+        # The detail goes to the log only: it may quote any request's data (a grammar, its text).
         logger.error(
-            "engine step failed; ending the %d requests in flight", len(self._sequences), exc_info=error
+            "engine step failed; ending the %d requests in flight %s",
+            len(self._sequences),
+            sorted(self._sequences),
+            exc_info=error,
         )
         self.num_engine_failures += 1
         self._settle_executors()
@@ -633,6 +656,7 @@ class LLMEngine:
             stats = (
                 state.stats if state is not None else RequestStats(self.clock(), self.config.max_draft_tokens)
             )
+            message = f"engine failure, request id {sequence.request_id}: the step serving it failed"
             self._step_outputs.append(
                 StepOutput(sequence.request_id, [], True, "error", stats, error=message)
             )
@@ -692,6 +716,7 @@ class LLMEngine:
         if self.draft_choice is not None:
             self.draft_choice.new_step()
         self._tree_paths = {}
+        self._constraint_failures = {}
         scheduled = self.scheduler.schedule(self._choose_num_draft_tokens)
         for sequence in scheduled.preempted:
             self._states[sequence.request_id].stats.num_preemptions += 1
@@ -727,8 +752,15 @@ class LLMEngine:
                 continue
             rows = logits[row : row + runner_chunk.num_logits]  # [1 + γ, vocab]
             row += runner_chunk.num_logits
+            failure = self._constraint_failures.get(sequence.request_id)
+            if failure is not None:
+                self._fail_request(sequence, failure)
+                continue
             try:
                 output = self._accept(sequence, rows, proposals.get(sequence.request_id))
+            except structured.ConstraintFailure as error:
+                self._fail_request(sequence, str(error))
+                continue
             except Exception as error:
                 self._fail_request(sequence, f"sampling failed: {error}")
                 continue
@@ -787,6 +819,7 @@ class LLMEngine:
         chains = [c for c in drafting if c.sequence.request_id not in choice.trees]
         self._draft_timings = []
         started = self.clock()
+        failed_rollbacks: dict[str, Proposal] = {}
         try:
             if chains:
                 self.proposer.step_timings = []
@@ -803,11 +836,12 @@ class LLMEngine:
                 self._draft_timings += self.tree_drafter.step_timings
         finally:
             self._drafting_seconds = self.clock() - started if drafting else 0.0
-            for guide in guides.values():
-                guide.end_drafting()  # back to the committed state, whatever the draft did
+            # Back to the committed state, whatever the draft did.
+            structured.end_drafting(guides, failed_rollbacks)
         if guides:
             structured.constrain_proposals(proposals, guides)  # n-gram drafts the grammar forbids
             proposals.update(forced)
+            proposals.update(failed_rollbacks)
         if not drafting:  # lookups (or forced tokens) alone: no drafting phase to time
             return proposals
         # Per pass and by tokens computed: a catch-up pass after a stretch of γ = 0 computes many
@@ -926,7 +960,7 @@ class LLMEngine:
         """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""
         new_tokens, status = self._truncate(sequence, token_ids, state)
         if state.guide is not None:
-            state.guide.advance(new_tokens)
+            structured.advance(state.guide, new_tokens)
         sequence.append_tokens(new_tokens)
         now = self.clock()
         state.stats.record_tokens(len(new_tokens), now)

@@ -201,11 +201,16 @@ class DraftModelProposer:
         token_ids: dict[str, list[int]] = {c.sequence.request_id: [] for c in drafting}
         probs: dict[str, list[np.ndarray]] = {c.sequence.request_id: [] for c in drafting}
         errors: dict[str, str] = {}
+        stopped: set[str] = set()  # the output constraint left nothing the draft can propose
         active = drafting
         for step in range(max((c.num_draft_tokens for c in drafting), default=0)):
             if step > 0:
                 active = [
-                    c for c in active if c.num_draft_tokens > step and c.sequence.request_id not in errors
+                    c
+                    for c in active
+                    if c.num_draft_tokens > step
+                    and c.sequence.request_id not in errors
+                    and c.sequence.request_id not in stopped
                 ]
                 if not active:
                     break
@@ -227,8 +232,13 @@ class DraftModelProposer:
                 request_id = chunk.sequence.request_id
                 try:
                     row_logits = logits[row : row + 1]  # [1, draft vocab]
-                    if self.constrain_logits is not None:
+                    if self.constrain_logits is not None and chunk.sequence.params.constrained:
                         row_logits = self.constrain_logits(request_id, token_ids[request_id], row_logits)
+                        if np.all(np.isneginf(row_logits)):
+                            # Every id the grammar allows here lies outside the draft's vocabulary (a
+                            # cut one): the chain ends, and the target alone decides this position.
+                            stopped.add(request_id)
+                            continue
                     token, row_probs = self._draft_token(chunk, step, row_logits, draw)
                 except Exception as error:  # this sequence's row alone (e.g. NaN in its logits)
                     logger.warning("drafting failed for %s: %s", request_id, error)
