@@ -167,3 +167,18 @@ def test_a_cut_draft_vocabulary_under_a_constraint_drafts_nothing_there():
     assert set(target_only[0].token_ids[:10]) <= {200, 201} and len(target_only[0].token_ids) == 11
     assert drafted[0].error is None
     assert drafted[0].token_ids == target_only[0].token_ids
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+@pytest.mark.parametrize("max_tokens", [3, 40])
+def test_a_complete_constraint_stops_the_request(ignore_eos, max_tokens):
+    """Case 7: once the constraint is complete and only end-of-sequence may follow, the request
+    stops there, with ignore_eos too and when max_tokens ends at the same token: finish "stop"."""
+    pipe = Pipeline("demo", drafter="draft", properties=EXACT)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos, guided_regex="(yes|no)!"
+    )
+    result = pipe.generate(["Answer:"], [params])[0]
+    assert result.text in ("yes!", "no!")
+    assert result.finish_reason == "stop"
+    assert len(result.token_ids) <= 3

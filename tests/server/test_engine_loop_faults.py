@@ -178,7 +178,9 @@ def test_a_failed_step_ends_every_request_then_new_ones_work(loop, clean):
     finally:
         engine.target = target._runner
     assert {o.finish_reason for o in outcomes} == {"error"}
-    assert all("injected inference failure" in o.error for o in outcomes)
+    # Each client hears of its own request only; the failure's detail is in the server log alone.
+    assert all(o.error.startswith("engine failure, request id req-") for o in outcomes)
+    assert not any("injected inference failure" in o.error for o in outcomes)
     assert_no_kv_held(loop)
     assert engine.num_engine_failures == failures + 1
     assert engine.num_requests_failed == failed + len(PROMPTS)

@@ -960,7 +960,11 @@ class LLMEngine:
         """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""
         new_tokens, status = self._truncate(sequence, token_ids, state)
         if state.guide is not None:
-            structured.advance(state.guide, new_tokens)
+            completed = structured.advance(state.guide, new_tokens)
+            if completed is not None:
+                # Complete, and nothing but end-of-sequence may follow: the output is whole, so the
+                # request stops here (with ignore_eos it would repeat that token until max_tokens).
+                new_tokens, status = new_tokens[:completed], SequenceStatus.FINISHED_STOPPED
         sequence.append_tokens(new_tokens)
         now = self.clock()
         state.stats.record_tokens(len(new_tokens), now)

@@ -122,9 +122,18 @@ def mask_target_rows(rows: np.ndarray, guide: GuidedRequest, draft_ids: list[int
     return masked
 
 
-def advance(guide: GuidedRequest, token_ids: list[int]) -> None:
-    """The matcher consumes the tokens a step emitted; :class:`ConstraintFailure` if it fails."""
+def advance(guide: GuidedRequest, token_ids: list[int]) -> int | None:
+    """The matcher consumes the tokens a step emitted; :class:`ConstraintFailure` if it fails.
+
+    Returns how many of them make the output whole when one of them completed the constraint and
+    it allows nothing more (only end-of-sequence may follow), else None.
+    """
     try:
-        guide.advance(token_ids)
+        for index, token in enumerate(token_ids):
+            guide.advance([token])
+            if guide.matcher.is_stopped():
+                guide.advance(token_ids[index + 1 :])  # end-of-sequence tokens, taken without a trace
+                return index + 1
     except Exception as error:
         raise ConstraintFailure(constraint_failure(error)) from error
+    return None
