@@ -94,6 +94,7 @@ def _generate(
         model=state.config.served_model_name,
         num_prompt_tokens=prepared.num_prompt_tokens,
         num_choices=len(prepared.choices),
+        num_choices_per_prompt=prepared.num_choices_per_prompt,
         client_disconnected=request.environ.get("waitress.client_disconnected"),
         id=request_id(request.environ),
         constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
