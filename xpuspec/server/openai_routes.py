@@ -105,7 +105,7 @@ def _generate(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         frames_of = stream(generation, context, include_usage, state.stream_interval)
         if prepared.tools is not None:
-            frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls)
+            frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls, prepared.tools.forced)
         frames = TrackedStream(frames_of, lambda: state.response_closed(streamed=True))
         return Response(
             frames,  # type: ignore[arg-type]
@@ -115,7 +115,7 @@ def _generate(
     try:
         body_out = collect(generation, context)
         if prepared.tools is not None:
-            body_out = tools.rewrite_body(body_out, prepared.tools.max_calls)
+            body_out = tools.rewrite_body(body_out, prepared.tools.max_calls, prepared.tools.forced)
         return jsonify(body_out)
     except ClientGone:
         return Response(status=CLIENT_CLOSED_REQUEST)
