@@ -40,7 +40,7 @@ def test_tool_choice_modes_and_errors():
     named = tools.parse_tools([WEATHER], {"type": "function", "function": {"name": "weather"}}, "")
     assert named.mode == "named" and "start: call\n" in named.forced_grammar()
     required = tools.parse_tools([WEATHER], "required", "").forced_grammar()
-    assert required.startswith('start: call ("\\n" call ("\\n" call ("\\n" call)?)?)?\n')
+    assert required.startswith('start: call ("\\n" (call ("\\n" (call ("\\n" (call)?)?)?)?)?)?\n')
     single = tools.parse_tools([WEATHER], "required", "", parallel_tool_calls=False)
     assert single.max_calls == 1 and single.forced_grammar().startswith("start: call\ncall: ")
     assert tools.parse_tools([WEATHER], "auto", "", parallel_tool_calls=True).max_calls is None
@@ -117,3 +117,107 @@ def test_one_call_kept_without_parallel_calls():
         for call in json.loads(e[6:])["choices"][0]["delta"].get("tool_calls", [])
     ]
     assert streamed == ["a"]
+
+
+# ------------------------------------------------------------ replies that end inside a call
+CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+PARTIAL = '<tool_call>\n{"name": "weather", "arguments": {"city":'
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "names"),
+    [
+        ("Let me check.\n" + PARTIAL, "Let me check.", []),
+        (CALL + "\n" + PARTIAL, None, ["weather"]),
+        ("Sure. <tool_c", "Sure.", []),  # cut inside the opening tag
+        (CALL + "\n" + CALL[:-3], None, ["weather"]),  # the second cut inside its closing tag
+        ('<|python_tag|>{"name": "weather", "parameters": {"ci', None, []),
+        ('{"name": "a", "parameters": {}}; {"name": "b", "par', None, ["a"]),
+        ('{"answer": "not a ca', '{"answer": "not a ca', []),  # JSON text, not calls: kept
+        ("plain text", "plain text", []),
+    ],
+)
+def test_a_call_cut_by_max_tokens_is_dropped_not_returned_as_text(text, content, names):
+    got_content, calls = tools.parse_calls(text, cut=True)
+    assert (got_content, [c["function"]["name"] for c in calls]) == (content, names)
+    if not names and content is None:
+        assert tools.parse_calls(text) == (text, [])  # not cut: what the model wrote, as before
+
+
+def test_forced_replies_have_no_content():
+    assert tools.parse_calls(PARTIAL, cut=True, forced=True) == (None, [])
+    content, calls = tools.parse_calls(CALL + "\n", forced=True)
+    assert content is None and [c["function"]["name"] for c in calls] == ["weather"]
+
+
+def test_a_cut_reply_keeps_length_and_only_its_complete_calls():
+    body = {
+        "choices": [{"index": 0, "message": {"content": CALL + "\n" + PARTIAL}, "finish_reason": "length"}]
+    }
+    choice = tools.rewrite_body(body, forced=True)["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["weather"]
+    cut = {"choices": [{"index": 0, "message": {"content": "Hm. " + PARTIAL}, "finish_reason": "length"}]}
+    message = tools.rewrite_body(cut)["choices"][0]["message"]
+    assert message == {"content": "Hm."}
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_streamed_cut_call_sends_no_markup(forced):
+    text = ("Sure. " if not forced else "") + CALL + "\n" + PARTIAL
+    frames = _frames([text[i : i + 4] for i in range(0, len(text), 4)], finish="length")
+    events = [e for w in tools.rewrite_stream(iter(frames), forced=forced) for e in w.split("\n\n")]
+    choices = [json.loads(e[6:])["choices"][0] for e in events if e.startswith("data: {")]
+    content = "".join(c["delta"].get("content") or "" for c in choices)
+    calls = [call["function"]["name"] for c in choices for call in c["delta"].get("tool_calls", [])]
+    assert content.strip() == ("" if forced else "Sure.") and "<" not in content and "{" not in content
+    finishes = [c["finish_reason"] for c in choices if c.get("finish_reason")]
+    assert calls == ["weather"] and finishes == ["length"]
+
+
+# --------------------------------------------------- the forced grammar lets the reply end
+@pytest.fixture(scope="module")
+def demo_grammar():
+    from xpuspec.demo import demo_bundle_path
+    from xpuspec.model_bundle import ModelBundle
+    from xpuspec.structured.matcher import grammar_compiler
+    from xpuspec.text import Tokenizer
+
+    bundle = ModelBundle.open(demo_bundle_path())
+    tokenizer = Tokenizer(bundle.target.path)
+    compiler = grammar_compiler(
+        tokenizer, [bundle.target.path], bundle.target.vocab_size, bundle.eos_token_ids
+    )
+    assert compiler is not None
+    return tokenizer, compiler
+
+
+def _guide_after(demo_grammar, request: tools.ToolRequest, text: str):  # type: ignore[no-untyped-def]
+    from xpuspec.structured.constraint import Constraint
+
+    tokenizer, compiler = demo_grammar
+    guide = compiler.compile(Constraint("lark", request.forced_grammar()))
+    guide.advance(tokenizer.encode(text, add_special_tokens=False))
+    return guide, compiler.eos_token_ids
+
+
+WEATHER_CALL = '<tool_call>\n{"name": "weather", "arguments": {}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "text", "more_allowed"),
+    [
+        ("required", None, WEATHER_CALL, True),
+        ("required", None, WEATHER_CALL + "\n", True),  # a newline after the call may still end it
+        ("required", None, "\n".join([WEATHER_CALL] * tools.MAX_FORCED_CALLS), False),
+        ("required", False, WEATHER_CALL, False),
+        ({"type": "function", "function": {"name": "weather"}}, None, WEATHER_CALL, False),
+    ],
+)
+def test_the_reply_may_end_after_any_complete_call(demo_grammar, choice, parallel, text, more_allowed):
+    request = tools.parse_tools([WEATHER], choice, "", parallel_tool_calls=parallel)
+    guide, eos_ids = _guide_after(demo_grammar, request, text)
+    allowed = guide.allowed()
+    assert guide.is_accepting() and all(allowed[eos] for eos in eos_ids)
+    # Further calls only where parallel calls are allowed and the bound is not reached.
+    assert (allowed.sum() > len(set(eos_ids))) == more_allowed

@@ -22,6 +22,9 @@ class RequestStats:
     # Prompt tokens whose target (draft) KV came from the prefix cache; None until admitted.
     cached_tokens: int | None = None
     cached_draft_tokens: int | None = None
+    # A constrained request (response_format, guided_*): whether its output satisfied the constraint
+    # when it finished (the matcher was accepting); None while running, and for unconstrained ones.
+    constraint_complete: bool | None = None
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     # Tree speculation: trees verified, their nodes in all, and how many had each accepted depth.

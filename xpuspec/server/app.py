@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from flask import Flask, Response, request
@@ -64,19 +64,38 @@ def create_app(
     return app
 
 
-def _authenticate() -> Response | None:
-    api_key = server_state().config.api_key
-    if api_key is None or request.path in UNAUTHENTICATED_PATHS:
+def authentication_error(path: str, authorization: str, api_key: str | None) -> APIError | None:
+    """The 401 a request to ``path`` with this Authorization header gets, or None if it may pass."""
+    if api_key is None or path in UNAUTHENTICATED_PATHS:
         return None
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        return error_response(
-            APIError(401, "missing API key: send 'Authorization: Bearer KEY'", code="missing_api_key")
-        )
+        return APIError(401, "missing API key: send 'Authorization: Bearer KEY'", code="missing_api_key")
     if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        return error_response(APIError(401, "invalid API key", code="invalid_api_key"))
+        return APIError(401, "invalid API key", code="invalid_api_key")
     return None
+
+
+def unauthenticated_request(config: ServerConfig) -> Callable[[str, Mapping[str, str]], bool] | None:
+    """For the listener (``reject_early``): does a request with these headers get a 401? Such a
+    request is answered as soon as its headers are in, so a client without the key cannot hold a
+    connection by sending its body slowly. None without an API key."""
+    api_key = config.api_key
+    if api_key is None:
+        return None
+
+    def refused(path: str, headers: Mapping[str, str]) -> bool:
+        # waitress keeps header names upper-cased with "_" for "-".
+        return authentication_error(path, headers.get("AUTHORIZATION", ""), api_key) is not None
+
+    return refused
+
+
+def _authenticate() -> Response | None:
+    error = authentication_error(
+        request.path, request.headers.get("Authorization", ""), server_state().config.api_key
+    )
+    return None if error is None else error_response(error)
 
 
 def _count_request(response: Response) -> Response:

@@ -26,7 +26,7 @@ from xpuspec.server.config import (
     MAX_STREAM_INTERVAL_S,
     ServerConfig,
 )
-from xpuspec.server.http_server import ListenerLimits
+from xpuspec.server.http_server import BODY_RATE_GRACE_S, ListenerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"(default {DEFAULT_LIMITS.header_timeout_s:g})",
     )
     parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_LIMITS.body_timeout_s,
+        help="seconds a client may take to send a request's body once its headers are in, before its "
+        f"connection is closed (default {DEFAULT_LIMITS.body_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--min-body-rate",
+        type=int,
+        default=DEFAULT_LIMITS.min_body_rate,
+        help="bytes per second a request body must arrive at, on average, once it has had "
+        f"{BODY_RATE_GRACE_S:g} s; slower connections are closed "
+        f"(default {DEFAULT_LIMITS.min_body_rate}; 0: no minimum)",
+    )
+    parser.add_argument(
         "--idle-timeout",
         type=int,
         default=DEFAULT_LIMITS.channel_timeout_s,
@@ -171,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     from xpuspec.devices.properties import with_preset
     from xpuspec.generate_command import parse_properties
     from xpuspec.model_bundle import BundleError, ModelBundle
-    from xpuspec.server.app import create_app
+    from xpuspec.server.app import create_app, unauthenticated_request
     from xpuspec.server.http_server import HttpListener
     from xpuspec.server.state import server_state
 
@@ -191,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
             connection_limit=args.connection_limit,
             channel_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            min_body_rate=args.min_body_rate,
             # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
             max_request_body_bytes=4 * args.max_body_bytes,
         )
@@ -222,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(load, config, start=False)
     state = server_state(app)
     try:
-        listener = HttpListener(app, args.host, args.port, limits)
+        listener = HttpListener(app, args.host, args.port, limits, unauthenticated_request(config))
     except OSError as error:
         reason = error.strerror or str(error)
         print(

@@ -94,6 +94,7 @@ def _generate(
         model=state.config.served_model_name,
         num_prompt_tokens=prepared.num_prompt_tokens,
         num_choices=len(prepared.choices),
+        num_choices_per_prompt=prepared.num_choices_per_prompt,
         client_disconnected=request.environ.get("waitress.client_disconnected"),
         id=request_id(request.environ),
         constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
@@ -104,7 +105,7 @@ def _generate(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         frames_of = stream(generation, context, include_usage, state.stream_interval)
         if prepared.tools is not None:
-            frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls)
+            frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls, prepared.tools.forced)
         frames = TrackedStream(frames_of, lambda: state.response_closed(streamed=True))
         return Response(
             frames,  # type: ignore[arg-type]
@@ -114,7 +115,7 @@ def _generate(
     try:
         body_out = collect(generation, context)
         if prepared.tools is not None:
-            body_out = tools.rewrite_body(body_out, prepared.tools.max_calls)
+            body_out = tools.rewrite_body(body_out, prepared.tools.max_calls, prepared.tools.forced)
         return jsonify(body_out)
     except ClientGone:
         return Response(status=CLIENT_CLOSED_REQUEST)

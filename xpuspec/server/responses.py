@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from xpuspec.engine.request_stats import RequestStats
 from xpuspec.server.engine_loop import ChoiceEvent, Generation
 from xpuspec.server.errors import APIError
 
@@ -22,8 +23,8 @@ DISCONNECT_POLL_S = 0.25
 Kind = Literal["completion", "chat"]
 # How long a stream holds text back after a frame: seconds, or a function giving them when asked.
 HoldSeconds = float | Callable[[], float]
-# Said in a constrained choice (response_format, guided_*) that ran out of tokens: its text is cut
-# short of what the constraint requires, so it does not parse.
+# Said in a constrained choice (response_format, guided_*) that ran out of tokens before its output
+# satisfied the constraint: its text is cut short, so it does not parse.
 CONSTRAINT_INCOMPLETE = (
     "the output constraint was not complete within max_tokens: the text is cut short and does not "
     "satisfy it; raise max_tokens"
@@ -46,12 +47,30 @@ class ResponseContext:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     num_completion_tokens: int = 0  # so far; read by the access log when the response closes
-    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the most of any choice)
-    constrained: bool = False  # the output is constrained (a "length" finish then says so)
+    constrained: bool = False  # the output is constrained (a "length" finish may then be cut short)
+    num_choices_per_prompt: int = 1  # choice i answers prompt i // num_choices_per_prompt
+    # Prompt tokens found in the prefix cache, per prompt (the most any of its choices found).
+    cached_per_prompt: dict[int, int] = field(default_factory=dict)
+    # Per finished choice: did its output satisfy the constraint (None: the engine did not say).
+    constraint_complete: dict[int, bool | None] = field(default_factory=dict)
 
-    def note(self, finish_reason: str | None) -> dict[str, str]:
-        """The choice's extra field saying a constrained output was cut short, if it was."""
-        if self.constrained and finish_reason == "length":
+    def record_final(self, index: int, stats: RequestStats) -> None:
+        """Count a finished choice's tokens and what it found cached."""
+        self.num_completion_tokens += stats.num_output_tokens
+        prompt = index // self.num_choices_per_prompt
+        self.cached_per_prompt[prompt] = max(self.cached_per_prompt.get(prompt, 0), stats.cached_tokens or 0)
+        self.constraint_complete[index] = stats.constraint_complete
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Cached prompt tokens counted as ``prompt_tokens`` is: each prompt once, however many choices."""
+        return min(sum(self.cached_per_prompt.values()), self.num_prompt_tokens)
+
+    def note(self, index: int, finish_reason: str | None) -> dict[str, str]:
+        """The choice's extra field saying a constrained output was cut short, if it was: it ran out of
+        tokens and the engine did not report the constraint satisfied (e.g. with ``ignore_eos`` a
+        complete output runs on to ``max_tokens`` and needs no note)."""
+        if self.constrained and finish_reason == "length" and self.constraint_complete.get(index) is not True:
             return {"xpuspec_note": CONSTRAINT_INCOMPLETE}
         return {}
 
@@ -94,9 +113,7 @@ def _batches(
         if events:
             for event in events:
                 if event.finish_reason is not None and event.stats is not None:
-                    context.num_completion_tokens += event.stats.num_output_tokens
-                    if event.stats.cached_tokens:
-                        context.num_cached_tokens = max(context.num_cached_tokens, event.stats.cached_tokens)
+                    context.record_final(event.index, event.stats)
             yield events
             hold = hold_s() if callable(hold_s) else hold_s
             if hold > 0.0:
@@ -133,13 +150,19 @@ def collect(generation: Generation, context: ResponseContext) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": reason,
-                **context.note(reason),
+                **context.note(index, reason),
             }
             for index, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
     else:
         choices = [
-            {"index": index, "text": text, "logprobs": None, "finish_reason": reason, **context.note(reason)}
+            {
+                "index": index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": reason,
+                **context.note(index, reason),
+            }
             for index, (text, reason) in enumerate(zip(texts, reasons, strict=True))
         ]
     return {
@@ -193,7 +216,7 @@ class _ChunkFrames:
             choice = {"index": index, "text": text or ""}
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
-        choice.update(self.context.note(finish_reason))
+        choice.update(self.context.note(index, finish_reason))
         return sse({**self.base, "choices": [choice], **self.extra})
 
     def text(self, index: int, text: str) -> str:

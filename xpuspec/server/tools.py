@@ -12,12 +12,15 @@ by ``;``.
 
 **tool_choice.** ``none``: no tools in the prompt, nothing parsed. ``auto``: the model chooses.
 ``required`` / a named function: a grammar forces one or more valid calls (one for a named function)
-whose arguments follow the function's parameter schema. ``parallel_tool_calls: false`` allows one
-call per reply: the grammar forces exactly one, and under ``auto`` calls after the first are dropped.
+whose arguments follow the function's parameter schema; after each complete call (and after a
+separator) the reply may end. ``parallel_tool_calls: false`` allows one call per reply: the grammar
+forces exactly one, and under ``auto`` calls after the first are dropped.
 
 **Responses.** Calls become ``message.tool_calls`` with ``finish_reason: "tool_calls"``; streamed
 replies hold back text that may start a call and send each parsed call as one ``tool_calls`` delta
-when the choice ends.
+when the choice ends. A reply cut by ``max_tokens`` keeps ``finish_reason: "length"`` and its complete
+calls; a call it left unfinished is dropped, never passed on as text. Under ``required`` / named the
+reply is calls only: it has no text content.
 """
 
 from __future__ import annotations
@@ -101,10 +104,17 @@ class ToolRequest:
             return f"start: call\ncall: {call}\n"
         separator = json.dumps("; " if self.llama_format else "\n")
         # At most MAX_FORCED_CALLS: an unbounded repetition lets a sampled reply call until max_tokens.
+        # A separator may also end the reply: one that follows its last call with a newline must not
+        # be forced into another call.
         more = ""
         for _ in range(MAX_FORCED_CALLS - 1):
-            more = f" ({separator} call{more})?"
+            more = f" ({separator} (call{more})?)?"
         return f"start: call{more}\ncall: {call}\n"
+
+    @property
+    def forced(self) -> bool:
+        """The reply is forced to be calls (``required`` / named)."""
+        return self.mode != "auto"
 
 
 def _bad(message: str, param: str) -> APIError:
@@ -214,50 +224,91 @@ def _arguments(arguments: str) -> Any:
 
 
 # ------------------------------------------------------------------------ parsing
-def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of a reply: Hermes ``<tool_call>`` blocks or Llama 3 JSON; else (text, [])."""
-    calls: list[dict[str, Any]] = []
-    if CALL_OPEN in text:
-        content_parts = []
-        rest = text
-        while CALL_OPEN in rest:
-            before, _, after = rest.partition(CALL_OPEN)
-            body, closed, rest = after.partition(CALL_CLOSE)
-            call = _call_of(body)
-            if call is None:  # not a call after all: keep the text as it was
-                content_parts.append(before + CALL_OPEN + body + closed)
-                continue
-            content_parts.append(before)
-            calls.append(call)
-        content_parts.append(rest)
-        content = "".join(content_parts).strip()
-        return (content or None) if calls else text, calls
-    stripped = text.strip()
-    if stripped.startswith(PYTHON_TAG):
-        stripped = stripped[len(PYTHON_TAG) :].strip()
-    if stripped.startswith("{"):
-        for part in _split_json_objects(stripped):
-            call = _call_of(part)
-            if call is None:
-                return text, []
-            calls.append(call)
+def parse_calls(
+    text: str, cut: bool = False, forced: bool = False
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) of a reply: Hermes ``<tool_call>`` blocks or Llama 3 JSON; else (text, []).
+
+    ``cut``: the reply ran out of tokens; a call it left unfinished is dropped (with the start of a
+    ``<tool_call>`` tag it ended in), so call markup never becomes content. ``forced``: the reply was
+    forced to be calls (required / named): it has no content, only its complete calls.
+    """
+    if CALL_OPEN in text or (cut and _open_tag_tail(text)):
+        content, calls, changed = _hermes_calls(text, cut)
+    else:
+        content, calls = _llama_calls(text, cut, forced)
+        changed = content is not text
+    if forced:
         return None, calls
-    return text, []
+    if not changed:
+        return text, calls
+    return (content.strip() or None) if content is not None else None, calls
 
 
-def _split_json_objects(text: str) -> list[str]:
+def _hermes_calls(text: str, cut: bool) -> tuple[str, list[dict[str, Any]], bool]:
+    """The text around ``<tool_call>`` blocks, the calls, and whether anything was taken out."""
+    calls: list[dict[str, Any]] = []
+    parts = []
+    changed = False
+    rest = text
+    while CALL_OPEN in rest:
+        before, _, after = rest.partition(CALL_OPEN)
+        body, closed, rest = after.partition(CALL_CLOSE)
+        parts.append(before)
+        call = _call_of(body)
+        if call is not None:
+            calls.append(call)
+            changed = True
+        elif cut and not closed:
+            changed = True  # the call max_tokens cut off: it ends the text
+        else:
+            parts.append(CALL_OPEN + body + closed)  # not a call after all: keep the text as it was
+    tail = _open_tag_tail(rest) if cut else 0
+    parts.append(rest[: len(rest) - tail])
+    return "".join(parts), calls, changed or tail > 0
+
+
+def _open_tag_tail(text: str) -> int:
+    """The length of the end of ``text`` that starts a ``<tool_call>`` tag (0 if none)."""
+    return next(
+        (n for n in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1) if CALL_OPEN.startswith(text[-n:])), 0
+    )
+
+
+def _llama_calls(text: str, cut: bool, forced: bool) -> tuple[str | None, list[dict[str, Any]]]:
+    """Llama 3 calls: the whole reply one JSON call, or several separated by ``;`` (``text`` itself
+    when it is not that)."""
+    stripped = text.strip()
+    tagged = stripped.startswith(PYTHON_TAG)
+    if tagged:
+        stripped = stripped[len(PYTHON_TAG) :].strip()
+    if not stripped.startswith("{"):
+        return text, []
+    parts, unparsed = _split_json_objects(stripped)
+    calls = [call for call in map(_call_of, parts) if call is not None]
+    if len(calls) < len(parts):
+        return text, []
+    # A trailing object cut by max_tokens is the unfinished call of a reply that is calls: dropped.
+    if unparsed and not (cut and (calls or tagged or forced)):
+        return text, []
+    return None, calls
+
+
+def _split_json_objects(text: str) -> tuple[list[str], str]:
+    """The JSON values at the start of ``text`` (separated by ``;`` or whitespace), and what follows
+    them that does not parse ("" when all of it did)."""
     decoder = json.JSONDecoder()
     parts, index = [], 0
     while index < len(text):
         try:
             _, end = decoder.raw_decode(text, index)
         except json.JSONDecodeError:
-            return [text]  # not a sequence of objects: _call_of rejects it
+            return parts, text[index:]
         parts.append(text[index:end])
         index = end
         while index < len(text) and text[index] in " ;\n\t":
             index += 1
-    return parts
+    return parts, ""
 
 
 def _call_of(body: str) -> dict[str, Any] | None:
@@ -280,15 +331,17 @@ def _call_of(body: str) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------- responses
-def rewrite_body(body: dict[str, Any], max_calls: int | None = None) -> dict[str, Any]:
+def rewrite_body(body: dict[str, Any], max_calls: int | None = None, forced: bool = False) -> dict[str, Any]:
     """A non-streamed chat completion with the calls of each choice parsed into ``tool_calls``
-    (the first ``max_calls`` of them)."""
+    (the first ``max_calls`` of them); ``forced``: the replies were forced to be calls."""
     for choice in body.get("choices", []):
         message = choice.get("message", {})
-        content, calls = parse_calls(message.get("content") or "")
+        text = message.get("content") or ""
+        content, calls = parse_calls(text, cut=choice.get("finish_reason") == "length", forced=forced)
         calls = calls[:max_calls]
-        if calls:
+        if content is not text:
             message["content"] = content
+        if calls:
             message["tool_calls"] = calls
             if choice.get("finish_reason") == "stop":
                 choice["finish_reason"] = "tool_calls"
@@ -298,10 +351,10 @@ def rewrite_body(body: dict[str, Any], max_calls: int | None = None) -> dict[str
 class _ChoiceStream:
     """One streamed choice: text is passed on unless it may be (part of) a call."""
 
-    def __init__(self) -> None:
+    def __init__(self, forced: bool) -> None:
         self.text = ""  # everything the model wrote
         self.sent = 0  # how much of it went out as content
-        self.holding = False  # a call may have started: hold everything until the end
+        self.holding = forced  # a call may have started: hold everything until the end
 
     def feed(self, delta: str) -> str:
         self.text += delta
@@ -312,20 +365,23 @@ class _ChoiceStream:
         if self.holding:
             return ""
         # Keep back a tail that could be the start of "<tool_call>".
-        keep = next(
-            (
-                n
-                for n in range(min(len(CALL_OPEN) - 1, len(self.text)), 0, -1)
-                if CALL_OPEN.startswith(self.text[-n:])
-            ),
-            0,
-        )
-        out = self.text[self.sent : len(self.text) - keep]
+        out = self.text[self.sent : len(self.text) - _open_tag_tail(self.text)]
         self.sent += len(out)
         return out
 
+    def unsent(self, content: str | None) -> str:
+        """What of the reply's final ``content`` has not gone out yet."""
+        if content is None:
+            return ""
+        if content is self.text:
+            return self.text[self.sent :]
+        already = self.text[: self.sent].strip()
+        return content[len(already) :] if content.startswith(already) else ""
 
-def rewrite_stream(writes: Iterator[str], max_calls: int | None = None) -> Iterator[str]:
+
+def rewrite_stream(
+    writes: Iterator[str], max_calls: int | None = None, forced: bool = False
+) -> Iterator[str]:
     """SSE frames of a chat completion with calls sent as ``tool_calls`` deltas (see module doc).
 
     Each item of ``writes`` may hold several SSE events (the stream coalesces one engine step's
@@ -336,12 +392,14 @@ def rewrite_stream(writes: Iterator[str], max_calls: int | None = None) -> Itera
         out: list[str] = []
         for event in write.split("\n\n"):
             if event:
-                out.extend(_rewrite_frame(event + "\n\n", choices, max_calls))
+                out.extend(_rewrite_frame(event + "\n\n", choices, max_calls, forced))
         if out:
             yield "".join(out)
 
 
-def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream], max_calls: int | None) -> list[str]:
+def _rewrite_frame(
+    frame: str, choices: dict[int, _ChoiceStream], max_calls: int | None, forced: bool
+) -> list[str]:
     """One SSE event, rewritten into the events that replace it."""
     if not frame.startswith("data: {"):
         return [frame]
@@ -349,7 +407,9 @@ def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream], max_calls: int
     if not payload.get("choices"):
         return [frame]
     choice = payload["choices"][0]
-    state = choices.setdefault(choice["index"], _ChoiceStream())
+    state = choices.get(choice["index"])
+    if state is None:
+        state = choices[choice["index"]] = _ChoiceStream(forced)
     delta = choice.get("delta", {})
     finish = choice.get("finish_reason")
     if delta.get("content"):
@@ -359,25 +419,17 @@ def _rewrite_frame(frame: str, choices: dict[int, _ChoiceStream], max_calls: int
     if finish is None:
         return [_frame(payload)]
     out = []
-    content, calls = parse_calls(state.text)
+    content, calls = parse_calls(state.text, cut=finish == "length", forced=forced)
     calls = calls[:max_calls]
-    if calls:
-        already = state.text[: state.sent].strip()
-        leftover = (content or "")[len(already) :] if (content or "").startswith(already) else ""
-        if leftover:
-            out.append(
-                _frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": leftover}}))
-            )
-        for number, call in enumerate(calls):
-            tool_delta = {"tool_calls": [{"index": number, **call}]}
-            out.append(_frame(_with_choice(payload, {"index": choice["index"], "delta": tool_delta})))
-        if finish == "stop":
-            finish = "tool_calls"
-    else:
-        rest = state.text[state.sent :]
-        if rest:
-            out.append(_frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": rest}})))
-        state.sent = len(state.text)
+    leftover = state.unsent(content)
+    state.sent = len(state.text)
+    if leftover:
+        out.append(_frame(_with_choice(payload, {"index": choice["index"], "delta": {"content": leftover}})))
+    for number, call in enumerate(calls):
+        tool_delta = {"tool_calls": [{"index": number, **call}]}
+        out.append(_frame(_with_choice(payload, {"index": choice["index"], "delta": tool_delta})))
+    if calls and finish == "stop":
+        finish = "tool_calls"
     choice["delta"] = {}
     choice["finish_reason"] = finish
     out.append(_frame(payload))
