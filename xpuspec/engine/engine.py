@@ -965,6 +965,8 @@ class LLMEngine:
                 # Complete, and nothing but end-of-sequence may follow: the output is whole, so the
                 # request stops here (with ignore_eos it would repeat that token until max_tokens).
                 new_tokens, status = new_tokens[:completed], SequenceStatus.FINISHED_STOPPED
+            if status is not None:  # whether the output satisfies its constraint (a cut one does not)
+                state.stats.constraint_complete = state.guide.is_accepting()
         sequence.append_tokens(new_tokens)
         now = self.clock()
         state.stats.record_tokens(len(new_tokens), now)
