@@ -17,6 +17,14 @@ Both p and q are masked with the same mask before the same transform (temperatur
 so the rejection rule reproduces the masked target distribution; greedy decoding takes the argmax
 of the masked target row. A draft token the mask forbids has p = 0 and is always rejected.
 
+**Compilation** (:meth:`GrammarCompiler.compile`) runs before a request is admitted (the server
+compiles on the request's thread, the engine again in ``add_request``, from the cache), within the
+budgets of :class:`GrammarLimits`. A constraint is refused with a ValueError (the server's 400) when it is
+invalid, when no token can start it, when its first token already breaks a limit, or when compiling it
+takes longer than the budget; the message names the request's own constraint kind and holds neither
+its text nor llguidance's parser state. A grammar that dead-ends later (after a literal prefix, say)
+compiles, and fails at run time where its mask is computed. Refusals are cached like compiled grammars.
+
 The grammar engine's tokenizer comes from the bundle's ``tokenizer.json``. A byte-level BPE vocabulary
 (GPT-2, Llama 3, Qwen, SmolLM2) is read entry by entry, each token's bytes from the byte-level
 alphabet, with the model's OpenVINO tokenizer for encoding: a converted file's decoder section may
@@ -59,14 +67,16 @@ class GrammarLimits:
     """What compiling one request's constraint may cost; a constraint beyond it is refused (a 400).
 
     ``compile_seconds`` bounds the wall time of a new grammar's compilation (checking it, building its
-    matcher, its first mask and one step past it). It runs on a worker thread and the request waits at
-    most this long; a compilation still running then is refused as too slow, and whatever it ends with
-    is cached for the next use. llguidance releases the GIL while it builds, so the wait is kept.
+    matcher, its first mask and one step past it). Each new grammar compiles on a thread of its own and
+    the request waits at most this long: a compilation still running then is refused as too slow, and
+    whatever it ends with (a matcher or a refusal) is cached for the next use. llguidance releases the
+    GIL while it builds a matcher, so the waiting thread hears back in time.
     ``max_lexer_states`` caps the lexer states one grammar may build (about 1-2 kB each, built lazily
-    as masks are computed, and shared by the requests using the same grammar), ``max_grammar_size`` the
-    symbols of its productions, and ``lexer_fuel`` the work of building its regular expressions.
-    The defaults take every schema of ``xpuspec.structured.validate`` and keep a hostile constraint to
-    a second or so of one core and a few hundred MB.
+    as masks are computed, and shared by the requests using the same grammar): beyond it the compilation
+    is refused, or a running request's mask fails. ``max_grammar_size`` caps the symbols of the grammar's
+    productions and ``lexer_fuel`` the work of building its regular expressions; the llguidance limits
+    also bound every later mask, so no constraint holds a core for long.
+    The three caps default to llguidance's own; the budget is generous for any schema a client means.
     """
 
     compile_seconds: float = 2.0
