@@ -194,3 +194,11 @@ def test_json_whitespace_is_flexible_but_bounded(compiler, tokenizer, text, allo
     if accepted:
         guide.advance(token_ids)
     assert (accepted and guide.is_accepting()) == allowed
+
+
+def test_a_dead_end_on_one_alternative_is_not_refused(compiler, tokenizer) -> None:
+    """Compiling refuses what no output can satisfy; a path that dead-ends beside one that does not is
+    left to run time (the first allowed token, "a", leads into the dead end)."""
+    guide = compiler.compile(constraint_of(guided_grammar='start: "a" b | "c"\nb: b'))
+    guide.advance(tokenizer.encode("c", add_special_tokens=False))
+    assert guide.is_accepting()

@@ -3,8 +3,8 @@
 A request names at most one constraint: an OpenAI ``response_format`` (``text``, ``json_object``,
 ``json_schema``), a regular expression or a Lark grammar. The shapes are checked here, when the
 ``SamplingParams`` are built; the grammar itself is compiled and checked against the tokenizer when
-the engine admits the request (:class:`xpuspec.structured.matcher.GrammarCompiler`), and its error
-message is the engine's (llguidance's) own.
+the request is admitted (:class:`xpuspec.structured.matcher.GrammarCompiler`), whose refusals name
+the request's constraint and quote at most the first line of llguidance's message.
 
 JSON whitespace is bounded: at most one space between two tokens of the JSON text (llguidance's
 flexible whitespace with the pattern ``" ?"``), no newlines and none before or after the value. Both

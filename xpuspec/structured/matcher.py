@@ -256,21 +256,21 @@ def _check_start(matcher: LLMatcher, allowed: np.ndarray | None) -> Refusal | No
     return None
 
 
-def _check_first_step(matcher: LLMatcher, allowed: np.ndarray, words: int, eos: list[int]) -> Refusal | None:
-    """A refusal if the first allowed token (not end-of-sequence) breaks the matcher; rolled back after.
+def _check_first_step(template: LLMatcher, allowed: np.ndarray, words: int, eos: list[int]) -> Refusal | None:
+    """A refusal if the first allowed token (not end-of-sequence) runs into a limit of llguidance's.
 
     Limits a grammar reaches only once output begins (a huge repetition count, a rule that forces
     itself forever) show on the first token: the request is refused now instead of failing as it runs.
+    Any other failure there is left to run time: that path may be one alternative among others.
     """
     first = next((int(token) for token in allowed if int(token) not in eos), None)
-    if first is None or matcher.is_stopped():
+    if first is None or template.is_stopped():
         return None
-    if not matcher.consume_token(first):
-        return _refusal_of(matcher.get_error())
-    refusal = None if _allowed_ids(matcher, words) is not None else _refusal_of(matcher.get_error())
-    if not matcher.rollback(1):
-        return _refusal_of(matcher.get_error())
-    return refusal
+    probe = template.deep_copy()  # a matcher in error stays in error: the template is kept clean
+    if probe.consume_token(first) and _allowed_ids(probe, words) is not None:
+        return None
+    error = probe.get_error()
+    return _refusal_of(error) if _OVER_LIMIT.search(_terse(error)) else None
 
 
 def _refusal_of(error: str, invalid: bool = False) -> Refusal:
