@@ -157,7 +157,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds an idle keep-alive connection is kept open "
         f"(default {DEFAULT_LIMITS.channel_timeout_s})",
     )
+    _add_grammar_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def _add_grammar_arguments(parser: argparse.ArgumentParser) -> None:
+    from xpuspec.structured.matcher import GrammarLimits
+
+    defaults = GrammarLimits()
+    parser.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=defaults.compile_seconds,
+        help="seconds a new output constraint (response_format, guided_regex, guided_grammar, forced "
+        f"tool calls) may take to compile before the request is refused with 400 "
+        f"(default {defaults.compile_seconds:g})",
+    )
+    parser.add_argument(
+        "--grammar-max-lexer-states",
+        type=int,
+        default=defaults.max_lexer_states,
+        help="lexer states one constraint's grammar may build (about 1-2 kB each); beyond it the "
+        f"request is refused or ends with an error (default {defaults.max_lexer_states})",
+    )
+    parser.add_argument(
+        "--grammar-max-size",
+        type=int,
+        default=defaults.max_grammar_size,
+        help="symbols in one constraint's grammar; a larger one is a 400 "
+        f"(default {defaults.max_grammar_size})",
+    )
 
 
 def served_name(bundle: str | None) -> str:
@@ -189,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     from xpuspec.server.app import create_app, unauthenticated_request
     from xpuspec.server.http_server import HttpListener
     from xpuspec.server.state import server_state
+    from xpuspec.structured.matcher import GrammarLimits
 
     names = args.served_model_name or [served_name(args.bundle)]
     try:
@@ -212,6 +242,11 @@ def run(args: argparse.Namespace) -> int:
             max_request_body_bytes=4 * args.max_body_bytes,
         )
         properties = with_preset("exact" if args.exact else None, parse_properties(args.property))
+        grammar_limits = GrammarLimits(
+            compile_seconds=args.grammar_compile_timeout,
+            max_lexer_states=args.grammar_max_lexer_states,
+            max_grammar_size=args.grammar_max_size,
+        )
     except ValueError as error:
         print(f"xpuspec serve: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -229,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
             num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
         )
+        if pipeline.engine.grammar is not None:
+            pipeline.engine.grammar.limits = grammar_limits
         # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
         # reach, before the first request: otherwise a full collection walks it all, stalling every
         # thread (and /health) for a few hundred ms, while requests only make short-lived objects.

@@ -17,6 +17,14 @@ Both p and q are masked with the same mask before the same transform (temperatur
 so the rejection rule reproduces the masked target distribution; greedy decoding takes the argmax
 of the masked target row. A draft token the mask forbids has p = 0 and is always rejected.
 
+**Compilation** (:meth:`GrammarCompiler.compile`) runs before a request is admitted (the server
+compiles on the request's thread, the engine again in ``add_request``, from the cache), within the
+budgets of :class:`GrammarLimits`. A constraint is refused with a ValueError (the server's 400) when it is
+invalid, when no token can start it, when its first token already breaks a limit, or when compiling it
+takes longer than the budget; the message names the request's own constraint kind and holds neither
+its text nor llguidance's parser state. A grammar that dead-ends later (after a literal prefix, say)
+compiles, and fails at run time where its mask is computed. Refusals are cached like compiled grammars.
+
 The grammar engine's tokenizer comes from the bundle's ``tokenizer.json``. A byte-level BPE vocabulary
 (GPT-2, Llama 3, Qwen, SmolLM2) is read entry by entry, each token's bytes from the byte-level
 alphabet, with the model's OpenVINO tokenizer for encoding: a converted file's decoder section may
@@ -29,14 +37,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
 
 from xpuspec.structured.constraint import Constraint
 
@@ -46,18 +56,72 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
-COMPILED_CACHE_SIZE = 64  # compiled grammars kept per engine
+COMPILED_CACHE_SIZE = 64  # compiled grammars kept per engine (refusals included)
+MAX_DETAIL_CHARS = 200  # of llguidance's message in a refusal
+# llguidance's words for a limit of LLParserLimits (or one of its own) reached.
+_OVER_LIMIT = re.compile(r"too (big|large|many)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What compiling one request's constraint may cost; a constraint beyond it is refused (a 400).
+
+    ``compile_seconds`` bounds the wall time of a new grammar's compilation (checking it, building its
+    matcher, its first mask and one step past it). Each new grammar compiles on a thread of its own and
+    the request waits at most this long: a compilation still running then is refused as too slow, and
+    whatever it ends with (a matcher or a refusal) is cached for the next use. llguidance releases the
+    GIL while it builds a matcher, so the waiting thread hears back in time.
+    ``max_lexer_states`` caps the lexer states one grammar may build (about 1-2 kB each, built lazily
+    as masks are computed, and shared by the requests using the same grammar): beyond it the compilation
+    is refused, or a running request's mask fails. ``max_grammar_size`` caps the symbols of the grammar's
+    productions and ``lexer_fuel`` the work of building its regular expressions; the llguidance limits
+    also bound every later mask, so no constraint holds a core for long.
+    The three caps default to llguidance's own; the budget is generous for any schema a client means.
+    """
+
+    compile_seconds: float = 2.0
+    max_lexer_states: int = 250_000
+    max_grammar_size: int = 500_000
+    lexer_fuel: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.compile_seconds, bool) or not self.compile_seconds > 0:
+            raise ValueError(f"compile_seconds must be a positive number, got {self.compile_seconds!r}")
+        for name in ("max_lexer_states", "max_grammar_size", "lexer_fuel"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    def parser_limits(self) -> LLParserLimits:
+        # Terse errors: a verbose one holds the grammar and the parser state, which are request data.
+        return LLParserLimits(
+            initial_lexer_fuel=self.lexer_fuel,
+            max_lexer_states=self.max_lexer_states,
+            max_grammar_size=self.max_grammar_size,
+            verbose_errors=False,
+        )
 
 
 class GrammarCompiler:
-    """Engine-wide: the llguidance tokenizer of a model (loaded on first use) and grammar compilation."""
+    """Engine-wide: the llguidance tokenizer of a model (loaded on first use) and grammar compilation.
 
-    def __init__(self, load_tokenizer: Callable[[], LLTokenizer], vocab_size: int, eos_token_ids: list[int]):
+    Compiled grammars are cached by their llguidance grammar text, refusals included: a constraint
+    refused once is refused the same way (and at once) while it stays in the cache.
+    """
+
+    def __init__(
+        self,
+        load_tokenizer: Callable[[], LLTokenizer],
+        vocab_size: int,
+        eos_token_ids: list[int],
+        limits: GrammarLimits | None = None,
+    ):
         self._load_tokenizer = load_tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
+        self.limits = limits or GrammarLimits()
         self._tokenizer: LLTokenizer | None = None
-        self._compiled: dict[str, LLMatcher] = {}  # grammar -> fresh matcher, least recently used first
+        self._compiled: dict[str, _Compilation] = {}  # grammar -> its compilation, least recently used first
         self._lock = threading.Lock()
         # Seconds spent computing masks and how many: the per-token mask cost `xpuspec bench` reports.
         self.mask_seconds = 0.0
@@ -77,30 +141,157 @@ class GrammarCompiler:
             return self._tokenizer
 
     def compile(self, constraint: Constraint) -> GuidedRequest:
-        """A fresh matcher for one request; ValueError with llguidance's message for a bad grammar."""
+        """A fresh matcher for one request, its first mask checked.
+
+        ValueError, with a message about this request's constraint only, for a constraint that is
+        invalid, allows no output, breaks a limit of :class:`GrammarLimits` or fails its first step.
+        """
+        what = _describe(constraint)
         try:
             grammar = constraint.grammar()
         except ValueError as error:
-            raise ValueError(f"invalid {_describe(constraint)}: {error}") from error
+            raise ValueError(f"invalid {what}: {_terse(str(error))}") from None
+        tokenizer = self.tokenizer  # loaded outside the budget: a model's one-time cost
+        budget = self.limits.compile_seconds
+        compilation = self._compilation(grammar, tokenizer)
+        if not compilation.done.wait(budget):
+            raise ValueError(f"the {what} is too slow to compile (over {budget:g} s): simplify it")
+        if compilation.refusal is not None:
+            raise ValueError(compilation.refusal(what))
+        assert compilation.template is not None
+        guide = GuidedRequest(compilation.template.deep_copy(), self)
+        # The copy shares the template's lexer: a limit another request's matcher reached at run time
+        # shows here, and from then on the grammar is refused like any other failed compilation.
+        words = self._bitmask_words(tokenizer)
+        refusal = _check_start(guide.matcher, _allowed_ids(guide.matcher, words))
+        if refusal is not None:
+            compilation.refusal = refusal
+            raise ValueError(refusal(what))
+        return guide
+
+    def _compilation(self, grammar: str, tokenizer: LLTokenizer) -> _Compilation:
+        """The cached compilation of ``grammar``, or a new one started on a worker thread."""
         with self._lock:
-            template = self._compiled.pop(grammar, None)
-        if template is None:
-            tokenizer = self.tokenizer
-            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-            if is_error:
-                raise ValueError(
-                    f"invalid {_describe(constraint)}: {messages[0] if messages else 'rejected'}"
-                )
-            template = LLMatcher(tokenizer, grammar, log_level=0)
-            if template.is_error():
-                raise ValueError(f"invalid {_describe(constraint)}: {template.get_error()}")
-        with self._lock:  # most recently used last; the oldest goes beyond the cache's size
-            self._compiled[grammar] = template
+            compilation = self._compiled.pop(grammar, None)
+            if compilation is None:
+                compilation = _Compilation()
+                words = self._bitmask_words(tokenizer)
+                threading.Thread(
+                    target=compilation.run,
+                    args=(grammar, tokenizer, self.limits, words, self.eos_token_ids),
+                    name="xpuspec-grammar-compile",
+                    daemon=True,
+                ).start()
+            # Most recently used last; the oldest goes beyond the cache's size (a running compilation
+            # evicted so finishes for its waiting requests only).
+            self._compiled[grammar] = compilation
             while len(self._compiled) > COMPILED_CACHE_SIZE:
                 self._compiled.pop(next(iter(self._compiled)))
-        # A copy of a compiled matcher shares its lexer states, built lazily as masks are computed:
-        # requests with the same constraint (n choices, a schema reused) skip the warm-up.
-        return GuidedRequest(template.deep_copy(), self)
+        return compilation
+
+    def _bitmask_words(self, tokenizer: LLTokenizer) -> int:
+        return (max(tokenizer.vocab_size, self.vocab_size) + 31) // 32
+
+
+# A refusal's message, given the request's own description of its constraint ("JSON schema 'x'"):
+# one grammar may be named differently by the requests that share its compilation.
+Refusal = Callable[[str], str]
+
+
+class _Compilation:
+    """One grammar's compilation, run once: a template matcher (copied per request) or a refusal."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.template: LLMatcher | None = None
+        self.refusal: Refusal | None = None
+
+    def run(
+        self, grammar: str, tokenizer: LLTokenizer, limits: GrammarLimits, words: int, eos: list[int]
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            self.template, self.refusal = _build(grammar, tokenizer, limits, words, eos)
+        except Exception as error:  # noqa: BLE001 - whatever llguidance raises is this grammar's refusal
+            logger.warning("compiling a constraint failed: %s", type(error).__name__, exc_info=True)
+            self.refusal = lambda what: f"the {what} could not be compiled"
+        finally:
+            self.done.set()
+        logger.debug("constraint compiled in %.3f s", time.perf_counter() - started)
+
+
+def _build(
+    grammar: str, tokenizer: LLTokenizer, limits: GrammarLimits, words: int, eos: list[int]
+) -> tuple[LLMatcher | None, Refusal | None]:
+    """The template matcher of ``grammar``, checked at its start and one token past it, or a refusal."""
+    parser_limits = limits.parser_limits()
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=parser_limits)
+    if is_error:
+        return None, _refusal_of(messages[0] if messages else "rejected", invalid=True)
+    template = LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits)
+    if template.is_error():
+        return None, _refusal_of(template.get_error(), invalid=True)
+    allowed = _allowed_ids(template, words)
+    refusal = _check_start(template, allowed)
+    if refusal is None and allowed is not None:
+        refusal = _check_first_step(template, allowed, words, eos)
+    return (None, refusal) if refusal is not None else (template, None)
+
+
+def _allowed_ids(matcher: LLMatcher, words: int) -> np.ndarray | None:
+    """The ids ``matcher`` allows now, or None if computing them put it in error."""
+    bitmask = np.zeros(words, dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+    if matcher.is_error():
+        return None
+    return np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little"))
+
+
+def _check_start(matcher: LLMatcher, allowed: np.ndarray | None) -> Refusal | None:
+    """A refusal if no output can start: no token allowed (and not complete), or the matcher failed."""
+    if allowed is None:
+        return _refusal_of(matcher.get_error())
+    if len(allowed) == 0 and not (matcher.is_accepting() or matcher.is_stopped()):
+        return lambda what: f"the {what} allows no output: no token can start it"
+    return None
+
+
+def _check_first_step(template: LLMatcher, allowed: np.ndarray, words: int, eos: list[int]) -> Refusal | None:
+    """A refusal if the first allowed token (not end-of-sequence) runs into a limit of llguidance's.
+
+    Limits a grammar reaches only once output begins (a huge repetition count, a rule that forces
+    itself forever) show on the first token: the request is refused now instead of failing as it runs.
+    Any other failure there is left to run time: that path may be one alternative among others.
+    """
+    first = next((int(token) for token in allowed if int(token) not in eos), None)
+    if first is None or template.is_stopped():
+        return None
+    probe = template.deep_copy()  # a matcher in error stays in error: the template is kept clean
+    if probe.consume_token(first) and _allowed_ids(probe, words) is not None:
+        return None
+    error = probe.get_error()
+    return _refusal_of(error) if _OVER_LIMIT.search(_terse(error)) else None
+
+
+def _refusal_of(error: str, invalid: bool = False) -> Refusal:
+    """The refusal for llguidance's ``error``; ``invalid``: it came from checking the grammar."""
+    detail = _terse(error)
+    if "NoExtensionBias" in error:  # llguidance: the grammar's first step allows no token
+        return lambda what: f"the {what} allows no output: no token can start it"
+    if _OVER_LIMIT.search(detail):
+        return lambda what: f"the {what} is too large: {detail}"
+    if invalid:
+        return lambda what: f"invalid {what}: {detail}"
+    return lambda what: f"the {what} cannot be matched: {detail}"
+
+
+def _terse(message: str) -> str:
+    """One bounded line of an llguidance message: its first line and its ``error:`` line (the other
+    lines draw the grammar around the error)."""
+    lines = [line.strip() for line in message.replace("<non-verbose/>", "").splitlines() if line.strip()]
+    kept = lines[:1] + [line for line in lines[1:] if line.startswith("error:")][:1]
+    line = " ".join(kept) or "rejected"
+    return line if len(line) <= MAX_DETAIL_CHARS else line[: MAX_DETAIL_CHARS - 3] + "..."
 
 
 def _describe(constraint: Constraint) -> str:
@@ -144,7 +335,7 @@ class GuidedRequest:
         self.compiler.mask_seconds += time.perf_counter() - started
         self.compiler.num_masks += 1
         if self.matcher.is_error():
-            raise ValueError(f"the grammar matcher failed: {self.matcher.get_error()}")
+            raise ValueError(f"the output constraint failed here: {_terse(self.matcher.get_error())}")
         return bits
 
     def verification_masks(self, draft_ids: list[int]) -> np.ndarray:
