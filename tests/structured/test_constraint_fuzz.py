@@ -14,8 +14,8 @@ CI runs a short, derandomised version. The long run, by hand::
 
 ``XPUSPEC_FUZZ_CASES`` sets the number of cases (a random seed unless ``XPUSPEC_FUZZ_SEED`` is set).
 The count of cases run, how many overlapped the normal request, their outcomes per constraint family,
-the engine's whole-step failures and the seed are logged (``-o log_cli=true --log-cli-level=INFO``)
-and, with ``XPUSPEC_FUZZ_REPORT``, written there as JSON, also when the run fails.
+the engine's whole-step failures and the seed are logged at INFO and, with ``XPUSPEC_FUZZ_REPORT``,
+written there as JSON, also when the run fails.
 """
 
 from __future__ import annotations
