@@ -20,7 +20,7 @@ from tests.server.conftest import LiveServer
 
 SECRET = "SECRET-CUSTOMER-12345"
 DEAD_END = f'start: "{SECRET}" a\na: a'  # writes the secret, then nothing can follow
-NEVER_STARTS = f'start: "{SECRET}" b\nb: b "x"\n' + "a: a"  # no string at all
+NEVER_STARTS = f'start: b "{SECRET}"\nb: b "x"'  # no token can start it
 PROMPTS = ["The history of the city", "def parse(line):", "Once upon a time", "Ingredients: flour,"]
 STREAM = dict(max_tokens=160, temperature=0.0, stream=True, ignore_eos=True)
 
@@ -43,19 +43,25 @@ def stream_raw(server: LiveServer, prompt: str, started: threading.Event | None 
     return "".join(text), raw
 
 
-def hostile(client: openai.OpenAI, server: LiveServer, grammar: str, stream: bool) -> str:
-    """The hostile request's own outcome: its error message, or its finish reason."""
+def hostile(client: openai.OpenAI, server: LiveServer, grammar: str, stream: bool) -> tuple[str, str]:
+    """The hostile request's own outcome: ("refused", message) for a 400, ("failed", message) for its
+    own error (an error finish, an error frame, or a 500 request_failed), else ("served", reason)."""
     try:
         result = client.completions.create(
             model=server.model, prompt="Tell me", max_tokens=48, temperature=0.0, stream=stream,
             extra_body={"guided_grammar": grammar},
         )  # fmt: skip
         if not stream:
-            return result.choices[0].finish_reason  # type: ignore[union-attr]
-        reasons = [chunk.choices[0].finish_reason for chunk in result if chunk.choices]  # type: ignore[union-attr]
-        return str(reasons[-1])
+            reason = result.choices[0].finish_reason  # type: ignore[union-attr]
+        else:
+            reasons = [chunk.choices[0].finish_reason for chunk in result if chunk.choices]  # type: ignore[union-attr]
+            reason = str(reasons[-1])
+        return ("failed" if reason == "error" else "served"), reason
+    except openai.BadRequestError as error:
+        return "refused", str(error)
     except openai.APIError as error:
-        return str(error)
+        assert error.code == "request_failed", error
+        return "failed", str(error)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -77,8 +83,10 @@ def test_four_streams_are_untouched_by_a_hostile_constraint(live_server: LiveSer
         assert text_beside == text_alone
         for part in (SECRET.encode(), b"SECRET", b"12345", b"start:", b"lark", b"grammar"):
             assert part not in raw
-    # Each hostile request ended by itself: a refusal (400) or an error finish of its own.
-    assert "error" in dead_end.lower() or "400" in dead_end
-    assert "error" in never_starts.lower() or "400" in never_starts
+    # Each hostile request ended by itself: the one that can never start is refused at admission, the
+    # dead end fails at run time with a message about its own constraint.
+    assert never_starts[0] == "refused" and "allows no output" in never_starts[1]
+    assert dead_end[0] == "failed"
+    assert stream or "output constraint failed" in dead_end[1]
     assert live_server.state().get("engine_failures") == failures_before
     assert httpx.get(f"{live_server.base_url}/health", timeout=10).status_code == 200

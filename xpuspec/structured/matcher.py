@@ -335,7 +335,11 @@ class GuidedRequest:
         self.compiler.mask_seconds += time.perf_counter() - started
         self.compiler.num_masks += 1
         if self.matcher.is_error():
-            raise ValueError(f"the output constraint failed here: {_terse(self.matcher.get_error())}")
+            error = self.matcher.get_error()
+            # NoExtensionBias: llguidance's word for a state no token can leave.
+            raise ValueError(
+                "no token can continue the output here" if "NoExtensionBias" in error else _terse(error)
+            )
         return bits
 
     def verification_masks(self, draft_ids: list[int]) -> np.ndarray:
