@@ -131,6 +131,17 @@ def live_server(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     stop_server(server)
 
 
+@pytest.fixture(scope="session")
+def demo_live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A real server over the demo bundle (its context fits tool prompts), shared by the modules that
+    need a real tokenizer's text."""
+    from xpuspec.demo import demo_bundle_path
+
+    server = start_server(demo_bundle_path(), tmp_path_factory.mktemp("demo-server") / "server.log")
+    yield server
+    stop_server(server)
+
+
 @pytest.fixture
 def openai_client(live_server: LiveServer):  # type: ignore[no-untyped-def]
     import openai

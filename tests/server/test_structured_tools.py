@@ -13,18 +13,15 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import LiveServer, start_server, stop_server
-from xpuspec.demo import demo_bundle_path
+from tests.server.conftest import LiveServer
 
 # The demo pair: its 4096-token vocabulary keeps a prompt with tools well inside the 512-token
 # context (the pair_bundle's 384-token one spends about a token per character).
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    server = start_server(demo_bundle_path(), tmp_path_factory.mktemp("tools") / "server.log")
-    yield server
-    stop_server(server)
+def live_server(demo_live_server: LiveServer) -> LiveServer:
+    return demo_live_server
 
 
 @pytest.fixture

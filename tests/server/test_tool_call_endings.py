@@ -5,25 +5,21 @@ markup ever reaches the content, whole or streamed; with ``required`` or ``auto`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import LiveServer, start_server, stop_server
+from tests.server.conftest import LiveServer
 from tests.server.test_structured_tools import ASK, SCHEMAS, TOOLS
-from xpuspec.demo import demo_bundle_path
 
 MARKUP = ("<tool_call", "</tool_call", "{", "<")
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    server = start_server(demo_bundle_path(), tmp_path_factory.mktemp("tool-endings") / "server.log")
-    yield server
-    stop_server(server)
+def live_server(demo_live_server: LiveServer) -> LiveServer:
+    return demo_live_server
 
 
 @pytest.fixture

@@ -5,22 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.demo_grammar import demo_grammar_compiler
 from xpuspec.demo import demo_bundle_path
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.structured import constraint_of
-from xpuspec.structured.matcher import byte_level_vocabulary, grammar_compiler
-from xpuspec.text import Tokenizer
+from xpuspec.structured.matcher import byte_level_vocabulary
 
 
 @pytest.fixture(scope="module")
 def setup():
-    bundle = ModelBundle.open(demo_bundle_path())
-    tokenizer = Tokenizer(bundle.target.path)
-    compiler = grammar_compiler(
-        tokenizer, [bundle.target.path], bundle.target.vocab_size, bundle.eos_token_ids
-    )
-    assert compiler is not None
-    return tokenizer, compiler
+    return demo_grammar_compiler()
 
 
 def test_vocabulary_bytes_match_the_openvino_detokenizer(setup):

@@ -178,18 +178,9 @@ def test_a_streamed_cut_call_sends_no_markup(forced):
 # --------------------------------------------------- the forced grammar lets the reply end
 @pytest.fixture(scope="module")
 def demo_grammar():
-    from xpuspec.demo import demo_bundle_path
-    from xpuspec.model_bundle import ModelBundle
-    from xpuspec.structured.matcher import grammar_compiler
-    from xpuspec.text import Tokenizer
+    from tests.support.demo_grammar import demo_grammar_compiler
 
-    bundle = ModelBundle.open(demo_bundle_path())
-    tokenizer = Tokenizer(bundle.target.path)
-    compiler = grammar_compiler(
-        tokenizer, [bundle.target.path], bundle.target.vocab_size, bundle.eos_token_ids
-    )
-    assert compiler is not None
-    return tokenizer, compiler
+    return demo_grammar_compiler()
 
 
 def _guide_after(demo_grammar, request: tools.ToolRequest, text: str):  # type: ignore[no-untyped-def]
