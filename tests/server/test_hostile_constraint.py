@@ -3,7 +3,8 @@
 The hostile requests carry a secret in their constraint: a grammar that admits the secret and then
 no token (it compiles, and dead-ends at run time), and one that can never start. The four streams
 finish normally with the text they have without the hostile requests, and none of their bytes holds
-any part of the hostile requests; the hostile ones end on their own, with their own message.
+any part of the hostile requests; the hostile ones end on their own, with their own message: a 400
+at admission for the one that can never start, code ``constraint_failed`` at run time for the dead end.
 """
 
 from __future__ import annotations
@@ -44,24 +45,20 @@ def stream_raw(server: LiveServer, prompt: str, started: threading.Event | None 
 
 
 def hostile(client: openai.OpenAI, server: LiveServer, grammar: str, stream: bool) -> tuple[str, str]:
-    """The hostile request's own outcome: ("refused", message) for a 400, ("failed", message) for its
-    own error (an error finish, an error frame, or a 500 request_failed), else ("served", reason)."""
+    """The hostile request's own outcome: (error code, message), or ("served", finish reason)."""
     try:
         result = client.completions.create(
             model=server.model, prompt="Tell me", max_tokens=48, temperature=0.0, stream=stream,
             extra_body={"guided_grammar": grammar},
         )  # fmt: skip
         if not stream:
-            reason = result.choices[0].finish_reason  # type: ignore[union-attr]
-        else:
-            reasons = [chunk.choices[0].finish_reason for chunk in result if chunk.choices]  # type: ignore[union-attr]
-            reason = str(reasons[-1])
-        return ("failed" if reason == "error" else "served"), reason
-    except openai.BadRequestError as error:
-        return "refused", str(error)
+            return "served", str(result.choices[0].finish_reason)  # type: ignore[union-attr]
+        reasons = [chunk.choices[0].finish_reason for chunk in result if chunk.choices]  # type: ignore[union-attr]
+        return "served", str(reasons[-1])
     except openai.APIError as error:
-        assert error.code == "request_failed", error
-        return "failed", str(error)
+        if not stream:
+            assert isinstance(error, openai.BadRequestError), error  # the client's constraint: a 400
+        return str(error.code), str(error)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -85,8 +82,7 @@ def test_four_streams_are_untouched_by_a_hostile_constraint(live_server: LiveSer
             assert part not in raw
     # Each hostile request ended by itself: the one that can never start is refused at admission, the
     # dead end fails at run time with a message about its own constraint.
-    assert never_starts[0] == "refused" and "allows no output" in never_starts[1]
-    assert dead_end[0] == "failed"
-    assert stream or "output constraint failed" in dead_end[1]
+    assert never_starts[0] == "invalid_value" and "allows no output" in never_starts[1]
+    assert dead_end[0] == "constraint_failed" and "output constraint failed" in dead_end[1]
     assert live_server.state().get("engine_failures") == failures_before
     assert httpx.get(f"{live_server.base_url}/health", timeout=10).status_code == 200

@@ -251,11 +251,19 @@ def check_fuzzed(reply: Reply, constraint: FuzzConstraint, shape: Shape) -> str:
     assert NORMAL_MARKER not in reply.raw, reply.raw
     if reply.error is not None:
         assert isinstance(reply.error.get("message"), str) and reply.error["message"], reply.raw
-    if reply.status == 400:
-        outcome = "400"
+    code = (reply.error or {}).get("code")
+    if reply.status == 400 and code != "constraint_failed":
+        outcome = "400"  # refused at admission
     elif reply.error is not None:
-        # A choice that failed on its own: 500 unstreamed, an error frame after its chunks streamed.
-        assert reply.status in (200, 500) and reply.error.get("code") == "request_failed", reply.raw
+        # A choice that failed on its own: by its constraint at run time (a 400 unstreamed) or otherwise
+        # (a 500), or an error frame after its chunks streamed.
+        own = {
+            (400, "constraint_failed"),
+            (500, "request_failed"),
+            (200, "constraint_failed"),
+            (200, "request_failed"),
+        }
+        assert (reply.status, code) in own, reply.raw
         outcome = "error"
     else:
         assert reply.status == 200 and sorted(reply.finishes) == list(range(shape.n)), reply.raw

@@ -141,7 +141,9 @@ class EngineConfig:
 class StepOutput:
     """What one step did to one request: the tokens it appended and whether it finished.
 
-    ``finish_reason`` "error" comes with ``error``, the message of what ended the request.
+    ``finish_reason`` "error" comes with ``error``, the message of what ended the request, and
+    ``failed_constraint`` says whether that was the request's own output constraint (a client's
+    mistake, such as a grammar that can never be completed, rather than a failure of the engine).
     """
 
     request_id: str
@@ -150,6 +152,7 @@ class StepOutput:
     finish_reason: str | None
     stats: RequestStats
     error: str | None = None
+    failed_constraint: bool = False
 
 
 @dataclass
@@ -688,8 +691,17 @@ class LLMEngine:
         state = self._states[sequence.request_id]
         self.scheduler.finish(sequence, SequenceStatus.FINISHED_ERROR)
         self._retire(sequence)
+        failed_constraint = structured.is_constraint_failure(message)
         self._step_outputs.append(
-            StepOutput(sequence.request_id, [], True, "error", state.stats, error=message)
+            StepOutput(
+                sequence.request_id,
+                [],
+                True,
+                "error",
+                state.stats,
+                message,
+                failed_constraint=failed_constraint,
+            )
         )
 
     def _drop_failed_proposals(
@@ -861,7 +873,10 @@ class LLMEngine:
         state = self._states.get(request_id)
         if state is None or state.guide is None:
             return logits
-        return state.guide.mask_draft_logits(drafted, logits)
+        try:
+            return state.guide.mask_draft_logits(drafted, logits)
+        except Exception as error:  # the drafter ends this request alone, with this message
+            raise structured.ConstraintFailure(structured.constraint_failure(error)) from error
 
     def _draw(self, request_id: str, position: int, probs_row: np.ndarray) -> int:
         """Sample a draft token at a sequence position: seeded requests race their position's noise."""

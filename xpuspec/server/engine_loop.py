@@ -64,6 +64,7 @@ class ChoiceEvent:
     finish_reason: str | None = None
     stats: RequestStats | None = None
     error: str | None = None
+    failed_constraint: bool = False  # the error is the request's own output constraint's (a 400)
 
     @property
     def final(self) -> bool:
@@ -384,7 +385,13 @@ class EngineLoop:
         del self._active[output.request_id]
         reason = output.finish_reason or "stop"
         final = ChoiceEvent(
-            active.index, delta, num_tokens, finish_reason=reason, stats=output.stats, error=output.error
+            active.index,
+            delta,
+            num_tokens,
+            finish_reason=reason,
+            stats=output.stats,
+            error=output.error,
+            failed_constraint=output.failed_constraint,
         )
         self._outbox.append((active.generation, final))
         if self._on_finish is not None:

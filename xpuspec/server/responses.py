@@ -121,9 +121,12 @@ def _batches(
 
 
 def failure(event: ChoiceEvent, num_choices: int) -> APIError:
-    """The error of a choice that failed: its own ("error" finish) or the engine's."""
+    """The error of a choice that failed: its own output constraint's (the client's mistake, a 400),
+    its own otherwise ("error" finish), or the engine's."""
     assert event.error is not None
     which = f"choice {event.index} failed: " if num_choices > 1 else ""
+    if event.failed_constraint:
+        return APIError(400, which + event.error, code="constraint_failed")
     if event.finish_reason == "error":
         return APIError(500, which + event.error, code="request_failed", error_type="server_error")
     return APIError(500, which + event.error, code="engine_error", error_type="server_error")

@@ -30,6 +30,15 @@ class ConstraintFailure(ValueError):
     """A request's own output constraint failed while its step was verified; the message says so."""
 
 
+# Every message of a request ended by its own output constraint holds these words.
+CONSTRAINT_FAILED = "the output constraint"
+
+
+def is_constraint_failure(message: str) -> bool:
+    """Whether ``message`` (a request's failure) says its own output constraint ended it."""
+    return CONSTRAINT_FAILED in message
+
+
 def constraint_failure(error: Exception) -> str:
     """The message that ends a request whose own output constraint failed (the engine logs it)."""
     return f"the output constraint failed: {error}"
