@@ -212,3 +212,20 @@ def test_the_reply_may_end_after_any_complete_call(demo_grammar, choice, paralle
     assert guide.is_accepting() and all(allowed[eos] for eos in eos_ids)
     # Further calls only where parallel calls are allowed and the bound is not reached.
     assert (allowed.sum() > len(set(eos_ids))) == more_allowed
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_strict_function_closes_its_arguments(demo_grammar, strict):
+    """OpenAI's function strict mode: a forced call's arguments get no keys the parameters leave unsaid."""
+    function = {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "strict": strict,
+    }
+    request = tools.parse_tools([{"type": "function", "function": function}], "required", "")
+    tokenizer, _ = demo_grammar
+    guide, _ = _guide_after(
+        demo_grammar, request, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"'
+    )
+    comma = tokenizer.encode(",", add_special_tokens=False)
+    assert guide.allowed()[comma[0]] == (not strict)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuspec.server.errors import APIError
-from xpuspec.structured.constraint import finite_numbers
+from xpuspec.structured.constraint import close_objects, finite_numbers
 
 # The JSON options of a forced tool call's arguments (response_format uses constraint.JSON_DEFAULTS).
 TOOL_CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -56,6 +56,12 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    strict: bool = False  # OpenAI's function strict mode: its arguments' objects are closed
+
+    def arguments_schema(self) -> dict[str, Any]:
+        """The schema a forced call's arguments follow: the parameters, closed in strict mode."""
+        schema = self.parameters or {"type": "object"}
+        return close_objects(schema) if self.strict else schema
 
     def openai(self) -> dict[str, Any]:
         function: dict[str, Any] = {"name": self.name}
@@ -91,7 +97,7 @@ class ToolRequest:
                     "type": "object",
                     "properties": {
                         "name": {"const": t.name},
-                        key: finite_numbers(t.parameters or {"type": "object"}),
+                        key: finite_numbers(t.arguments_schema()),
                     },
                     "required": ["name", key],
                     "additionalProperties": False,
@@ -156,7 +162,7 @@ def parse_tools(
         if not isinstance(parameters, dict):
             raise _bad(f"tools[{index}].function.parameters must be a JSON schema object", f"tools.{index}")
         description = function.get("description") or ""
-        tools.append(Tool(name, str(description), parameters))
+        tools.append(Tool(name, str(description), parameters, strict=function.get("strict") is True))
     if len({t.name for t in tools}) != len(tools):
         raise _bad("tool names must be distinct", "tools")
     named = None
