@@ -199,3 +199,15 @@ def test_unmasked_target_is_caught(pipelines, constrained_joint, monkeypatch):
     # Tokens outside the constraint: certain to be caught with few samples.
     p_value = p_value_of(pipelines["draft"], constrained_joint, seeded=False, num_samples=200)
     assert p_value < SIGNIFICANCE, f"an unmasked target passed: chi-square p = {p_value:.2e}"
+
+
+def test_prompt_lookup_drafts_for_constrained_requests_and_stays_exact(pipelines):
+    """Beside the draft model, adaptive γ drafts by prompt lookup for constrained requests too; the
+    lookup's drafts are cut at the first token the grammar forbids, and the output is target-only's."""
+    repeated = "alpha beta gamma delta " * 6
+    params = SamplingParams(max_tokens=60, temperature=0.0, guided_regex=r"[a-z ]{1,80}")
+    prompts = [repeated + "alpha", "say " + repeated]
+    with_lookup = pipelines["draft"].generate(prompts, [params] * len(prompts))
+    target_only = pipelines["none"].generate(prompts, [params] * len(prompts))
+    assert [r.token_ids for r in with_lookup] == [r.token_ids for r in target_only]
+    assert sum(r.stats["lookup_drafted"] for r in with_lookup) > 0

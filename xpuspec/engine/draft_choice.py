@@ -189,7 +189,7 @@ class DraftChoice:
             # before a lookup: where lookups come every step, the draft model is otherwise never
             # measured again, and the pooled rate other sequences start from stays where it fell.
             return min(1, self.max_draft_tokens), True, None
-        if self.prompt_lookup is not None and not self._is_guided(sequence.request_id):
+        if self.prompt_lookup is not None:
             lookup = self.prompt_lookup.choose(
                 sequence, self.length_policy, tokens_per_second, running, previous
             )

@@ -814,7 +814,7 @@ class LLMEngine:
             guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
         )
         # Prompt-lookup drafts chosen at scheduling (DraftChoice), cut to the γ the scheduler
-        # left room for; never for guided requests.
+        # left room for; for guided requests too (cut at the first token the grammar forbids, below).
         lookups = {c.sequence.request_id: c for c in wanted if c.sequence.request_id in choice.lookups}
         proposals: dict[str, Proposal] = {
             request_id: Proposal(

@@ -18,6 +18,7 @@ and :func:`advance` are called inside the engine's per-request verification and 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -89,7 +90,9 @@ def constrain_proposals(proposals: dict[str, Proposal], guides: Mapping[str, Gui
             continue
         if keep < len(proposal.token_ids):
             probs = proposal.probs[:keep] if proposal.probs is not None else None
-            proposals[request_id] = Proposal(proposal.token_ids[:keep], probs)
+            proposals[request_id] = dataclasses.replace(
+                proposal, token_ids=proposal.token_ids[:keep], probs=probs
+            )
 
 
 def prepare_masks(guides: Mapping[str, GuidedRequest], draft_ids: Mapping[str, list[int]]) -> dict[str, str]:
