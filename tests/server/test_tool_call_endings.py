@@ -17,14 +17,10 @@ from tests.server.test_structured_tools import ASK, SCHEMAS, TOOLS
 MARKUP = ("<tool_call", "</tool_call", "{", "<")
 
 
-@pytest.fixture(scope="module")
-def live_server(demo_live_server: LiveServer) -> LiveServer:
-    return demo_live_server
-
-
 @pytest.fixture
-def client(live_server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+def client(demo_live_server: LiveServer) -> openai.OpenAI:
+    url = f"{demo_live_server.base_url}/v1"
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
 
 
 def _calls(calls: Any) -> list[tuple[str, dict]]:
@@ -49,10 +45,10 @@ def _streamed(client: openai.OpenAI, request: dict) -> dict[int, dict[str, Any]]
     return choices
 
 
-def test_required_calls_cut_by_max_tokens(client: openai.OpenAI, live_server: LiveServer) -> None:
+def test_required_calls_cut_by_max_tokens(client: openai.OpenAI, demo_live_server: LiveServer) -> None:
     # Sampled: some replies stop after one call, some are cut inside their first or second call.
     request = dict(
-        model=live_server.model, messages=ASK, tools=TOOLS, tool_choice="required", n=6, temperature=1.0,
+        model=demo_live_server.model, messages=ASK, tools=TOOLS, tool_choice="required", n=6, temperature=1.0,
         max_tokens=50, seed=1,
     )  # fmt: skip
     reply = client.chat.completions.create(**request)  # type: ignore[call-overload]
@@ -70,9 +66,9 @@ def test_required_calls_cut_by_max_tokens(client: openai.OpenAI, live_server: Li
         assert calls == _calls(choice.message.tool_calls)
 
 
-def test_a_named_call_cut_before_it_completes(client: openai.OpenAI, live_server: LiveServer) -> None:
+def test_a_named_call_cut_before_it_completes(client: openai.OpenAI, demo_live_server: LiveServer) -> None:
     request = dict(
-        model=live_server.model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=12,
+        model=demo_live_server.model, messages=ASK, tools=TOOLS, temperature=0, max_tokens=12,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )  # fmt: skip
     choice = client.chat.completions.create(**request).choices[0]  # type: ignore[call-overload]
@@ -83,13 +79,13 @@ def test_a_named_call_cut_before_it_completes(client: openai.OpenAI, live_server
 
 
 def test_auto_reply_cut_inside_a_call_keeps_only_its_text(
-    client: openai.OpenAI, live_server: LiveServer
+    client: openai.OpenAI, demo_live_server: LiveServer
 ) -> None:
     # The regex makes the model open a call and run out inside it, as a model choosing to call would.
     opened = 'Sure\\. <tool_call>\\n\\{"name": "get_weather", "arguments": \\{"city": "[a-z]{30}'
     request = dict(
-        model=live_server.model, messages=ASK, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=12,
-        extra_body={"guided_regex": opened},
+        model=demo_live_server.model, messages=ASK, tools=TOOLS, tool_choice="auto", temperature=0,
+        max_tokens=12, extra_body={"guided_regex": opened},
     )  # fmt: skip
     choice = client.chat.completions.create(**request).choices[0]  # type: ignore[call-overload]
     assert choice.finish_reason == "length" and choice.message.tool_calls is None
