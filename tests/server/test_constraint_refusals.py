@@ -38,14 +38,19 @@ def refused(client: openai.OpenAI, model: str, extra: dict) -> dict:
     return error.value.body  # type: ignore[return-value]
 
 
+def server_with_budget(
+    pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory, seconds: str
+) -> Iterator[LiveServer]:
+    log = tmp_path_factory.mktemp("budget") / "server.log"
+    server = start_server(pair_bundle, log, "--grammar-compile-timeout", seconds)
+    yield server
+    stop_server(server)
+
+
 @pytest.fixture(scope="module")
 def patient_server(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # A generous compile budget: a busy machine must not turn a refusal into "too slow".
-    server = start_server(
-        pair_bundle, tmp_path_factory.mktemp("patient") / "server.log", "--grammar-compile-timeout", "60"
-    )
-    yield server
-    stop_server(server)
+    yield from server_with_budget(pair_bundle, tmp_path_factory, "60")
 
 
 def client_of(server: LiveServer) -> openai.OpenAI:
@@ -87,11 +92,7 @@ def test_a_refused_chat_schema_names_the_schema(patient_server: LiveServer) -> N
 
 @pytest.fixture(scope="module")
 def impatient_server(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    server = start_server(
-        pair_bundle, tmp_path_factory.mktemp("impatient") / "server.log", "--grammar-compile-timeout", "0.001"
-    )
-    yield server
-    stop_server(server)
+    yield from server_with_budget(pair_bundle, tmp_path_factory, "0.001")
 
 
 def test_the_compile_budget_is_a_serve_option(impatient_server: LiveServer) -> None:
