@@ -36,6 +36,7 @@ that request; only the shared model execution may fail a step.**
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -226,6 +227,8 @@ class LLMEngine:
         self._step_outputs: list[StepOutput] = []
         # Requests whose output constraint failed while the target ran (ended at acceptance).
         self._constraint_failures: dict[str, str] = {}
+        # Requests whose grammar failed while the drafter masked their rows (this step's drafting).
+        self._draft_mask_failures: set[str] = set()
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
         # Compiles output constraints (response_format, guided_regex, guided_grammar); set by the
@@ -685,13 +688,12 @@ class LLMEngine:
             except Exception:
                 logger.exception("the drafter did not recover")
 
-    def _fail_request(self, sequence: Sequence, message: str) -> None:
+    def _fail_request(self, sequence: Sequence, message: str, failed_constraint: bool = False) -> None:
         """End one request with "error" (its own failure); the rest of the batch goes on."""
         logger.warning("request %s failed: %s", sequence.request_id, message)
         state = self._states[sequence.request_id]
         self.scheduler.finish(sequence, SequenceStatus.FINISHED_ERROR)
         self._retire(sequence)
-        failed_constraint = structured.is_constraint_failure(message)
         self._step_outputs.append(
             StepOutput(
                 sequence.request_id,
@@ -708,17 +710,17 @@ class LLMEngine:
         self, chunks: list[ScheduledChunk], proposals: dict[str, Proposal]
     ) -> list[ScheduledChunk]:
         """End the requests whose drafting failed; return the chunks that remain for the target."""
-        failed = {rid: p.error for rid, p in proposals.items() if p.error is not None}
+        failed = {rid: p for rid, p in proposals.items() if p.error is not None}
         if not failed:
             return chunks
         kept = []
         for chunk in chunks:
-            message = failed.get(chunk.sequence.request_id)
-            if message is None:
+            proposal = failed.get(chunk.sequence.request_id)
+            if proposal is None or proposal.error is None:
                 kept.append(chunk)
             else:
                 del proposals[chunk.sequence.request_id]
-                self._fail_request(chunk.sequence, message)
+                self._fail_request(chunk.sequence, proposal.error, proposal.failed_constraint)
         return kept
 
     # ------------------------------------------------------- parts of a step
@@ -766,12 +768,12 @@ class LLMEngine:
             row += runner_chunk.num_logits
             failure = self._constraint_failures.get(sequence.request_id)
             if failure is not None:
-                self._fail_request(sequence, failure)
+                self._fail_request(sequence, failure, failed_constraint=True)
                 continue
             try:
                 output = self._accept(sequence, rows, proposals.get(sequence.request_id))
             except structured.ConstraintFailure as error:
-                self._fail_request(sequence, str(error))
+                self._fail_request(sequence, str(error), failed_constraint=True)
                 continue
             except Exception as error:
                 self._fail_request(sequence, f"sampling failed: {error}")
@@ -832,6 +834,7 @@ class LLMEngine:
         self._draft_timings = []
         started = self.clock()
         failed_rollbacks: dict[str, Proposal] = {}
+        self._draft_mask_failures = set()
         try:
             if chains:
                 self.proposer.step_timings = []
@@ -850,6 +853,9 @@ class LLMEngine:
             self._drafting_seconds = self.clock() - started if drafting else 0.0
             # Back to the committed state, whatever the draft did.
             structured.end_drafting(guides, failed_rollbacks)
+        for request_id in self._draft_mask_failures & proposals.keys():
+            # The drafter ended it over its grammar's mask (_constrain_draft_logits).
+            proposals[request_id] = dataclasses.replace(proposals[request_id], failed_constraint=True)
         if guides:
             structured.constrain_proposals(proposals, guides)  # n-gram drafts the grammar forbids
             proposals.update(forced)
@@ -876,6 +882,7 @@ class LLMEngine:
         try:
             return state.guide.mask_draft_logits(drafted, logits)
         except Exception as error:  # the drafter ends this request alone, with this message
+            self._draft_mask_failures.add(request_id)
             raise structured.ConstraintFailure(structured.constraint_failure(error)) from error
 
     def _draw(self, request_id: str, position: int, probs_row: np.ndarray) -> int:

@@ -41,6 +41,8 @@ class Proposal:
     token_ids: list[int]  # [γ]
     probs: np.ndarray | None  # [γ, vocab]; None for a deterministic drafter (q is one-hot)
     error: str | None = None
+    # The error is the request's own output constraint's (a client's mistake), not the drafter's.
+    failed_constraint: bool = False
     # A tree instead of a chain (xpuspec.spec_decode.tree.DraftTree): the parent of each draft
     # token, -1 for the root's children; None for a chain.
     tree_parents: list[int] | None = None

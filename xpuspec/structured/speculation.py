@@ -31,18 +31,14 @@ class ConstraintFailure(ValueError):
     """A request's own output constraint failed while its step was verified; the message says so."""
 
 
-# Every message of a request ended by its own output constraint holds these words.
-CONSTRAINT_FAILED = "the output constraint"
-
-
-def is_constraint_failure(message: str) -> bool:
-    """Whether ``message`` (a request's failure) says its own output constraint ended it."""
-    return CONSTRAINT_FAILED in message
-
-
 def constraint_failure(error: Exception) -> str:
     """The message that ends a request whose own output constraint failed (the engine logs it)."""
     return f"the output constraint failed: {error}"
+
+
+def failed_proposal(error: Exception) -> Proposal:
+    """The proposal that ends a request whose own output constraint failed."""
+    return Proposal([], None, error=constraint_failure(error), failed_constraint=True)
 
 
 def forced_proposals(
@@ -61,7 +57,7 @@ def forced_proposals(
         try:
             forced = guide.forced_tokens(granted) if granted else []
         except Exception as error:
-            proposals[request_id] = Proposal([], None, error=constraint_failure(error))
+            proposals[request_id] = failed_proposal(error)
             continue
         if forced:
             proposals[request_id] = Proposal(forced, None)  # q one-hot, as for n-gram drafts
@@ -74,7 +70,7 @@ def end_drafting(guides: Mapping[str, GuidedRequest], proposals: dict[str, Propo
         try:
             guide.end_drafting()
         except Exception as error:
-            proposals[request_id] = Proposal([], None, error=constraint_failure(error))
+            proposals[request_id] = failed_proposal(error)
 
 
 def constrain_proposals(proposals: dict[str, Proposal], guides: Mapping[str, GuidedRequest]) -> None:
@@ -86,7 +82,7 @@ def constrain_proposals(proposals: dict[str, Proposal], guides: Mapping[str, Gui
         try:
             keep = guide.valid_prefix(proposal.token_ids)
         except Exception as error:
-            proposals[request_id] = Proposal([], None, error=constraint_failure(error))
+            proposals[request_id] = failed_proposal(error)
             continue
         if keep < len(proposal.token_ids):
             probs = proposal.probs[:keep] if proposal.probs is not None else None
