@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
-from xpuspec.devices.properties import EXACT, EXACT_PROPERTIES
+from xpuspec.executor.properties import EXACT, EXACT_PROPERTIES
 
 
 @pytest.fixture(scope="session", autouse=True)

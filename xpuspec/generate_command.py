@@ -86,7 +86,7 @@ def parse_properties(items: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from xpuspec.cli import CommandError
-    from xpuspec.devices.properties import with_preset
+    from xpuspec.executor.properties import with_preset
     from xpuspec.model_bundle import BundleError
     from xpuspec.pipeline import Pipeline
 

@@ -25,10 +25,10 @@ from xpuspec.devices.placement import (
     recorded_properties,
     resolve_device,
 )
-from xpuspec.devices.properties import PropertiesArg, resolve_properties
 from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
+from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
@@ -38,8 +38,8 @@ from xpuspec.structured.matcher import grammar_compiler
 from xpuspec.text import ChatTemplate, Tokenizer
 
 if TYPE_CHECKING:
+    from xpuspec.executor.eagle3_head import HeadFolder
     from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
-    from xpuspec.spec_decode.eagle3.runtime import HeadFolder
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Pipeline:
         draft_vocab: int | None = None,
     ):
         """``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
-        (its LM head is cut to them, :func:`xpuspec.engine.graph_edits.cut_logits_vocab`); default: what
+        (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
@@ -138,7 +138,7 @@ class Pipeline:
             else None
         )
         # Compile properties `xpuspec plan --write` measured for each role on its device (the user's
-        # own properties go on top; see xpuspec.devices.properties).
+        # own properties go on top; see xpuspec.executor.properties).
         self.tuned_properties: dict[str, dict[str, Any] | None] = {
             "target": recorded_properties(self.bundle, "target", self.target_device.device)
             if use_placement
@@ -169,7 +169,7 @@ class Pipeline:
             and "KEY_CACHE_QUANT_MODE" not in (properties or {})
         ):
             # Tree acceptance moves single tokens' KV; the CPU's u8 key cache is quantised per
-            # channel over a block unless keys carry per-token scales (xpuspec.engine.model_runner).
+            # channel over a block unless keys carry per-token scales (xpuspec.executor.paged_runner).
             # Set whenever trees can be drafted, not only for a default tree: any request (e.g. the
             # server's draft_tree field) may ask for one. Per-token scales cost no measurable time
             # (SmolLM2-135M target-only, 4 interleaved rounds: 0.95-1.13x, noise).
@@ -178,14 +178,14 @@ class Pipeline:
         # first); other drafters keep the plain target graph.
         tap_layers = tap_projection = head = None
         if eagle3_head is not None:
-            from xpuspec.spec_decode.eagle3 import head_model
-            from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, read_head
+            from xpuspec.executor import eagle3_graph
+            from xpuspec.executor.eagle3_head import HEAD_WEIGHT_TYPE, read_head
 
             head = read_head(eagle3_head, self.bundle.target.path)
             tap_layers = head.tap_layers
             # The head's fc runs inside the target's pass, as in GenAI: a call of its own after every
             # step cost ~1 ms a round.
-            tap_projection = head_model.fusion(head.weights, HEAD_WEIGHT_TYPE)
+            tap_projection = eagle3_graph.fusion(head.weights, HEAD_WEIGHT_TYPE)
         self.target_runner = create_runner(
             self.target_device,
             self.bundle.target,
@@ -253,8 +253,8 @@ class Pipeline:
     ) -> Eagle3Proposer:
         """The EAGLE-3 head (read once, for the target's taps too) on the draft device, drafting from the
         tapped target."""
+        from xpuspec.executor.eagle3_head import HEAD_WEIGHT_TYPE, Eagle3Head
         from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
-        from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE, Eagle3Head
 
         config = head.config
         head_runtime = Eagle3Head.from_folders(

@@ -18,7 +18,7 @@ from xpuspec.bench.latency import (
     _label,
 )
 from xpuspec.devices.placement import Placement
-from xpuspec.devices.planner import PlanConfig, candidate_placements
+from xpuspec.planning.planner import PlanConfig, candidate_placements
 
 SAME = {"INFERENCE_PRECISION_HINT": "f32"}
 

@@ -42,9 +42,9 @@ from xpuspec.bench.latency import (  # noqa: E402
     _peer_ratios,
 )
 from xpuspec.demo.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
+from xpuspec.executor.eagle3_graph import quantise_int8_rows  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
-from xpuspec.spec_decode.eagle3.head_model import quantise_int8_rows  # noqa: E402
 
 TAPS = (1, 2, 3)
 # f32 compute and KV cache, no dynamic quantisation: GenAI's speculative output must then equal its own
@@ -133,7 +133,7 @@ def test_the_converted_head_computes_the_torch_reference(bundle: ModelBundle, co
     config = Eagle3HeadConfig.from_folder(bundle.eagle3.path)  # type: ignore[union-attr]
     head = Eagle3Head(config).eval()
     state = load_file(str(bundle.eagle3.path / "model.safetensors"))  # type: ignore[union-attr]
-    # At the int8 matrices both engines run (xpuspec.spec_decode.eagle3.head_model.quantise_int8_rows).
+    # At the int8 matrices both engines run (xpuspec.executor.eagle3_graph.quantise_int8_rows).
     weights = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     for name, value in weights.items():
         if value.ndim == 2 and name != "embed_tokens.weight":

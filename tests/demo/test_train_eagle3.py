@@ -28,7 +28,7 @@ from xpuspec.demo.eagle3_torch import Eagle3Head as TorchHead  # noqa: E402
 from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.demo.eagle3_ttt import collate, heldout_acceptance, rollout_logits, ttt_loss  # noqa: E402
 from xpuspec.demo.train_eagle3 import main  # noqa: E402
-from xpuspec.spec_decode.eagle3 import Eagle3Head, HeadStep  # noqa: E402
+from xpuspec.executor.eagle3_head import Eagle3Head, HeadStep  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import load_head_weights  # noqa: E402
 

@@ -9,7 +9,7 @@ from tests.engine.test_exactness import PROMPTS
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
-from xpuspec.engine.stateful_runner import StatefulModelRunner
+from xpuspec.executor.stateful_runner import StatefulModelRunner
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.spec_decode.proposal import DraftModelProposer
 from xpuspec.text import Tokenizer

@@ -22,8 +22,8 @@ import pytest
 from tests.conftest import F32
 from tests.support.statistics import goodness_of_fit, sampling_engine_config
 from xpuspec import Pipeline, SamplingParams
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine import engine as engine_module
-from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 

@@ -7,8 +7,8 @@ import pytest
 
 from plugins.torch_runner import TorchModelRunner
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
-from xpuspec.engine.model_runner import SequenceChunk
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import NgramDraftProposer
 

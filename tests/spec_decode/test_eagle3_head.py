@@ -14,17 +14,14 @@ torch = pytest.importorskip("torch")
 from tests.conftest import F32  # noqa: E402
 from tests.engine.conftest import export_tiny_ir  # noqa: E402
 from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
-from xpuspec.spec_decode.eagle3 import (  # noqa: E402
-    Eagle3Head,
-    Eagle3HeadConfig,
-    HeadStep,
-    load_head_weights,
-    target_embedding_model,
+from xpuspec.executor import eagle3_graph as graph  # noqa: E402
+from xpuspec.executor.eagle3_embedding import table_embedding_model, target_embedding_model  # noqa: E402
+from xpuspec.executor.eagle3_head import CACHE_GRAIN, Eagle3Head, HeadStep  # noqa: E402
+from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
+from xpuspec.spec_decode.eagle3.weights import (  # noqa: E402
+    load_head_weights,  # noqa: E402
+    read_safetensors,  # noqa: E402
 )
-from xpuspec.spec_decode.eagle3 import head_model as graph  # noqa: E402
-from xpuspec.spec_decode.eagle3.embedding import table_embedding_model  # noqa: E402
-from xpuspec.spec_decode.eagle3.runtime import CACHE_GRAIN  # noqa: E402
-from xpuspec.spec_decode.eagle3.weights import read_safetensors  # noqa: E402
 
 # The tiny target of tests/support/tiny_checkpoints.py: 2 layers, so the taps are named explicitly.
 TARGET = {

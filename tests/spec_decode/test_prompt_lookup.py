@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xpuspec.engine.sequence import Sequence
+from xpuspec.core.sequence import Sequence
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.prompt_lookup import LONG_MATCH, PromptLookup
 from xpuspec.spec_decode.speculation_length import CostModel, SpeculationLengthPolicy

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import EXACT_PRESET
 from tests.support.statistics import goodness_of_fit
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.sample.sampler import probabilities
 from xpuspec.structured import speculation
 

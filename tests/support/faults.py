@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.text import IncrementalDetokenizer, StopStringMatcher
 
 # The exact-precision compile properties every exact comparison needs (see common notes).

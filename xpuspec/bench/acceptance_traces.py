@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from xpuspec.bench.workloads import encode_prompts, load_workload
-from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.sample.sampling_params import SamplingParams
 
 HELDOUT_INSTRUCTIONS = Path(__file__).resolve().parent.parent / "demo" / "smollm2_heldout.jsonl"

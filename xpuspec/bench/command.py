@@ -141,7 +141,7 @@ def _run_multiturn(args: argparse.Namespace) -> int:
     import json
 
     from xpuspec.bench.multiturn import MultiturnConfig, markdown, run_multiturn
-    from xpuspec.devices.properties import EXACT_PROPERTIES
+    from xpuspec.executor.properties import EXACT_PROPERTIES
     from xpuspec.model_bundle import ModelBundle
 
     try:

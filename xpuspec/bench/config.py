@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpuspec.devices.properties import EXACT_PROPERTIES
 from xpuspec.engine.engine import EngineConfig
+from xpuspec.executor.properties import EXACT_PROPERTIES
 
 MODES = ("latency", "load", "all")
 F32_PROPERTIES = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}

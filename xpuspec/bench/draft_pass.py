@@ -3,7 +3,7 @@
 
 Alone, a small draft's pass runs from the caches; in a real step it follows the target's pass, whose
 weights have pushed the draft's out. Each round, for each draft vocabulary (0: the whole LM head; N:
-cut to its first N ids, :func:`xpuspec.engine.graph_edits.cut_logits_vocab`), this times ``--steps``
+cut to its first N ids, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`), this times ``--steps``
 times a target decode pass followed by the draft's two passes of a γ = 2 drafting phase (the catch-up of
 2 tokens, whose logits give the first draft, then 1 token for the second), and prints the median of the
 two passes per round and over the rounds.
@@ -26,7 +26,8 @@ def measure(bundle_root: str | None, vocabs: list[int], steps: int, rounds: int,
     """Median ms of a γ = 2 drafting phase (two passes) after a target pass, per vocabulary: per round."""
     import openvino as ov
 
-    from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk
+    from xpuspec.core.chunks import SequenceChunk
+    from xpuspec.executor.paged_runner import PagedModelRunner
     from xpuspec.model_bundle import ModelBundle
 
     bundle = ModelBundle.open(bundle_root)

@@ -22,7 +22,7 @@ LlamaEagle3ForCausalLM``, ``Eagle3DummyGenerator``, ``_add_eagle3_mode_to_rt_inf
 einops, so :func:`convert_head` builds the class directly and exports it with ``export_from_model``.
 
 Layer ids. GenAI taps ``layers.{id}/``'s MLP residual Add, the *output* of layer ``id``, i.e. xpuspec's
-boundary ``id + 1`` (:mod:`xpuspec.engine.hidden_taps`); the head's boundaries ``b`` become ``b - 1``, and
+boundary ``id + 1`` (:mod:`xpuspec.executor.hidden_taps`); the head's boundaries ``b`` become ``b - 1``, and
 a head reading boundary 0 (the embedding output) cannot run on GenAI.
 """
 
@@ -112,7 +112,7 @@ def target_embedding_table(target_dir: Path, vocab_size: int) -> np.ndarray:
     """The target's embedding table ``[vocab, hidden]`` f32, as the target IR computes it (dequantised)."""
     import openvino as ov
 
-    from xpuspec.spec_decode.eagle3.embedding import target_embedding_model
+    from xpuspec.executor.eagle3_embedding import target_embedding_model
 
     core = ov.Core()
     compiled = core.compile_model(
@@ -207,8 +207,8 @@ def compress_head_matrices(model: Any) -> int:
     """
     import openvino as ov
 
-    from xpuspec.spec_decode.eagle3.head_model import int8_weight
-    from xpuspec.spec_decode.eagle3.runtime import HEAD_WEIGHT_TYPE
+    from xpuspec.executor.eagle3_graph import int8_weight
+    from xpuspec.executor.eagle3_head import HEAD_WEIGHT_TYPE
 
     if HEAD_WEIGHT_TYPE != "int8":
         return 0

@@ -47,7 +47,7 @@ from xpuspec.bench.peers import (
     transformers_unavailable,
 )
 from xpuspec.bench.progress import Progress
-from xpuspec.engine.model_runner import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.speculation_length import CostModel

@@ -58,7 +58,8 @@ def measure(
     import numpy as np
     import openvino as ov
 
-    from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk
+    from xpuspec.core.chunks import SequenceChunk
+    from xpuspec.executor.paged_runner import PagedModelRunner
 
     core = ov.Core()
     prompt = [int(t) for t in np.random.default_rng(0).integers(5, 300, size=PROMPT_TOKENS)]

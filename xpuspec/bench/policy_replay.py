@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
-from xpuspec.engine.model_runner import SequenceChunk
-from xpuspec.engine.scheduler import ScheduledChunk
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import Proposal
 

@@ -34,7 +34,8 @@ def measure(
     bundle_root: str | None, tokens: tuple[int, int], steps: int, rounds: int, properties: dict
 ) -> dict[str, list[float]]:
     """Per pattern, the mean ms of a pass in each round."""
-    from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk
+    from xpuspec.core.chunks import SequenceChunk
+    from xpuspec.executor.paged_runner import PagedModelRunner
     from xpuspec.model_bundle import ModelBundle
 
     bundle = ModelBundle.open(bundle_root)

@@ -151,7 +151,7 @@ def _measure_rates(pipeline: Any, prompts: list[str], max_tokens: int, tree: dic
 
 def _measure_costs(pipeline: Any, rounds: int, repeats: int = 8) -> tuple[dict[int, float], float]:
     """Idle seconds of the target's pass by tokens, and of the draft's one-token pass."""
-    from xpuspec.engine.model_runner import SequenceChunk
+    from xpuspec.core.chunks import SequenceChunk
 
     target, draft = pipeline.target_runner, pipeline.engine.proposer.runner
     table = list(range(1, 1 + -(-(CONTEXT + max(COST_TOKENS)) // target.block_size)))

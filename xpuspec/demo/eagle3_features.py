@@ -1,6 +1,6 @@
 """EAGLE-3 training data: the target's tapped hidden states and next-token labels, and the draft vocabulary.
 
-Features come from the OpenVINO target itself (:class:`xpuspec.engine.model_runner.PagedModelRunner` with
+Features come from the OpenVINO target itself (:class:`xpuspec.executor.paged_runner.PagedModelRunner` with
 hidden-state taps), so the head trains on the states the engine will hand it, at the engine's precision.
 One prefill per answer record (prompt + answer ids, cut to ``max_len``) gives, for every position ``t``:
 
@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.demo.smollm2_data import EXACT_PROPERTIES, FAST_PROPERTIES
-from xpuspec.engine.model_runner import MODEL_FILE, PagedModelRunner, SequenceChunk
-from xpuspec.spec_decode.eagle3.embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
+from xpuspec.executor.eagle3_embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
+from xpuspec.executor.paged_runner import MODEL_FILE, PagedModelRunner
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The EAGLE-3 head in torch: the reference of the OpenVINO head, and the module training will fit.
 
-Same math as :mod:`xpuspec.spec_decode.eagle3.head_model` (its docstring names the sources) and the
+Same math as :mod:`xpuspec.executor.eagle3_graph` (its docstring names the sources) and the
 same parameter names as the published layout (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, buffers
 ``d2t``/``t2d``), so ``state_dict()`` is a head EAGLE, vLLM, SGLang and :func:`xpuspec.spec_decode.
 eagle3.weights.load_head_weights` read. The token embedding is an input (the target's table), not a
@@ -197,10 +197,10 @@ def random_head(
 
     ``draft_vocab`` ids are a random increasing subset of the target's (all of them when None). Norm
     weights are perturbed from 1 so a test notices a norm applied to the wrong tensor. The matrices sit
-    on the int8 grid of :func:`xpuspec.spec_decode.eagle3.head_model.quantise_int8_rows`, so the engine's
+    on the int8 grid of :func:`xpuspec.executor.eagle3_graph.quantise_int8_rows`, so the engine's
     int8 head computes this very module and tests can compare drafts with it token for token.
     """
-    from xpuspec.spec_decode.eagle3.head_model import quantise_int8_rows
+    from xpuspec.executor.eagle3_graph import quantise_int8_rows
 
     vocab = int(target_config["vocab_size"])
     heads = int(target_config["num_attention_heads"])

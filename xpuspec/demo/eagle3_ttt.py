@@ -19,7 +19,7 @@ rollout, for all slots of a sequence in parallel. Step ``s`` at slot ``j``:
   cnets' ``t2d`` mask leaves them out.
 
 ``tests/demo/test_train_eagle3.py`` checks these logits against the OpenVINO runtime's step-by-step
-rollout (:class:`xpuspec.spec_decode.eagle3.runtime.Eagle3Head`).
+rollout (:class:`xpuspec.executor.eagle3_head.Eagle3Head`).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from xpuspec.demo.eagle3_torch import Eagle3Head, save_head
 from xpuspec.demo.eagle3_ttt import collate, heldout_acceptance, ttt_loss
 from xpuspec.demo.smollm2_data import read_records
 from xpuspec.demo.train_smollm2 import batches, swap_in
-from xpuspec.engine.hidden_taps import eagle3_default_layers
+from xpuspec.executor.hidden_taps import eagle3_default_layers
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
 from xpuspec.spec_decode.eagle3.weights import SAFETENSORS_FILE
 
@@ -74,7 +74,7 @@ def head_config(
     """A head shaped like one layer of the target (as published heads are), over ``draft_vocab`` tokens.
 
     The tap layers are written only when they differ from EAGLE-3's defaults: engines agree on the
-    defaults but read explicit ids differently (see :mod:`xpuspec.engine.hidden_taps`).
+    defaults but read explicit ids differently (see :mod:`xpuspec.executor.hidden_taps`).
     """
     heads = int(target["num_attention_heads"])
     default = num_layers >= 6 and tuple(layers) == eagle3_default_layers(num_layers)

@@ -212,9 +212,9 @@ def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def _parse_plan_config(args: argparse.Namespace) -> Any:
-    from xpuspec.devices.planner import PlanConfig
-    from xpuspec.devices.tuning import TuneConfig
     from xpuspec.generate_command import parse_properties
+    from xpuspec.planning.planner import PlanConfig
+    from xpuspec.planning.tuning import TuneConfig
 
     quick = args.quick
     draft_lengths = args.draft_lengths or ("2,4" if quick else "2,4,6")
@@ -248,7 +248,9 @@ def run_plan(args: argparse.Namespace) -> int:
     import openvino as ov
 
     from xpuspec.devices.placement import resolve_device, write_placement
-    from xpuspec.devices.planner import (
+    from xpuspec.devices.registry import default_registry
+    from xpuspec.model_bundle import BundleError, ModelBundle
+    from xpuspec.planning.planner import (
         candidate_placements,
         decide,
         default_placement,
@@ -257,8 +259,6 @@ def run_plan(args: argparse.Namespace) -> int:
         plannable_devices,
         tune_properties,
     )
-    from xpuspec.devices.registry import default_registry
-    from xpuspec.model_bundle import BundleError, ModelBundle
 
     core = ov.Core()
     registry = default_registry()

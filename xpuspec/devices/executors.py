@@ -8,7 +8,7 @@ from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
 from xpuspec.devices.plugin import OpenVINODevicePlugin, Role
-from xpuspec.devices.properties import PropertiesArg, layer_tuned, resolve_properties
+from xpuspec.executor.properties import PropertiesArg, layer_tuned, resolve_properties
 from xpuspec.model_bundle import ModelInfo
 
 logger = logging.getLogger(__name__)
@@ -36,11 +36,11 @@ def create_runner(
     ``block_size`` is the KV block size the runner must use (the draft shares the target's block
     tables); OpenVINO runners pick it themselves and the caller checks the two agree.
     ``user_properties`` may name a preset ("exact"); ``tuned_properties`` are what `xpuspec plan`
-    recorded for this role and device (see :mod:`xpuspec.devices.properties` for the layering).
+    recorded for this role and device (see :mod:`xpuspec.executor.properties` for the layering).
     ``hidden_state_layers``: tap the residual stream entering these layers (an EAGLE-3 target); only
     the paged executor has taps; ``hidden_state_projection`` maps them in the graph (the head's ``fc``).
     ``logits_vocab``: a draft proposing only the first ids of the shared
-    vocabulary (:func:`xpuspec.engine.graph_edits.cut_logits_vocab`); the other executors keep the
+    vocabulary (:func:`xpuspec.executor.graph_edits.cut_logits_vocab`); the other executors keep the
     whole LM head and draft from every id (output is exact either way; only the cost differs).
     """
     plugin = device.plugin
@@ -58,7 +58,7 @@ def create_runner(
             f"{device.device} runs the {plugin.executor_kind} executor"
         )
     if plugin.executor_kind == "paged":
-        from xpuspec.engine.model_runner import PagedModelRunner
+        from xpuspec.executor.paged_runner import PagedModelRunner
 
         return PagedModelRunner(
             model.path,
@@ -83,7 +83,7 @@ def create_runner(
         )
     if plugin.executor_kind == "stateful":
         try:
-            from xpuspec.engine.stateful_runner import StatefulModelRunner
+            from xpuspec.executor.stateful_runner import StatefulModelRunner
         except ImportError as error:
             raise ValueError(
                 f"{device.device} needs the stateful executor, which this build lacks ({error})"

@@ -23,8 +23,8 @@ from xpuspec.devices.capabilities import (
 )
 
 Role = Literal["target", "draft"]
-# "paged": xpuspec.engine.model_runner.PagedModelRunner (PagedAttention, continuous batching);
-# "stateful": xpuspec.engine.stateful_runner (static shapes, one KV state per request);
+# "paged": xpuspec.executor.paged_runner.PagedModelRunner (PagedAttention, continuous batching);
+# "stateful": xpuspec.executor.stateful_runner (static shapes, one KV state per request);
 # "reference": the plugin builds its own runner with `create_runner` (e.g. PyTorch).
 ExecutorKind = Literal["paged", "stateful", "reference"]
 ROLES: tuple[str, ...] = ("target", "draft")

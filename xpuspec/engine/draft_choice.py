@@ -13,9 +13,9 @@ import logging
 import math
 from collections.abc import Callable
 
+from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.core.sequence import Sequence
 from xpuspec.engine.drafting_payoff import DraftingPayoff
-from xpuspec.engine.scheduler import ScheduledChunk
-from xpuspec.engine.sequence import Sequence
 from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
 from xpuspec.spec_decode.tree import TreeShape

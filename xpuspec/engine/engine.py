@@ -45,14 +45,14 @@ from typing import Protocol
 
 import numpy as np
 
-from xpuspec.engine.block_manager import BlockManager
+from xpuspec.core.block_manager import BlockManager
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.prefix_cache import PrefixCachingBlockManager
+from xpuspec.core.request_stats import RequestStats
+from xpuspec.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
+from xpuspec.core.sequence import Sequence, SequenceStatus
+from xpuspec.core.step_shape import StepShape, decode_sequences, step_tokens
 from xpuspec.engine.draft_choice import DraftChoice
-from xpuspec.engine.model_runner import SequenceChunk
-from xpuspec.engine.prefix_cache import PrefixCachingBlockManager
-from xpuspec.engine.request_stats import RequestStats
-from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
-from xpuspec.engine.sequence import Sequence, SequenceStatus
-from xpuspec.engine.step_shape import StepShape, decode_sequences, step_tokens
 from xpuspec.sample.sampler import (
     finite_argmax,
     make_generator,
@@ -112,7 +112,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_model_len: int = 2048
     max_draft_tokens: int = 8
-    # Reuse the KV of full blocks of earlier requests (xpuspec.engine.prefix_cache); paged targets only.
+    # Reuse the KV of full blocks of earlier requests (xpuspec.core.prefix_cache); paged targets only.
     enable_prefix_caching: bool = True
     # Target-only decode bursts (LLMEngine._burst): up to this many decode passes per step() while
     # they fit in decode_burst_seconds. 1 turns bursts off.

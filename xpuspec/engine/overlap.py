@@ -31,9 +31,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.core.sequence import Sequence
 from xpuspec.engine.engine import LLMEngine
-from xpuspec.engine.scheduler import ScheduledChunk
-from xpuspec.engine.sequence import Sequence
 from xpuspec.spec_decode.proposal import Proposal
 
 logger = logging.getLogger(__name__)

@@ -127,7 +127,7 @@ class PrepareConfig:
     group_size_fallback: str = "error"
     eagle3: str | None = None
     # The draft proposes only the first draft_vocab ids (recorded in the manifest; the runtime cuts the
-    # draft's LM head to them, xpuspec.engine.graph_edits.cut_logits_vocab).
+    # draft's LM head to them, xpuspec.executor.graph_edits.cut_logits_vocab).
     draft_vocab: int | None = None
 
     def __post_init__(self) -> None:

@@ -212,7 +212,7 @@ def _port(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xpuspec.devices.properties import with_preset
+    from xpuspec.executor.properties import with_preset
     from xpuspec.generate_command import parse_properties
     from xpuspec.model_bundle import BundleError, ModelBundle
     from xpuspec.server.app import create_app, unauthenticated_request

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from xpuspec.engine.request_stats import RequestStats
+from xpuspec.core.request_stats import RequestStats
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

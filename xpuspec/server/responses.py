@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from xpuspec.engine.request_stats import RequestStats
+from xpuspec.core.request_stats import RequestStats
 from xpuspec.server.engine_loop import ChoiceEvent, Generation
 from xpuspec.server.errors import APIError
 

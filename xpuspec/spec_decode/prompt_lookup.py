@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xpuspec.engine.sequence import Sequence
+from xpuspec.core.sequence import Sequence
 from xpuspec.spec_decode.ngram_proposer import NgramIndexes, NgramProposer
 from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
 

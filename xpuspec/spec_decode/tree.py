@@ -7,7 +7,7 @@ the node budget keeps a valid tree, and the frontier of the deepest level is the
 
 In the target's verification chunk the root comes first, then the nodes: chunk index ``1 + i`` for
 node ``i``, KV slot ``root_position + 1 + i``, position id ``root_position + depth`` (see
-:class:`xpuspec.engine.model_runner.SequenceChunk` ``tree_parents``; the qq_bias mask lets each
+:class:`xpuspec.executor.paged_runner.SequenceChunk` ``tree_parents``; the qq_bias mask lets each
 node attend to the past and its own ancestors only).
 """
 

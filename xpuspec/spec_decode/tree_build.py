@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.proposal import Proposal
 from xpuspec.spec_decode.tree import DraftTree, TreeShape

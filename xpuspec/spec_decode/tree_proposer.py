@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
-from xpuspec.engine.model_runner import SequenceChunk
-from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.spec_decode.proposal import Proposal, catch_up_chunk
 from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild

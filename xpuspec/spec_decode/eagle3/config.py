@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from xpuspec.engine.hidden_taps import eagle3_default_layers
+from xpuspec.executor.hidden_taps import eagle3_default_layers
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Eagle3HeadConfig:
     """The shape and numerics of a one-layer EAGLE-3 head.
 
     ``aux_layer_ids`` are the head's ``eagle_aux_hidden_state_layer_ids`` as written, or None for
-    EAGLE-3's defaults (:func:`xpuspec.engine.hidden_taps.eagle3_default_layers`); see
+    EAGLE-3's defaults (:func:`xpuspec.executor.hidden_taps.eagle3_default_layers`); see
     :meth:`tap_layers` for how they are read.
     """
 
@@ -196,10 +196,10 @@ class Eagle3HeadConfig:
         return data
 
     def tap_layers(self, num_target_layers: int) -> tuple[int, int, int]:
-        """The target boundaries to tap (:func:`xpuspec.engine.hidden_taps.add_hidden_state_taps`).
+        """The target boundaries to tap (:func:`xpuspec.executor.hidden_taps.add_hidden_state_taps`).
 
         A config's ids are taken as boundaries as written, vLLM's reading (``get_eagle3_aux_layers_
-        from_config``); SGLang adds 1 to them (see :mod:`xpuspec.engine.hidden_taps`). Without ids,
+        from_config``); SGLang adds 1 to them (see :mod:`xpuspec.executor.hidden_taps`). Without ids,
         EAGLE-3's defaults ``(2, n // 2, n - 3)``, on which every engine agrees.
         """
         if self.aux_layer_ids is None:

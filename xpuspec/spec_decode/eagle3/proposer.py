@@ -9,7 +9,7 @@ draft, never a rejected draft's row. Those rows are fused at once (the head's ``
 *pending* states until the sequence next drafts.
 
 Positions. The head's KV slot ``j`` pairs the target's state at position ``j`` with the token at ``j + 1``
-and predicts the token at ``j + 2`` (:mod:`xpuspec.spec_decode.eagle3.head_model`). A decoding sequence of
+and predicts the token at ``j + 2`` (:mod:`xpuspec.executor.eagle3_graph`). A decoding sequence of
 ``n`` tokens has ``n - 1`` computed ones, so its pending states are those of positions up to ``n - 2``,
 whose next tokens are all known: one catch-up pass over every pending slot (after a prefill: the whole
 prompt; after steps of γ = 0: every token since) yields the first draft from its last row. Each further
@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xpuspec.engine.model_runner import SequenceChunk
-from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.executor.eagle3_head import Eagle3Head, HeadStep, HeadStepResult
 from xpuspec.sample.sampler import probabilities
-from xpuspec.spec_decode.eagle3.runtime import Eagle3Head, HeadStep, HeadStepResult
 from xpuspec.spec_decode.proposal import Proposal, TokenDraw
 
 if TYPE_CHECKING:

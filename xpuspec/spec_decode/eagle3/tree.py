@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xpuspec.engine.scheduler import ScheduledChunk
-from xpuspec.spec_decode.eagle3.runtime import HeadStep, HeadStepResult
+from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.executor.eagle3_head import HeadStep, HeadStepResult
 from xpuspec.spec_decode.proposal import Proposal
 from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild

@@ -147,7 +147,7 @@ def cut_logits_vocab(model: ov.Model, vocab: int) -> ov.Model:
                 f"('{node.get_friendly_name()}'); known: Constant, {', '.join(_DECOMPRESSION_OPS)}"
             )
         # No rt_info is copied: the CPU plugin marks decompression chains itself when it compiles,
-        # and the rebuilt head runs as a compressed FullyConnected (tests/engine/test_model_runner.py).
+        # and the rebuilt head runs as a compressed FullyConnected (tests/executor/test_paged_runner.py).
         return rebuild([sliced(value) for value in node.input_values()], node).output(0)
 
     weight = matmul.input_value(1)

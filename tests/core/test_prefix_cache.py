@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from xpuspec.engine.prefix_cache import PrefixCachingBlockManager, block_digest
-from xpuspec.engine.sequence import Sequence, SequenceStatus
+from xpuspec.core.prefix_cache import PrefixCachingBlockManager, block_digest
+from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.sample.sampling_params import SamplingParams
 
 BLOCK = 4

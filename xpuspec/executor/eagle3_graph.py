@@ -310,7 +310,7 @@ def build_head_model(
     """The head's decoder layer, final norm and LM head over an explicit KV cache (module docstring).
 
     With ``embedding`` (a model ``input_ids -> embeddings``, e.g.
-    :func:`xpuspec.spec_decode.eagle3.embedding.target_embedding_model`) the head reads token ids
+    :func:`xpuspec.executor.eagle3_embedding.target_embedding_model`) the head reads token ids
     ``input_ids [b, n]`` i64 instead of ``inputs_embeds`` and embeds them itself: one call a draft
     instead of two (the separate lookup cost ~0.3 ms a draft in the engine, as much as a third of the
     head's own Python).

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import F32
-from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk, tree_depths, tree_mask
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.executor.paged_runner import PagedModelRunner, tree_depths, tree_mask
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,11 @@ import pytest
 
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.request_stats import RequestStats
 from xpuspec.engine.engine import EngineConfig, LLMEngine
-from xpuspec.engine.model_runner import PagedModelRunner, SequenceChunk
-from xpuspec.engine.request_stats import RequestStats
-from xpuspec.engine.stateful_runner import Rollback, StatefulModelRunner
+from xpuspec.executor.paged_runner import PagedModelRunner
+from xpuspec.executor.stateful_runner import Rollback, StatefulModelRunner
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.spec_decode.proposal import DraftModelProposer
 

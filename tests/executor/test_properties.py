@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xpuspec.devices.properties import (
+from xpuspec.executor.properties import (
     EXACT_PROPERTIES,
     is_exact,
     layer_tuned,

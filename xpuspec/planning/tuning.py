@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuspec.devices.properties import EXACT_PROPERTIES, readable
+from xpuspec.executor.properties import EXACT_PROPERTIES, readable
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class _Subject:
         self.block_table = block_table
 
     def greedy(self, prompt: list[int], max_tokens: int) -> list[int]:
-        from xpuspec.engine.model_runner import SequenceChunk
+        from xpuspec.core.chunks import SequenceChunk
 
         logits = self.runner.forward([SequenceChunk(prompt, 0, self.block_table, 1)])
         tokens = [int(logits[0].argmax())]
@@ -203,7 +203,7 @@ class _Subject:
 
     def step_ms(self, prompt: list[int], steps: int) -> float:
         """Median milliseconds of ``steps`` single-token decode steps after ``prompt``."""
-        from xpuspec.engine.model_runner import SequenceChunk
+        from xpuspec.core.chunks import SequenceChunk
 
         self.runner.forward([SequenceChunk(prompt, 0, self.block_table, 1)])
         token, times = prompt[-1], []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from xpuspec.engine.sequence import Sequence
+from xpuspec.core.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

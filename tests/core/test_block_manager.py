@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xpuspec.engine.block_manager import BlockManager
-from xpuspec.engine.sequence import Sequence, SequenceStatus
+from xpuspec.core.block_manager import BlockManager
+from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.sample.sampling_params import SamplingParams
 
 

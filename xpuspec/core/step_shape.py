@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from xpuspec.engine.model_runner import SequenceChunk
-from xpuspec.engine.scheduler import ScheduledChunk
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.spec_decode.speculation_length import CostModel
 from xpuspec.spec_decode.tree import TreeShape
 

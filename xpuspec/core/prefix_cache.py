@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xpuspec.engine.block_manager import BlockGeometry
-from xpuspec.engine.sequence import Sequence
+from xpuspec.core.block_manager import BlockGeometry
+from xpuspec.core.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class PrefixCacheStats:
 
 
 class PrefixCachingBlockManager(BlockGeometry):
-    """A :class:`~xpuspec.engine.block_manager.BlockManager` that keeps and shares computed prefixes.
+    """A :class:`~xpuspec.core.block_manager.BlockManager` that keeps and shares computed prefixes.
 
     Same interface as ``BlockManager`` plus :meth:`admit` (lookup at admission) and :meth:`commit`
     (register newly full blocks). ``namespace`` is folded into the root digest: two pools with

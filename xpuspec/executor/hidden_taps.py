@@ -52,7 +52,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as opset
 
-from xpuspec.engine.graph_edits import find_logits_matmul, is_constant_like
+from xpuspec.executor.graph_edits import find_logits_matmul, is_constant_like
 
 logger = logging.getLogger(__name__)
 

@@ -11,14 +11,15 @@ import pytest
 
 from tests.conftest import F32
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
-from xpuspec.engine.graph_edits import make_paged_model
-from xpuspec.engine.hidden_taps import (
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.executor.graph_edits import make_paged_model
+from xpuspec.executor.hidden_taps import (
     HIDDEN_STATES_OUTPUT,
     add_hidden_state_taps,
     eagle3_default_layers,
     find_layer_boundaries,
 )
-from xpuspec.engine.model_runner import MODEL_FILE, PagedModelRunner, SequenceChunk
+from xpuspec.executor.paged_runner import MODEL_FILE, PagedModelRunner
 
 pytestmark = pytest.mark.slow
 

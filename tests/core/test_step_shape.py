@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from xpuspec.engine.model_runner import SequenceChunk
-from xpuspec.engine.step_shape import StepShape, decode_sequences, step_tokens
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.step_shape import StepShape, decode_sequences, step_tokens
 from xpuspec.spec_decode.speculation_length import CostModel
 
 

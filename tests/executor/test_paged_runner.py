@@ -9,8 +9,9 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
-from xpuspec.engine.model_runner import MODEL_FILE, PagedModelRunner, SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.executor.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
+from xpuspec.executor.paged_runner import MODEL_FILE, PagedModelRunner
 
 pytestmark = pytest.mark.slow
 
@@ -363,7 +364,7 @@ def test_a_cut_lm_head_gives_the_first_columns_of_the_logits(
         ]
     for got, want in zip(rows[keep], rows[full.vocab_size], strict=True):
         np.testing.assert_allclose(got, want[:, :keep], rtol=0, atol=RUNNER_ATOL)
-    from xpuspec.engine.graph_edits import cut_logits_vocab
+    from xpuspec.executor.graph_edits import cut_logits_vocab
 
     model = make_paged_model(ov.Core().read_model(model_dir / MODEL_FILE))
     for bad in (0, full.vocab_size + 1):

@@ -2,7 +2,7 @@
 
 Two stages:
 
-1. **Compile properties** per model and device (:mod:`xpuspec.devices.tuning`): the step cost and
+1. **Compile properties** per model and device (:mod:`xpuspec.planning.tuning`): the step cost and
    greedy agreement with the exact reference of candidate precisions, KV caches and dynamic-
    quantisation group sizes; the plugin's default stays unless a candidate is clearly faster with
    agreement at least as high.
@@ -35,10 +35,10 @@ from typing import Any
 from xpuspec.devices.capabilities import CoreLike
 from xpuspec.devices.placement import Placement, openvino_version, resolve_device
 from xpuspec.devices.plugin import OpenVINODevicePlugin
-from xpuspec.devices.properties import TUNED_KEYS, readable
 from xpuspec.devices.registry import PluginRegistry
-from xpuspec.devices.tuning import TuneConfig, TuneResult, tune_role
+from xpuspec.executor.properties import TUNED_KEYS, readable
 from xpuspec.model_bundle import ModelBundle
+from xpuspec.planning.tuning import TuneConfig, TuneResult, tune_role
 from xpuspec.sample.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def tune_properties(
 ) -> dict[tuple[str, str], TuneResult]:
     """Stage 1: the compile properties of each model on each device with a paged executor."""
     from xpuspec.devices.executors import model_weights, quantized_weights
-    from xpuspec.engine.model_runner import PagedModelRunner
+    from xpuspec.executor.paged_runner import PagedModelRunner
     from xpuspec.text import Tokenizer
 
     tokenizer = Tokenizer(bundle.target.path)

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpuspec.engine.block_manager import BlockManager
-from xpuspec.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
-from xpuspec.engine.sequence import Sequence, SequenceStatus
+from xpuspec.core.block_manager import BlockManager
+from xpuspec.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.sample.sampling_params import SamplingParams
 
 TOKEN = 7

@@ -9,9 +9,9 @@ import pytest
 
 from xpuspec.cli import main
 from xpuspec.devices.placement import Placement, write_placement
-from xpuspec.devices.planner import Measurement, PlanConfig, decide
-from xpuspec.devices.tuning import PropertyCandidate, choose_properties, first_stage, group_stage
 from xpuspec.model_bundle import ModelBundle
+from xpuspec.planning.planner import Measurement, PlanConfig, decide
+from xpuspec.planning.tuning import PropertyCandidate, choose_properties, first_stage, group_stage
 
 DEFAULT = Placement("CPU", "CPU", "draft", None)
 CONFIG = PlanConfig(min_round_seconds=0.1)

@@ -17,7 +17,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as opset
 
-from xpuspec.engine.graph_edits import is_constant_like
+from xpuspec.executor.graph_edits import is_constant_like
 
 logger = logging.getLogger(__name__)
 

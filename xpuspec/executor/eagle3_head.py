@@ -6,7 +6,7 @@ What a drafter (a :class:`xpuspec.spec_decode.proposal.DraftProposer`) does with
    engine's target does it inside its own pass, ``PagedModelRunner(hidden_state_projection=...)``),
    drop the head's KV past the accepted prefix (:meth:`truncate`), and run one catch-up pass over them
    (:meth:`run`, one :class:`HeadStep` per sequence: token ids shifted by one, see
-   :mod:`xpuspec.spec_decode.eagle3.head_model`), which yields the first draft's logits;
+   :mod:`xpuspec.executor.eagle3_graph`), which yields the first draft's logits;
 2. roll out: each further pass feeds the drafted token with the previous pass's ``hidden`` (the
    layer output before the final norm), one position per chain, or several with a tree mask;
 3. sample from :meth:`target_logits` (draft logits scattered into the target vocabulary, ``-inf``
@@ -42,10 +42,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import openvino as ov
 
-from xpuspec.devices.properties import PropertiesArg, resolve_properties
-from xpuspec.spec_decode.eagle3 import head_model as graph
+from xpuspec.executor import eagle3_graph as graph
+from xpuspec.executor.eagle3_embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
+from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
-from xpuspec.spec_decode.eagle3.embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
 from xpuspec.spec_decode.eagle3.weights import Eagle3HeadWeights, load_head_weights
 
 logger = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ class Eagle3Head:
     def draft_greedy_chain(self, step: HeadStep, count: int) -> tuple[np.ndarray, np.ndarray] | None:
         """``count`` greedy drafts of one sequence in one call: :meth:`run` of ``step`` (default mask, last
         row's logits) then ``count - 1`` rollout passes, inside one graph
-        (:func:`~xpuspec.spec_decode.eagle3.head_model.build_greedy_rollout_model`). Returns the drafted
+        (:func:`~xpuspec.executor.eagle3_graph.build_greedy_rollout_model`). Returns the drafted
         target ids ``[count]`` and each pass's sum of logits ``[count]`` (not finite: that pass's logits
         held NaN or infinity). Only ``step``'s own positions join the cache, as after a step-by-step
         chain cut back to them.

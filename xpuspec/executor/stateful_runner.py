@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from xpuspec.engine.model_runner import MODEL_FILE, SequenceChunk
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.executor.paged_runner import MODEL_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class _Slot:
 
 class StatefulModelRunner:
     """Runs a stateful (non-paged) model over :class:`SequenceChunk` batches; same interface as
-    :class:`~xpuspec.engine.model_runner.PagedModelRunner` plus :meth:`release`.
+    :class:`~xpuspec.executor.paged_runner.PagedModelRunner` plus :meth:`release`.
 
     Every chunk must carry ``sequence_id`` (a chunk without one runs on a scratch request and must
     start at position 0). At most ``max_sequences`` sequences hold a request at once; the engine

@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from xpuspec.engine.block_manager import BlockManager
-from xpuspec.engine.sequence import Sequence, SequenceStatus
+from xpuspec.core.block_manager import BlockManager
+from xpuspec.core.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Paged-attention model runner: one OpenVINO model, driven directly with a flat batch of token chunks.
 
 The runner loads a stateful optimum-intel export, turns it into a paged-attention model (see
-:mod:`xpuspec.engine.graph_edits`), compiles it, allocates the KV-cache blocks and runs mixed batches:
+:mod:`xpuspec.executor.graph_edits`), compiles it, allocates the KV-cache blocks and runs mixed batches:
 prefill chunks, single-token decodes and multi-token verification chunks of different sequences in one
 inference. Block allocation belongs to the caller (the engine's block manager): each chunk brings the
 physical block table of its sequence.
@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 
-from xpuspec.engine.graph_edits import SAMPLED_TOKEN_INDICES, cut_logits_vocab, make_paged_model
-from xpuspec.engine.hidden_taps import Projection, add_hidden_state_taps
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.executor.graph_edits import SAMPLED_TOKEN_INDICES, cut_logits_vocab, make_paged_model
+from xpuspec.executor.hidden_taps import Projection, add_hidden_state_taps
 
 logger = logging.getLogger(__name__)
 
@@ -51,32 +51,6 @@ QQ_BIAS = "qq_bias"
 QQ_BIAS_BEGINS = "qq_bias_begins"
 _TREE_INPUTS: dict[str, type] = {QQ_BIAS: np.uint8, QQ_BIAS_BEGINS: np.int32}
 _CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
-
-
-@dataclass
-class SequenceChunk:
-    """The tokens of one sequence to run in this step."""
-
-    token_ids: Sequence[int]  # [n] new tokens of this sequence to run now
-    past_length: int  # tokens of this sequence already in the KV cache (positions start here)
-    block_table: Sequence[int]  # physical KV blocks covering positions [0, past_length + n)
-    num_logits: int  # how many trailing rows (of the n) need logits, 0..n
-    # Which sequence the tokens belong to. The paged runner ignores it (the block table says where
-    # the KV lives); a stateful runner keeps each sequence's KV in its own infer request.
-    sequence_id: str | None = None
-    # Tree tokens (speculation trees): for each of the n tokens, the index within token_ids of its
-    # parent, or -1 for a token whose parent is the last token already in the cache. Parents come
-    # before children. A token attends to the past and to its ancestors alone, and its position is
-    # past_length + its depth (0 for a token without parent). None: an ordinary causal chunk.
-    tree_parents: Sequence[int] | None = None
-    # Dummy tokens run after token_ids so that the step keeps the token count of an earlier one:
-    # the CPU plugin re-prepares every node of the graph when the count changes, which costs more
-    # than a few tokens' compute (see PagedModelRunner). They repeat the last token at the next
-    # positions, give no logits, and write their keys and values only past the sequence's length:
-    # into its last block, whose later slots the sequence's next tokens overwrite before reading,
-    # and beyond it into a scratch block that no sequence owns. In a tree chunk they are extra roots
-    # (parent -1) that no node attends to.
-    padding: int = 0
 
 
 class _HostInput:
@@ -158,12 +132,12 @@ class PagedModelRunner:
     tapped layer boundaries, or None) and ``hidden_state_width`` (width of a tapped row, 0 untapped).
 
     ``hidden_state_layers`` (an EAGLE-3 target): the compiled graph gets one more output, the residual
-    stream entering each of these layers for every scheduled token (:mod:`xpuspec.engine.hidden_taps`),
+    stream entering each of these layers for every scheduled token (:mod:`xpuspec.executor.hidden_taps`),
     read with :meth:`hidden_states` after a step. Without it the graph is the plain paged model.
     ``hidden_state_projection`` maps those rows inside the graph (an EAGLE-3 head's ``fc``).
 
     ``logits_vocab`` (a draft): keep the LM head's first ``logits_vocab`` rows
-    (:func:`~xpuspec.engine.graph_edits.cut_logits_vocab`), so ``vocab_size`` is that.
+    (:func:`~xpuspec.executor.graph_edits.cut_logits_vocab`), so ``vocab_size`` is that.
     """
 
     supports_padding = True  # SequenceChunk.padding
