@@ -171,7 +171,7 @@ class Eagle3Head:
         if self._fusion is None:
             self._fusion = self._compile(self._fusion_model)
         # share_inputs: the arrays are the request's inputs as they are, not copied in (synchronous
-        # calls, and nothing writes the arrays meanwhile); copying cost ~0.4 ms per head pass.
+        # calls, and nothing writes the arrays meanwhile); copying them cost time at every head pass.
         self._fusion.infer({graph.TARGET_HIDDEN: target_hidden}, share_inputs=True)
         return self._fusion.get_tensor(graph.FUSED).data.copy()
 

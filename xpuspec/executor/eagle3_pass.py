@@ -82,9 +82,9 @@ class HeadRequest:
     def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The request's own input tensor ``name`` at ``shape``, as a writable array (zero-filled).
 
-        Writing into the request's tensors skips the per-call wrapping of a dict of arrays (~0.1 ms a
-        pass). The array is kept while the shape stays: asking the tensor for its shape and data costs
-        ~30 µs an input.
+        Writing into the request's tensors skips the per-call wrapping of a dict of arrays at every pass.
+        The array is kept while the shape stays: asking the tensor for its shape and data has a cost of
+        its own at every input.
         """
         held = self._inputs.get(name)
         if held is None or held.shape != shape:
