@@ -7,6 +7,7 @@ random heads name boundaries (0, 1, 2) explicitly. Their draft vocabulary is 96 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from xpuspec.executor.eagle3_head import Eagle3Head  # noqa: E402
 from xpuspec.executor.paged_runner import PagedModelRunner  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 from xpuspec.sample.sampler import probabilities  # noqa: E402
+from xpuspec.spec_decode.eagle3.head_state import HeadStates  # noqa: E402
 from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer  # noqa: E402
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler  # noqa: E402
 
@@ -85,7 +87,7 @@ def test_one_request_at_a_time(eagle3, target_only, num_draft_tokens):
     assert _mismatches(target_only, results) == []
     if num_draft_tokens:
         assert sum(r.stats["drafted"] for r in results) > 0
-    assert eagle3.engine.proposer._states == {}  # every finished sequence released
+    assert len(eagle3.engine.proposer.states) == 0  # every finished sequence released
 
 
 def test_sixteen_in_flight(eagle3, target_only):
@@ -103,7 +105,7 @@ def test_preemption_keeps_output_exact(pair_bundle, head, target_only):
     assert _mismatches(target_only, results) == []
     assert sum(r.stats["num_preemptions"] for r in results) > 0
     assert pipe.engine.block_manager.num_used_blocks == 0
-    assert pipe.engine.proposer._states == {}
+    assert len(pipe.engine.proposer.states) == 0
 
 
 def test_a_cached_prefix_restarts_the_head_after_it(eagle3, target_only, monkeypatch, caplog):
@@ -111,11 +113,13 @@ def test_a_cached_prefix_restarts_the_head_after_it(eagle3, target_only, monkeyp
     the head has no states: it restarts there (shorter context, same output)."""
     import logging
 
-    monkeypatch.setattr(eagle3.engine.proposer, "needs_every_target_state", False)
+    proposer = eagle3.engine.proposer
+    monkeypatch.setattr(proposer, "caps", dataclasses.replace(proposer.caps, needs_every_target_state=False))
+    monkeypatch.setattr(proposer, "needs_every_target_state", False)  # the name the engine read before caps
     eagle3.engine._build_scheduler()
     try:
         assert eagle3.engine.prefix_caching
-        with caplog.at_level(logging.INFO, logger="xpuspec.spec_decode.eagle3.proposer"):
+        with caplog.at_level(logging.INFO, logger="xpuspec.spec_decode.eagle3"):
             results = [eagle3.generate(PROMPTS[4], greedy(3))[0] for _ in range(2)]
         assert [r.token_ids for r in results] == [target_only[4]] * 2
         assert results[1].stats["cached_tokens"] > 0
@@ -290,8 +294,7 @@ def test_chains_compiled_in_the_background_take_over_once_ready(pair_bundle, hea
     ov_head.draft_greedy_chain = counted
     assert pipe.generate(PROMPTS[1], greedy(3))[0].token_ids == target_only[1]
     assert chains and not chains[0]  # the first call found nothing compiled
-    for compiling in ov_head._chains.values():
-        compiling.result(timeout=120)
+    ov_head.chains.wait(timeout=120)
     chains.clear()
     result = pipe.generate(PROMPTS[1], greedy(3))[0]
     assert result.token_ids == target_only[1] and result.stats["drafted"] > 0
@@ -403,7 +406,7 @@ def test_eagle3_needs_a_head(pair_bundle):
 
 
 class _StubHead:
-    """What the proposer's bookkeeping asks of the head: per-sequence KV lengths."""
+    """What the per-sequence bookkeeping asks of the head: per-sequence KV lengths."""
 
     class config:  # noqa: N801
         vocab_size = 384
@@ -423,20 +426,21 @@ class _StubHead:
 
 def test_states_recomputed_or_missing_rewind_or_restart_the_head():
     head = _StubHead()
-    proposer = Eagle3Proposer(head, lambda: np.zeros((0, 3)), 384)  # type: ignore[arg-type]
+    states = HeadStates(head)  # type: ignore[arg-type]
     rows = lambda count: np.ones((count, 4), np.float32)  # noqa: E731
 
-    proposer._sequence_at("a", 0).add(rows(6))  # positions 0..5 pending
+    states.sequence_at("a", 0).add(rows(6))  # positions 0..5 pending
     head.lengths["a"] = 4  # a catch-up consumed 0..3 ...
-    state = proposer._states["a"]
+    state = states.get("a")
+    assert state is not None
     state.keep(0)
     state.add(rows(2))  # ... and 4, 5 are pending again
-    assert proposer._sequence_at("a", 6) is state and state.num_pending == 2  # the next position
+    assert states.sequence_at("a", 6) is state and state.num_pending == 2  # the next position
 
-    proposer._sequence_at("a", 5)  # recomputed from 5: pending keeps 4 only
+    states.sequence_at("a", 5)  # recomputed from 5: pending keeps 4 only
     assert (head.kv_length("a"), state.num_pending) == (4, 1)
-    proposer._sequence_at("a", 2)  # recomputed from 2: the head's KV too
+    states.sequence_at("a", 2)  # recomputed from 2: the head's KV too
     assert (head.kv_length("a"), state.num_pending) == (2, 0)
 
-    restarted = proposer._sequence_at("a", 9)  # a gap: 2..8 will never come
+    restarted = states.sequence_at("a", 9)  # a gap: 2..8 will never come
     assert restarted is not state and restarted.start == 9 and head.kv_length("a") == 0

@@ -17,10 +17,13 @@ from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.executor import eagle3_graph as graph  # noqa: E402
 from xpuspec.executor.eagle3_embedding import table_embedding_model, target_embedding_model  # noqa: E402
 from xpuspec.executor.eagle3_head import CACHE_GRAIN, Eagle3Head, HeadStep  # noqa: E402
+from xpuspec.prepare.config import PrepareError  # noqa: E402
+from xpuspec.prepare.eagle3 import read_source_tensors  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import (  # noqa: E402
-    load_head_weights,  # noqa: E402
-    read_safetensors,  # noqa: E402
+    check_head_tensors,
+    load_head_weights,
+    read_safetensors,
 )
 
 # The tiny target of tests/support/tiny_checkpoints.py: 2 layers, so the taps are named explicitly.
@@ -352,7 +355,7 @@ def test_config_errors_name_the_problem(head_dir: Path, tmp_path: Path):
     assert defaults.aux_layer_ids is None and defaults.tap_layers(32) == (2, 16, 29)
 
 
-def test_torch_bin_and_sharded_safetensors_load_the_same(head_dir: Path, tmp_path: Path, monkeypatch):
+def test_torch_bin_and_sharded_safetensors_read_the_same(head_dir: Path, tmp_path: Path, monkeypatch):
     from safetensors.numpy import save_file
 
     expected = load_head_weights(head_dir)
@@ -375,15 +378,19 @@ def test_torch_bin_and_sharded_safetensors_load_the_same(head_dir: Path, tmp_pat
         weight_map.update(dict.fromkeys(part, shard))
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
-    for folder in (as_bin, sharded):
-        loaded = load_head_weights(folder)
+    config = Eagle3HeadConfig.from_folder(head_dir)
+    from_bin = check_head_tensors(read_source_tensors(as_bin), config)  # prepare's reader: torch
+    for loaded in (from_bin, load_head_weights(sharded)):
         assert sorted(loaded.tensors) == sorted(expected.tensors)
         assert all(np.array_equal(loaded.tensors[name], expected.tensors[name]) for name in expected.tensors)
         assert np.array_equal(loaded.d2t, expected.d2t) and np.array_equal(loaded.t2d, expected.t2d)
 
-    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # as on a runtime-only install
-    with pytest.raises(ValueError, match="torch pickle and torch is not installed"):
+    # The runtime reads no torch pickle, torch installed or not: prepare converts it once.
+    with pytest.raises(ValueError, match="torch pickle, which xpuspec reads only when preparing"):
         load_head_weights(as_bin)
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # as on a runtime-only install
+    with pytest.raises(PrepareError, match="torch pickle and torch is not installed"):
+        read_source_tensors(as_bin)
 
 
 def test_f16_weights_stay_close(head_dir: Path, reference, table: np.ndarray):
@@ -485,8 +492,8 @@ def test_a_greedy_chain_compiles_in_the_background_and_drafts_once_ready(head: E
     head.run([HeadStep("a", [1, 2, 3], np.zeros((3, TARGET["hidden_size"]), np.float32))])
     assert head.draft_greedy_chain(HeadStep("a", [4, 5], hidden), 3) is None  # compiling: pass by pass
     assert head.kv_length("a") == 3  # nothing ran
-    (compiling,) = head._chains.values()
-    compiling.result(timeout=120)
+    assert len(head.chains.keys()) == 1
+    head.chains.wait(timeout=120)
     token_ids, sums = head.draft_greedy_chain(HeadStep("a", [4, 5], hidden), 3)
     assert token_ids.shape == (3,) and np.isfinite(sums).all() and head.kv_length("a") == 5
     # A first pass wider than count + 1 (the round after a prefill) is drafted pass by pass.
@@ -503,18 +510,16 @@ def test_a_greedy_chain_takes_only_a_default_pass(head: Eagle3Head):
 
 
 def test_a_chain_that_does_not_compile_leaves_drafting_pass_by_pass(head: Eagle3Head, monkeypatch, caplog):
-    def broken(count, capacity):
+    def broken(*args, **kwargs):
         raise RuntimeError("injected compile failure")
 
-    monkeypatch.setattr(head, "_compile_chain", broken)
+    monkeypatch.setattr(graph, "build_greedy_rollout_model", broken)
     hidden = np.zeros((2, TARGET["hidden_size"]), np.float32)
     for inline in (True, False):
         head.compile_chains_inline = inline
-        head._chains.clear()
-        head._chain_errors.clear()
+        head.chains.clear()
         assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 2) is None
-        for compiling in head._chains.values():
-            compiling.exception(timeout=60)
+        head.chains.wait(timeout=60)
         with caplog.at_level("WARNING"):
             assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 2) is None
             assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 2) is None
@@ -525,8 +530,8 @@ def test_a_chain_that_does_not_compile_leaves_drafting_pass_by_pass(head: Eagle3
 
 def test_prepared_chains_are_ready_for_every_capacity_a_context_reaches(head: Eagle3Head):
     head.prepare_chains(3, CACHE_GRAIN + 1)  # two capacities: 256 and 512
-    assert sorted(head._chains) == [(3, CACHE_GRAIN), (3, 2 * CACHE_GRAIN)]
-    assert all(compiling.done() for compiling in head._chains.values())
+    assert sorted(head.chains.keys()) == [(3, CACHE_GRAIN), (3, 2 * CACHE_GRAIN)]
+    assert all(head.chains.request(*key) is not None for key in head.chains.keys())  # compiled
     assert not head.compile_chains_inline  # left as it was
     hidden = np.zeros((2, TARGET["hidden_size"]), np.float32)
     assert head.draft_greedy_chain(HeadStep("a", [1, 2], hidden), 3) is not None  # no background wait

@@ -79,7 +79,7 @@ def test_one_request_at_a_time(pipe, target_only, draft_tree, monkeypatch):
     assert _mismatches(target_only, results) == []
     trees, nodes, _accepted = _tree_stats(results)
     assert trees > 0 and nodes > 2 * trees, "trees of several nodes must have been verified"
-    assert pipe.engine.proposer._states == {}  # every finished sequence released
+    assert len(pipe.engine.proposer.states) == 0  # every finished sequence released
     assert all(name.startswith("\x00") for name in pipe.engine.proposer.head.sequences)  # calibration's only
 
 
@@ -112,7 +112,7 @@ def test_preemption_keeps_output_exact(pair_bundle, head, target_only):
     assert sum(r.stats["num_preemptions"] for r in results) > 0
     assert _tree_stats(results)[0] > 0
     assert pipe.engine.block_manager.num_used_blocks == 0
-    assert pipe.engine.proposer._states == {}
+    assert len(pipe.engine.proposer.states) == 0
 
 
 # ----------------------------------------------------------------------------- accepted paths

@@ -312,8 +312,7 @@ def build_head_model(
     With ``embedding`` (a model ``input_ids -> embeddings``, e.g.
     :func:`xpuspec.executor.eagle3_embedding.target_embedding_model`) the head reads token ids
     ``input_ids [b, n]`` i64 instead of ``inputs_embeds`` and embeds them itself: one call a draft
-    instead of two (the separate lookup cost ~0.3 ms a draft in the engine, as much as a third of the
-    head's own Python).
+    instead of two (the separate lookup cost a sizeable share of the head's own Python a draft).
     """
     w = _Weights(weights, weight_type)
     inputs = _head_parameters(config, embedding)

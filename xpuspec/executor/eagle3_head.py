@@ -1,6 +1,7 @@
 """The EAGLE-3 head at run time: compiled OpenVINO models and per-sequence KV, at the numpy level.
 
-What a drafter (a :class:`xpuspec.spec_decode.proposal.DraftProposer`) does with it, per step:
+What a drafter (:mod:`xpuspec.spec_decode.eagle3`, which sees it as a
+:class:`~xpuspec.spec_decode.eagle3.head.HeadExecutor`) does with it, per step:
 
 1. after verification, fuse the target's tapped states of the newly verified tokens (:meth:`fuse`; the
    engine's target does it inside its own pass, ``PagedModelRunner(hidden_state_projection=...)``),
@@ -13,29 +14,15 @@ What a drafter (a :class:`xpuspec.spec_decode.proposal.DraftProposer`) does with
    for ids the head cannot draft), so rejection sampling compares rows of one vocabulary;
 4. :meth:`release` a finished sequence.
 
-The KV cache lives here as numpy, per sequence id, appended by every pass (each sequence's rows may be
-of different lengths: passes are padded and masked). It is small: one layer, ``kv_heads * head_dim``
-values per position.
-
-A pass of one sequence (batch 1, every chain step of a lone request) is the latency that matters, and
-its Python cost was as large as the head's own nodes (0.92 ms a call against 0.48 ms of node time, SmolLM2's
-head, one token): it rebuilt seven arrays, copied the sequence's past KV into them, handed them over by
-name, and each new past length changed the graph's input shapes. Now the sequence's cache *is* the past
-input, at a capacity that grows in :data:`CACHE_GRAIN` slots (masked beyond its length, so the shapes stay
-put for that many tokens), and the other inputs are written into the request's own tensors.
-
-Step 2 of a greedy chain need not leave the graph: :meth:`draft_greedy_chain` runs the catch-up and γ - 1
-rollout passes in one call, in a graph compiled at static shapes per γ and cache capacity (in a
-background thread; the caller drafts pass by pass until it is ready).
+Each sequence's KV cache and how a pass's inputs are written: :mod:`xpuspec.executor.eagle3_pass`.
+Step 2 of a greedy chain need not leave the graph: :meth:`Eagle3Head.draft_greedy_chain` runs the
+catch-up and γ - 1 rollout passes in one call (:mod:`xpuspec.executor.eagle3_chains`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,16 +30,29 @@ import numpy as np
 import openvino as ov
 
 from xpuspec.executor import eagle3_graph as graph
+from xpuspec.executor.eagle3_chains import GreedyChains, chain_rows
 from xpuspec.executor.eagle3_embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
+from xpuspec.executor.eagle3_pass import CACHE_GRAIN, HeadRequest, SequenceCache, fill_pass
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
+from xpuspec.spec_decode.eagle3.head import HeadStep, HeadStepResult
 from xpuspec.spec_decode.eagle3.weights import Eagle3HeadWeights, load_head_weights
+
+# Re-exported: the head's inputs and outputs (plain types of spec_decode) and its cache grain.
+__all__ = [
+    "CACHE_GRAIN",
+    "HEAD_WEIGHT_TYPE",
+    "Eagle3Head",
+    "HeadFolder",
+    "HeadStep",
+    "HeadStepResult",
+    "read_head",
+]
 
 logger = logging.getLogger(__name__)
 
-# The weights the engine runs a head with (its matrices int8 per output row, see head_model._Weights):
-# the same acceptance as f32 on held-out chat (0.172 against 0.173 of 4.7k drafts, SmolLM2-135M's head),
-# 1.07x the decode speed at γ = 4.
+# The weights the engine runs a head with (its matrices int8 per output row, see eagle3_graph._Weights):
+# measured with SmolLM2-135M's head, the same acceptance as f32 on held-out chat, and a faster decode.
 HEAD_WEIGHT_TYPE = "int8"
 
 
@@ -73,142 +73,6 @@ def read_head(head_dir: str | Path, target_dir: str | Path) -> HeadFolder:
     if weights.embed_tokens is not None:
         logger.info("%s ships embed_tokens; embedding with the target's table instead", head_dir)
     return HeadFolder(config, weights, tap_layers)
-
-
-@dataclass
-class HeadStep:
-    """One sequence's ``n`` new positions in a head pass.
-
-    ``token_ids`` ``[n]``: the target ids whose embeddings the positions read (position ``j`` pairs the
-    state at ``j`` with the token at ``j + 1``). ``hidden`` ``[n, hidden]``: fused target states
-    (:meth:`Eagle3Head.fuse`) or a previous pass's ``hidden``. ``positions`` ``[n]``: default the next
-    ``n`` slots of the sequence's cache. ``attention_mask`` ``[n, past + n]`` bool over the cached
-    positions and the new ones: default all of the past and causal among the new (give a tree's mask
-    here). ``logits_rows``: which of the ``n`` positions get logits; default the last only.
-    """
-
-    sequence_id: str
-    token_ids: Sequence[int] | np.ndarray
-    hidden: np.ndarray
-    positions: Sequence[int] | np.ndarray | None = None
-    attention_mask: np.ndarray | None = None
-    logits_rows: Sequence[int] | None = None
-
-    def __post_init__(self) -> None:
-        self.token_ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
-        self.hidden = np.asarray(self.hidden, dtype=np.float32)
-        n = self.token_ids.shape[0]
-        if n == 0:
-            raise ValueError(f"head step for {self.sequence_id}: no positions")
-        if self.hidden.ndim != 2 or self.hidden.shape[0] != n:
-            raise ValueError(
-                f"head step for {self.sequence_id}: hidden must be [{n}, hidden] for {n} token ids, "
-                f"got {list(self.hidden.shape)}"
-            )
-        if self.positions is not None:
-            self.positions = np.asarray(self.positions, dtype=np.int64).reshape(-1)
-            if self.positions.shape[0] != n:
-                raise ValueError(
-                    f"head step for {self.sequence_id}: {self.positions.shape[0]} positions for {n} ids"
-                )
-        rows = [n - 1] if self.logits_rows is None else [int(row) for row in self.logits_rows]
-        if not rows or any(not 0 <= row < n for row in rows):
-            raise ValueError(
-                f"head step for {self.sequence_id}: logits_rows must be in 0..{n - 1}, got {rows}"
-            )
-        self.logits_rows = rows
-
-
-@dataclass
-class HeadStepResult:
-    logits: np.ndarray  # [len(logits_rows), draft_vocab]
-    hidden: np.ndarray  # [n, hidden]: the next rollout step's input state (before the final norm)
-
-
-# Slots a sequence's head cache grows by: its capacity is the past width of a batch-1 pass, so the
-# head's input shapes change once per this many tokens instead of every pass.
-CACHE_GRAIN = 256
-
-
-class _SequenceCache:
-    """One sequence's keys and values ``[1, kv_heads, capacity, head_dim]``, valid up to ``length``.
-
-    The arrays are the head's ``past_key`` / ``past_value`` inputs of a pass of this sequence alone
-    (``tensors``, sharing their memory): the slots past ``length`` are masked, and kept at zero so a
-    masked slot's weight of exactly 0 never meets a NaN.
-    """
-
-    def __init__(self, kv_heads: int, head_dim: int):
-        self.key = np.zeros((1, kv_heads, CACHE_GRAIN, head_dim), np.float32)
-        self.value = np.zeros_like(self.key)
-        self.length = 0
-        self.tensors = self._share()
-
-    def _share(self) -> tuple[ov.Tensor, ov.Tensor]:
-        return ov.Tensor(self.key, shared_memory=True), ov.Tensor(self.value, shared_memory=True)
-
-    @property
-    def capacity(self) -> int:
-        return self.key.shape[2]
-
-    def append(self, key: np.ndarray, value: np.ndarray) -> None:
-        """Add ``[kv_heads, n, head_dim]`` keys and values after the valid slots."""
-        end = self.length + key.shape[1]
-        if end > self.capacity:
-            capacity = -(-end // CACHE_GRAIN) * CACHE_GRAIN
-            for name in ("key", "value"):
-                grown = np.zeros(self.key.shape[:2] + (capacity, self.key.shape[3]), np.float32)
-                grown[:, :, : self.length] = getattr(self, name)[:, :, : self.length]
-                setattr(self, name, grown)
-            self.tensors = self._share()
-        self.key[0, :, self.length : end] = key
-        self.value[0, :, self.length : end] = value
-        self.length = end
-
-    def truncate(self, length: int) -> None:
-        if length < self.length:
-            self.key[:, :, length : self.length] = 0
-            self.value[:, :, length : self.length] = 0
-            self.length = length
-
-
-def _chain_rows(count: int) -> int:
-    """Positions of a chain's first pass (padded): the tokens a round of ``count`` drafts can accept."""
-    return count + 1
-
-
-class _HeadRequest:
-    """An infer request of a head graph with its input arrays (the request's own tensors) and the past
-    KV tensors last set on it."""
-
-    def __init__(self, request: ov.InferRequest):
-        self.request = request
-        self._inputs: dict[str, np.ndarray] = {}
-        self._past: tuple[ov.Tensor, ov.Tensor] | None = None
-
-    def input(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The request's own input tensor ``name`` at ``shape``, as a writable array (zero-filled).
-
-        Writing into the request's tensors skips the per-call wrapping of a dict of arrays (~0.1 ms a
-        pass). The array is kept while the shape stays: asking the tensor for its shape and data costs
-        ~30 µs an input.
-        """
-        held = self._inputs.get(name)
-        if held is None or held.shape != shape:
-            tensor = self.request.get_tensor(name)
-            tensor.shape = list(shape)
-            held = self._inputs[name] = tensor.data
-        held.fill(0)
-        return held
-
-    def set_past(self, key: ov.Tensor, value: ov.Tensor) -> None:
-        if self._past is None or self._past[0] is not key:  # a lone sequence's cache: set once
-            self.request.set_tensor(graph.PAST_KEY, key)
-            self.request.set_tensor(graph.PAST_VALUE, value)
-            self._past = key, value
-
-    def output(self, name: str) -> np.ndarray:
-        return self.request.get_tensor(name).data
 
 
 class Eagle3Head:
@@ -237,17 +101,13 @@ class Eagle3Head:
             )
         # The head embeds its token ids itself (one call a draft); `embed` compiles the lookup alone
         # for callers that want embeddings.
-        self._head = _HeadRequest(
+        self._head = HeadRequest(
             core.compile_model(
                 graph.build_head_model(config, weights, weight_type, embedding), device, compile_properties
             ).create_infer_request()
         )
-        self._weights, self._weight_type = weights, weight_type
-        # Greedy chains in one call (draft_greedy_chain), by (drafts, cache capacity).
-        self._chains: dict[tuple[int, int], Future[_HeadRequest]] = {}
-        self._chain_errors: set[tuple[int, int]] = set()
-        self._compiler: ThreadPoolExecutor | None = None
-        self.compile_chains_inline = False
+        # Greedy chains in one call (draft_greedy_chain).
+        self.chains = GreedyChains(config, weights, weight_type, embedding, self._compile)
         # The engine folds the fusion into the target (head_model.fusion); `fuse` compiles it alone
         # for callers holding unfused states.
         self._fusion_model = graph.build_fusion_model(config, weights, weight_type)
@@ -255,7 +115,7 @@ class Eagle3Head:
         self._embedding_model = embedding
         self._embedding: ov.InferRequest | None = None
         self._core, self._device, self._compile_properties = core, device, compile_properties
-        self._caches: dict[str, _SequenceCache] = {}
+        self._caches: dict[str, SequenceCache] = {}
 
     @classmethod
     def from_folders(
@@ -291,11 +151,11 @@ class Eagle3Head:
     def release(self, sequence_id: str) -> None:
         self._caches.pop(sequence_id, None)
 
-    def _cache(self, sequence_id: str) -> _SequenceCache:
+    def _cache(self, sequence_id: str) -> SequenceCache:
         cache = self._caches.get(sequence_id)
         if cache is None:
             config = self.config
-            cache = self._caches[sequence_id] = _SequenceCache(config.num_key_value_heads, config.head_dim)
+            cache = self._caches[sequence_id] = SequenceCache(config.num_key_value_heads, config.head_dim)
         return cache
 
     # --- model calls -----------------------------------------------------------------------------
@@ -311,7 +171,7 @@ class Eagle3Head:
         if self._fusion is None:
             self._fusion = self._compile(self._fusion_model)
         # share_inputs: the arrays are the request's inputs as they are, not copied in (synchronous
-        # calls, and nothing writes the arrays meanwhile); copying cost ~0.4 ms per head pass.
+        # calls, and nothing writes the arrays meanwhile); copying them cost time at every head pass.
         self._fusion.infer({graph.TARGET_HIDDEN: target_hidden}, share_inputs=True)
         return self._fusion.get_tensor(graph.FUSED).data.copy()
 
@@ -335,7 +195,7 @@ class Eagle3Head:
         if len({step.sequence_id for step in steps}) != len(steps):
             raise ValueError("one head pass takes each sequence once")
         caches = [self._cache(step.sequence_id) for step in steps]
-        lengths = self._fill(self._head, steps, caches)
+        lengths = fill_pass(self.config, self._head, steps, caches)
         self._head.request.infer()
         logits = self._head.output(graph.LOGITS)  # [b, rows, draft_vocab]
         hidden_out = self._head.output(graph.HIDDEN_OUT)  # [b, new, hidden]
@@ -369,14 +229,14 @@ class Eagle3Head:
             raise ValueError("a greedy chain starts from the default mask and the last position's logits")
         if count < 1:
             raise ValueError(f"a greedy chain drafts at least one token, got count={count}")
-        rows = _chain_rows(count)
+        rows = chain_rows(count)
         if len(step.token_ids) > rows:
             return None
         cache = self._cache(step.sequence_id)
-        request = self._chain_request(count, cache.capacity)
+        request = self.chains.request(count, cache.capacity)
         if request is None:
             return None
-        (length,) = self._fill(request, [step], [cache], rows=rows)
+        (length,) = fill_pass(self.config, request, [step], [cache], rows=rows)
         request.request.infer()
         cache.append(
             request.output(graph.PRESENT_KEY)[0, :, :length],
@@ -388,130 +248,16 @@ class Eagle3Head:
         """Compile now (or wait for) the chains of ``count`` drafts for a sequence of up to ``context``
         tokens, one per cache capacity it reaches: for a caller that times requests and wants no compile
         inside them (the benchmarks)."""
-        if count < 1:
-            return
-        for capacity in range(CACHE_GRAIN, -(-max(context, 1) // CACHE_GRAIN) * CACHE_GRAIN + 1, CACHE_GRAIN):
-            self._chain_request(count, capacity, inline=True)
-            self._chains[count, capacity].exception()  # waits for a compile already under way
+        self.chains.prepare(count, context)
 
-    def _chain_request(self, count: int, capacity: int, inline: bool = False) -> _HeadRequest | None:
-        """The compiled chain of ``count`` drafts over a cache of ``capacity`` slots, if it is ready; a
-        missing one compiles here when ``inline`` or ``compile_chains_inline``, else in the background."""
-        key = count, capacity
-        compiling = self._chains.get(key)
-        if compiling is None:
-            if inline or self.compile_chains_inline:
-                compiling = Future()
-                try:
-                    compiling.set_result(self._compile_chain(count, capacity))
-                except Exception as error:  # as a background compile's failure: drafted pass by pass
-                    compiling.set_exception(error)
-            else:
-                if self._compiler is None:
-                    self._compiler = ThreadPoolExecutor(1, thread_name_prefix="eagle3-chain-compile")
-                compiling = self._compiler.submit(self._compile_chain, count, capacity)
-            self._chains[key] = compiling
-        if not compiling.done():
-            return None
-        error = compiling.exception()
-        if error is not None:
-            if key not in self._chain_errors:
-                self._chain_errors.add(key)
-                logger.warning(
-                    "EAGLE-3: the chain of %d drafts did not compile, drafting pass by pass: %s", count, error
-                )
-            return None
-        return compiling.result()
+    @property
+    def compile_chains_inline(self) -> bool:
+        """Compile a missing chain at its first use, there and then (default: in the background)."""
+        return self.chains.compile_inline
 
-    def _compile_chain(self, count: int, capacity: int) -> _HeadRequest:
-        started = time.perf_counter()
-        model = graph.build_greedy_rollout_model(
-            self.config, self._weights, self.target_ids, count, self._weight_type, self._embedding_model
-        )
-        rows = _chain_rows(count)
-        hidden, kv_heads, head_dim = (
-            self.config.hidden_size,
-            self.config.num_key_value_heads,
-            self.config.head_dim,
-        )
-        # Static shapes: a dynamic graph re-derived its shapes every call (~0.5 ms, SmolLM2's head, γ = 4).
-        model.reshape(
-            {
-                graph.INPUT_IDS: [1, rows],
-                graph.HIDDEN_IN: [1, rows, hidden],
-                graph.POSITION_IDS: [1, rows],
-                graph.PAST_KEY: [1, kv_heads, capacity, head_dim],
-                graph.PAST_VALUE: [1, kv_heads, capacity, head_dim],
-                graph.ATTENTION_MASK: [1, rows, capacity + rows],
-                graph.LOGITS_INDICES: [1, 1],
-            }
-        )
-        request = _HeadRequest(self._compile(model))
-        logger.debug(
-            "EAGLE-3 chain of %d drafts over %d slots compiled in %.2fs",
-            count,
-            capacity,
-            time.perf_counter() - started,
-        )
-        return request
-
-    def _fill(
-        self, request: _HeadRequest, steps: Sequence[HeadStep], caches: list[_SequenceCache], rows: int = 1
-    ) -> list[int]:
-        """Write one pass of ``steps``, padded to at least ``rows`` positions, into ``request``'s inputs;
-        returns each step's length."""
-        config = self.config
-        for step in steps:
-            if step.hidden.shape[1] != config.hidden_size:
-                raise ValueError(
-                    f"head step for {step.sequence_id}: hidden has {step.hidden.shape[1]} features, the head "
-                    f"{config.hidden_size} (fuse the target's states first)"
-                )
-        batch = len(steps)
-        pasts = [cache.length for cache in caches]
-        lengths = [step.token_ids.shape[0] for step in steps]
-        new = max(max(lengths), rows)
-        if batch == 1:
-            # The cache is the past input as it is: no copy, and its width changes once per CACHE_GRAIN.
-            past = caches[0].capacity
-            past_key, past_value = caches[0].tensors
-        else:
-            past = max(pasts)
-            key = np.zeros((batch, config.num_key_value_heads, past, config.head_dim), np.float32)
-            value = np.zeros_like(key)
-            for i, (cache, cached) in enumerate(zip(caches, pasts, strict=True)):
-                key[i, :, :cached] = cache.key[0, :, :cached]
-                value[i, :, :cached] = cache.value[0, :, :cached]
-            past_key, past_value = ov.Tensor(key, shared_memory=True), ov.Tensor(value, shared_memory=True)
-        request.set_past(past_key, past_value)
-
-        input_ids = request.input(graph.INPUT_IDS, (batch, new))
-        hidden = request.input(graph.HIDDEN_IN, (batch, new, config.hidden_size))
-        positions = request.input(graph.POSITION_IDS, (batch, new))
-        mask = request.input(graph.ATTENTION_MASK, (batch, new, past + new))
-        logits_indices = request.input(graph.LOGITS_INDICES, (batch, max(len(s.logits_rows) for s in steps)))
-        # Padded query rows attend to themselves only, so no row is fully masked.
-        mask[:, np.arange(new), past + np.arange(new)] = True
-        for i, (step, length, cached) in enumerate(zip(steps, lengths, pasts, strict=True)):
-            input_ids[i, :length] = step.token_ids
-            hidden[i, :length] = step.hidden
-            positions[i, :length] = cached + np.arange(length) if step.positions is None else step.positions
-            if step.attention_mask is None:
-                mask[i, :length, :cached] = True
-                if length > 1:  # one new position: the diagonal set above
-                    mask[i, :length, past : past + length] = np.tri(length, dtype=np.bool_)
-            else:
-                given = np.asarray(step.attention_mask, dtype=np.bool_)
-                if given.shape != (length, cached + length):
-                    raise ValueError(
-                        f"head step for {step.sequence_id}: attention_mask must be "
-                        f"[{length}, {cached + length}] ({cached} cached + {length} new positions), "
-                        f"got {list(given.shape)}"
-                    )
-                mask[i, :length, :cached] = given[:, :cached]
-                mask[i, :length, past : past + length] = given[:, cached:]
-            logits_indices[i, : len(step.logits_rows)] = step.logits_rows
-        return lengths
+    @compile_chains_inline.setter
+    def compile_chains_inline(self, inline: bool) -> None:
+        self.chains.compile_inline = inline
 
     # --- vocabularies ----------------------------------------------------------------------------
 

@@ -54,6 +54,9 @@ import openvino.opset13 as opset
 
 from xpuspec.executor.graph_edits import find_logits_matmul, is_constant_like
 
+# EAGLE-3's default taps belong to the head's config (plain, below the executor); re-exported here.
+from xpuspec.spec_decode.eagle3.config import eagle3_default_layers as eagle3_default_layers
+
 logger = logging.getLogger(__name__)
 
 HIDDEN_STATES_OUTPUT = "hidden_states"
@@ -66,20 +69,6 @@ _KEY_CACHE = re.compile(r"^key_cache\.(\d+)$")
 # The query path from a layer's attention back to its input norm is ~10 nodes (projection, reshapes,
 # rotary embedding); the bound stops a search on an unexpected graph from crossing the whole model.
 _MAX_SEARCH_NODES = 256
-
-
-def eagle3_default_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's default low, middle and high boundaries: ``(2, num_layers // 2, num_layers - 3)``.
-
-    The same triple as the EAGLE reference, vLLM and SGLang (see the module docstring for what an id
-    names). It needs at least 6 layers to give three distinct, increasing boundaries.
-    """
-    if num_layers < 6:
-        raise ValueError(
-            f"EAGLE-3's default layers (2, n // 2, n - 3) need a target of at least 6 layers, got "
-            f"{num_layers}; name the layers explicitly (the head's eagle_aux_hidden_state_layer_ids)"
-        )
-    return (2, num_layers // 2, num_layers - 3)
 
 
 def decoder_attention_layers(model: ov.Model) -> list[ov.Node]:

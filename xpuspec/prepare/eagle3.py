@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from xpuspec.prepare.config import PrepareError
 from xpuspec.spec_decode.eagle3.config import ARCHITECTURE, CONFIG_FILE, Eagle3HeadConfig
 from xpuspec.spec_decode.eagle3.weights import (
@@ -34,6 +36,7 @@ from xpuspec.spec_decode.eagle3.weights import (
     SAFETENSORS_INDEX,
     TORCH_FILE,
     check_head_tensors,
+    decode_tensor,
     read_head_tensors,
     read_safetensors,
 )
@@ -104,7 +107,7 @@ def write_head(spec: str | Path, bundle_dir: Path, target_facts: Mapping[str, An
     folder = head_folder(spec)
     config, taps = check_head_fits(folder, target_facts)
     try:
-        weights = check_head_tensors(read_head_tensors(folder), config, source=f"--eagle3 {spec}")
+        weights = check_head_tensors(read_source_tensors(folder), config, source=f"--eagle3 {spec}")
     except ValueError as error:
         raise PrepareError(
             str(error) if str(error).startswith("--eagle3") else f"--eagle3 {spec}: {error}"
@@ -131,6 +134,18 @@ def write_head(spec: str | Path, bundle_dir: Path, target_facts: Mapping[str, An
         "num_parameters": int(sum(tensor.size for tensor in weights.tensors.values())),
         "size_bytes": (out / SAFETENSORS_FILE).stat().st_size,
     }
+
+
+def read_source_tensors(folder: Path) -> dict[str, np.ndarray]:
+    """The tensors of a head folder as published: the runtime's safetensors reader, or a
+    ``pytorch_model.bin`` read through torch (only here: the runtime reads no torch pickle)."""
+    if not (folder / SAFETENSORS_INDEX).is_file() and not (folder / SAFETENSORS_FILE).is_file():
+        if (folder / TORCH_FILE).is_file():
+            return {
+                name: decode_tensor(dtype, shape, data, f"{folder / TORCH_FILE}: tensor {name!r}")
+                for name, (dtype, shape, data) in _raw_torch(folder / TORCH_FILE).items()
+            }
+    return read_head_tensors(folder)
 
 
 def _write_weights(folder: Path, destination: Path) -> str:

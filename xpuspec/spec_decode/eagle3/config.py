@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from xpuspec.executor.hidden_taps import eagle3_default_layers
-
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
@@ -38,12 +36,26 @@ _REQUIRED = (
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
+def eagle3_default_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default low, middle and high boundaries: ``(2, num_layers // 2, num_layers - 3)``.
+
+    The same triple as the EAGLE reference, vLLM and SGLang (:mod:`xpuspec.executor.hidden_taps` says
+    what an id names). It needs at least 6 layers to give three distinct, increasing boundaries.
+    """
+    if num_layers < 6:
+        raise ValueError(
+            f"EAGLE-3's default layers (2, n // 2, n - 3) need a target of at least 6 layers, got "
+            f"{num_layers}; name the layers explicitly (the head's eagle_aux_hidden_state_layer_ids)"
+        )
+    return (2, num_layers // 2, num_layers - 3)
+
+
 @dataclass(frozen=True)
 class Eagle3HeadConfig:
     """The shape and numerics of a one-layer EAGLE-3 head.
 
     ``aux_layer_ids`` are the head's ``eagle_aux_hidden_state_layer_ids`` as written, or None for
-    EAGLE-3's defaults (:func:`xpuspec.executor.hidden_taps.eagle3_default_layers`); see
+    EAGLE-3's defaults (:func:`eagle3_default_layers`); see
     :meth:`tap_layers` for how they are read.
     """
 

@@ -2,7 +2,7 @@
 
 For every sequence that drafts a tree this step:
 
-1. **catch-up** (one pass for all of them, the chain path's: :meth:`Eagle3Proposer._catch_up_step`):
+1. **catch-up** (one pass for all of them, the chain path's: :meth:`HeadStates.catch_up_step`):
    the head runs the sequence's pending target states; its last row gives the root's children;
 2. **per depth** (one pass for all sequences): the frontier (the ``width`` best-scored nodes of the
    deepest level, :meth:`xpuspec.spec_decode.tree_build.TreeBuild.choose_frontier`) runs as new head
@@ -30,18 +30,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.executor.eagle3_head import HeadStep, HeadStepResult
-from xpuspec.spec_decode.proposal import Proposal
+from xpuspec.spec_decode.eagle3.head import HeadStep, HeadStepResult
+from xpuspec.spec_decode.eagle3.head_state import HeadStates
 from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild
-
-if TYPE_CHECKING:
-    from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +67,13 @@ class _HeadTree:
 
 
 class Eagle3TreeDrafter:
-    """Drafts trees with an :class:`Eagle3Proposer`'s head and its per-sequence target states."""
+    """Drafts trees with the head of ``states`` and its per-sequence target states (those the chain
+    proposer, :class:`~xpuspec.spec_decode.eagle3.proposer.Eagle3Proposer`, keeps)."""
 
-    def __init__(self, proposer: Eagle3Proposer) -> None:
-        self.proposer = proposer
+    def __init__(self, states: HeadStates, target_vocab_size: int) -> None:
+        self.states = states
+        self.head = states.head
+        self.target_vocab_size = target_vocab_size
         self.step_timings: list[tuple[int, float]] = []
 
     def propose(
@@ -86,13 +86,12 @@ class Eagle3TreeDrafter:
         ``rngs`` holds the random stream of each sampled request (greedy ones draft top-k).
         """
         self.step_timings = []
-        proposer = self.proposer
         builds: list[TreeBuild] = []
         steps: list[HeadStep] = []
         for chunk, shape in requests:
             if chunk.num_draft_tokens == 0:
                 continue
-            step = proposer._catch_up_step(chunk)
+            step = self.states.catch_up_step(chunk.sequence)
             if step is not None:
                 rng = (rngs or {}).get(chunk.sequence.request_id)
                 builds.append(TreeBuild(chunk, shape, chunk.num_draft_tokens, rng))
@@ -103,21 +102,17 @@ class Eagle3TreeDrafter:
             return self._draft(builds, self._run(steps))
         finally:
             # Tree slots hold the head's own states: cut back to the target-backed ones.
-            for build in builds:
-                sequence = build.chunk.sequence
-                state = proposer._states.get(sequence.request_id)
-                if state is not None:
-                    proposer.head.truncate(sequence.request_id, sequence.num_computed_tokens - state.start)
+            self.states.cut_back(build.chunk.sequence for build in builds)
 
     def _run(self, steps: list[HeadStep]) -> list[HeadStepResult]:
         started = time.perf_counter()
-        results = self.proposer.head.run(steps)
+        results = self.head.run(steps)
         self.step_timings.append((sum(len(step.token_ids) for step in steps), time.perf_counter() - started))
         return results
 
     def _draft(self, builds: list[TreeBuild], catch_up: list[HeadStepResult]) -> dict[str, Proposal]:
-        head = self.proposer.head
-        vocab = self.proposer.target_vocab_size
+        head = self.head
+        vocab = self.target_vocab_size
         trees = []
         for build, result in zip(builds, catch_up, strict=True):
             build.expand([-1], result.logits, vocab, head.target_ids)  # logits [1, draft vocab]
@@ -141,7 +136,7 @@ class Eagle3TreeDrafter:
         """The head pass over ``frontier`` (nodes of ``depth``), each masked to the target-backed
         slots, its ancestors' slots and itself."""
         build = tree.build
-        past = self.proposer.head.kv_length(build.request_id)
+        past = self.head.kv_length(build.request_id)
         count = len(frontier)
         mask = np.zeros((count, past + count), np.bool_)  # [frontier, past + frontier]
         mask[:, : tree.target_slots] = True

@@ -1,7 +1,9 @@
 """Load an EAGLE-3 head folder's weights into numpy arrays, checked against its config.
 
 Formats: ``model.safetensors`` (or shards listed in ``model.safetensors.index.json``) read by a small
-reader of the format here, and ``pytorch_model.bin`` through torch when it is importable.
+reader of the format here, without torch. A head published as ``pytorch_model.bin`` is converted once by
+``xpuspec prepare TARGET --eagle3 HEAD`` (:mod:`xpuspec.prepare.eagle3`, the one place torch is read),
+which stores it in the bundle as ``model.safetensors``.
 
 Why not the ``safetensors`` package's numpy API: numpy has no bfloat16, and that API refuses bf16
 tensors, the dtype most published heads are saved in (AngelSlim, SpecForge); and ``safetensors`` is not
@@ -106,39 +108,28 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not a safetensors file (bad header: {error})") from None
     body = memoryview(data)[8 + header_length :]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
-        if dtype is None:
-            raise ValueError(
-                f"{path}: tensor {name!r} has dtype {entry['dtype']}, which this reader does not read"
-            )
-        start, end = entry["data_offsets"]
-        array = np.frombuffer(body[start:end], dtype=np.dtype(dtype).newbyteorder("<")).reshape(
-            entry["shape"]
-        )
-        if entry["dtype"] == "BF16":
-            # bf16 is the upper half of an f32: shift the bits back into place.
-            array = (array.astype(np.uint32) << 16).view(np.float32)
-        tensors[name] = array.copy()
-    return tensors
-
-
-def _read_torch(path: Path) -> dict[str, np.ndarray]:
-    try:
-        import torch
-    except ImportError:
-        raise ValueError(
-            f"{path} is a torch pickle and torch is not installed: install the `convert` extra, or convert "
-            f"the head to {SAFETENSORS_FILE} (safetensors.torch.save_file) on a machine with torch"
-        ) from None
-    state = torch.load(path, map_location="cpu", weights_only=True)
     return {
-        name: (tensor.float() if tensor.is_floating_point() else tensor).numpy()
-        for name, tensor in state.items()
+        name: decode_tensor(
+            entry["dtype"], entry["shape"], body[slice(*entry["data_offsets"])], f"{path}: tensor {name!r}"
+        )
+        for name, entry in header.items()
+        if name != "__metadata__"
     }
+
+
+def decode_tensor(
+    dtype: str, shape: list[int], data: bytes | memoryview, source: str = "tensor"
+) -> np.ndarray:
+    """A tensor's little-endian bytes in safetensors dtype ``dtype`` as a numpy array of its own (bf16
+    widened to f32)."""
+    numpy_dtype = _SAFETENSORS_DTYPES.get(dtype)
+    if numpy_dtype is None:
+        raise ValueError(f"{source} has dtype {dtype}, which this reader does not read")
+    array = np.frombuffer(data, dtype=np.dtype(numpy_dtype).newbyteorder("<")).reshape(shape)
+    if dtype == "BF16":
+        # bf16 is the upper half of an f32: shift the bits back into place.
+        array = (array.astype(np.uint32) << 16).view(np.float32)
+    return array.copy()
 
 
 def read_head_tensors(folder: str | Path) -> dict[str, np.ndarray]:
@@ -153,7 +144,10 @@ def read_head_tensors(folder: str | Path) -> dict[str, np.ndarray]:
     if (folder / SAFETENSORS_FILE).is_file():
         return read_safetensors(folder / SAFETENSORS_FILE)
     if (folder / TORCH_FILE).is_file():
-        return _read_torch(folder / TORCH_FILE)
+        raise ValueError(
+            f"{folder / TORCH_FILE} is a torch pickle, which xpuspec reads only when preparing a bundle: "
+            f"`xpuspec prepare TARGET --eagle3 {folder}` stores the head as {SAFETENSORS_FILE}"
+        )
     raise ValueError(f"no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {TORCH_FILE} in {folder}")
 
 
