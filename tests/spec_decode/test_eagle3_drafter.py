@@ -20,7 +20,7 @@ from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless, _misma
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.core.chunks import SequenceChunk  # noqa: E402
-from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
+from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.executor.eagle3_head import Eagle3Head  # noqa: E402
 from xpuspec.executor.paged_runner import PagedModelRunner  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
