@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins import builtin_plugins
+from xpuspec_plugins import builtin_plugins
 from tests.devices.fake_core import FakeCore, laptop_core
 from xpuspec.devices.placement import (
     Placement,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from plugins.cpu import CpuPlugin
+from xpuspec_plugins.cpu import CpuPlugin
 from tests.devices.fake_core import FakeCore
 from xpuspec.devices import registry as registry_module
 from xpuspec.devices.capabilities import DeviceCapabilities

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugins.torch_runner import TorchModelRunner
+from xpuspec_plugins.torch_runner import TorchModelRunner
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plugins.torch_runner import TorchModelRunner
+from xpuspec_plugins.torch_runner import TorchModelRunner
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
