@@ -1,5 +1,5 @@
-"""What the timers of a runner alone share (``research.bench.draft_pass``, ``research.bench.shape_change``): their
-arguments, their compile properties and their one-line errors."""
+"""What the timers of a runner alone share (``research.bench.draft_pass``,
+``research.bench.shape_change``): their arguments, their compile properties and their one-line errors."""
 
 from __future__ import annotations
 

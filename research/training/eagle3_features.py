@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from xpuspec.core.chunks import SequenceChunk
 from research.training.smollm2_data import EXACT_PROPERTIES, FAST_PROPERTIES
+from xpuspec.core.chunks import SequenceChunk
 from xpuspec.executor.eagle3_embedding import EMBEDDINGS, INPUT_IDS, target_embedding_model
 from xpuspec.executor.paged_runner import MODEL_FILE, PagedModelRunner
 

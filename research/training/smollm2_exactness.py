@@ -13,8 +13,8 @@ import argparse
 import logging
 import time
 
-from xpuspec import Pipeline, SamplingParams
 from research.training.smollm2_instructions import heldout_instructions
+from xpuspec import Pipeline, SamplingParams
 
 logger = logging.getLogger(__name__)
 

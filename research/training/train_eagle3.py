@@ -10,8 +10,8 @@
    hidden-state taps at EAGLE-3's layers (``(2, n // 2, n - 3)``: 2, 15, 27 of SmolLM2's 30), storing the
    tapped states (f16) and the target's argmax at every position in OUT/features/{train,heldout};
 2. the draft vocabulary: the ``--draft-vocab`` most frequent trained labels (``d2t``/``t2d``);
-3. training (:mod:`research.training.eagle3_ttt`): the torch head (:mod:`research.training.eagle3_torch`) with the
-   target's frozen embedding, the training-time test over ``--ttt-steps`` rollout steps, AdamW on a
+3. training (:mod:`research.training.eagle3_ttt`): the torch head (:mod:`research.training.eagle3_torch`)
+   with the target's frozen embedding, the training-time test over ``--ttt-steps`` rollout steps, AdamW on a
    cosine schedule within ``--train-minutes``;
 4. OUT/head: the head in the published layout (f16, ``config.json`` + ``model.safetensors``), saved
    atomically every few minutes, and OUT/metrics.json: the recipe, data sizes, loss history and held-out

@@ -20,6 +20,7 @@ genai = pytest.importorskip("openvino_genai")
 
 import openvino as ov  # noqa: E402
 
+from research.training.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
 from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 from xpuspec.bench.config import BenchConfig  # noqa: E402
 from xpuspec.bench.figures import LatencyResult, RequestTiming  # noqa: E402
@@ -40,7 +41,6 @@ from xpuspec.bench.latency import (  # noqa: E402
     _label,
     _peer_ratios,
 )
-from research.training.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
 from xpuspec.executor.eagle3_graph import quantise_int8_rows  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 from xpuspec.prepare.genai_eagle3_export import target_embedding_table  # noqa: E402

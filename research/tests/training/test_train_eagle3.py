@@ -13,8 +13,6 @@ from safetensors.torch import load_file
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.conftest import F32  # noqa: E402
-from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 from research.training.eagle3_features import (  # noqa: E402
     choose_draft_vocabulary,
     count_ir_layers,
@@ -28,6 +26,8 @@ from research.training.eagle3_torch import Eagle3Head as TorchHead  # noqa: E402
 from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from research.training.eagle3_ttt import collate, heldout_acceptance, rollout_logits, ttt_loss  # noqa: E402
 from research.training.train_eagle3 import main  # noqa: E402
+from tests.conftest import F32  # noqa: E402
+from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 from xpuspec.executor.eagle3_head import Eagle3Head, HeadStep  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import load_head_weights  # noqa: E402

@@ -139,9 +139,9 @@ def test_instruction_sets_are_disjoint_and_the_first_order_is_stable():
 def tiny_target_ir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama written as GGUF and converted by OpenVINO GenAI: a stateful IR as SmolLM2's is."""
     pytest.importorskip("openvino_genai")
+    from research.training.train_smollm2 import convert_target
     from tests.support.tiny_checkpoints import make_tiny_checkpoint
     from tests.support.tiny_gguf import write_gguf_from_checkpoint
-    from research.training.train_smollm2 import convert_target
 
     work = tmp_path_factory.mktemp("teacher")
     checkpoint = make_tiny_checkpoint(work / "hf", "llama", hidden_size=64, num_layers=2, seed=0)
