@@ -7,9 +7,9 @@ from xpuspec.devices.plugin import DevicePlugin
 
 
 def builtin_plugins() -> list[DevicePlugin]:
-    from plugins.cpu import CpuPlugin
-    from plugins.gpu import GpuPlugin
-    from plugins.npu import NpuPlugin
-    from plugins.pytorch import TorchPlugin
+    from xpuspec_plugins.cpu import CpuPlugin
+    from xpuspec_plugins.gpu import GpuPlugin
+    from xpuspec_plugins.npu import NpuPlugin
+    from xpuspec_plugins.pytorch import TorchPlugin
 
     return [CpuPlugin(), GpuPlugin(), NpuPlugin(), TorchPlugin()]

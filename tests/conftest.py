@@ -84,7 +84,7 @@ def eagle3_head(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     import json
 
     pytest.importorskip("torch")
-    from xpuspec.demo.eagle3_torch import random_head, save_head
+    from research.training.eagle3_torch import random_head, save_head
 
     target_config = json.loads((pair_bundle / "target" / "config.json").read_text())
     module, config = random_head(target_config, EAGLE3_DRAFT_VOCAB, seed=5, aux_layer_ids=EAGLE3_TAPS)

@@ -94,7 +94,7 @@ def test_inspect_prints_the_placement_as_a_table(tmp_path: Path, capsys: pytest.
 
 
 def test_devices_lists_executors_that_can_run_the_bundle(capsys: pytest.CaptureFixture[str]) -> None:
-    from plugins.pytorch import TorchPlugin
+    from xpuspec_plugins.pytorch import TorchPlugin
 
     assert main(["devices"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -187,7 +187,7 @@ def test_the_shipped_drafter_stamps_match_their_files(folder):
 def test_a_head_goes_into_the_default_bundle_and_keys_the_cache(tiny_default, tmp_path):
     """A default model with an EAGLE-3 head: its own cache, the bundle's head, and drafter='eagle3'."""
     pytest.importorskip("torch")
-    from xpuspec.demo.eagle3_torch import random_head, save_head
+    from research.training.eagle3_torch import random_head, save_head
 
     plain = default_bundle_path(tiny_default, root=tmp_path, progress=lambda line: None)
     assert ModelBundle.open(plain).eagle3 is None

@@ -20,6 +20,7 @@ genai = pytest.importorskip("openvino_genai")
 
 import openvino as ov  # noqa: E402
 
+from research.training.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
 from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
 from xpuspec.bench.config import BenchConfig  # noqa: E402
 from xpuspec.bench.figures import LatencyResult, RequestTiming  # noqa: E402
@@ -29,7 +30,6 @@ from xpuspec.bench.genai_eagle3 import (  # noqa: E402
     genai_eagle3_pipeline,
     genai_eagle3_unavailable,
     genai_layer_ids,
-    target_embedding_table,
 )
 from xpuspec.bench.latency import (  # noqa: E402
     ADAPTIVE,
@@ -41,9 +41,9 @@ from xpuspec.bench.latency import (  # noqa: E402
     _label,
     _peer_ratios,
 )
-from xpuspec.demo.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
 from xpuspec.executor.eagle3_graph import quantise_int8_rows  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
+from xpuspec.prepare.genai_eagle3_export import target_embedding_table  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
 
 TAPS = (1, 2, 3)
@@ -236,32 +236,3 @@ def test_a_head_genai_cannot_run_gets_a_not_run_row(tmp_path: Path) -> None:
     assert len(rows) == 1 and rows[0].name == GENAI_EAGLE3 and GENAI_EAGLE3_KEY not in engines
     assert rows[0].reason is not None and rows[0].reason.startswith("not run: the head cannot run on GenAI")
     assert "boundary 0" in rows[0].reason
-
-
-def test_parity_runs_both_engines_with_the_head(bundle: ModelBundle, capsys) -> None:
-    """`python -m xpuspec.bench.parity --drafter eagle3`: xpuspec's EAGLE-3 and GenAI's on the same head."""
-    from xpuspec.bench import parity
-
-    arguments = ["--bundle", str(bundle.root), "--drafter", "eagle3", "--draft-lengths", "0,2"]
-    arguments += ["--prompts", "1", "--max-tokens", "4", "--rounds", "1", "--workload", "chat"]
-    assert parity.main(arguments) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["target-only", "γ=2"]
-    assert all("÷ GenAI best" in line for line in lines)
-
-
-def test_parity_refuses_a_head_genai_cannot_run(eagle3_bundle: Path) -> None:
-    from xpuspec.bench import parity
-
-    arguments = [
-        "--bundle",
-        str(eagle3_bundle),
-        "--drafter",
-        "eagle3",
-        "--draft-lengths",
-        "2",
-        "--rounds",
-        "1",
-    ]
-    with pytest.raises(SystemExit, match="GenAI cannot run the EAGLE-3 head: the head cannot run on GenAI"):
-        parity.main(arguments + ["--prompts", "1", "--max-tokens", "4"])

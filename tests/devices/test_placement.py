@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from plugins import builtin_plugins
 from tests.devices.fake_core import FakeCore, laptop_core
 from xpuspec.devices.placement import (
     Placement,
@@ -19,6 +18,7 @@ from xpuspec.devices.placement import (
 )
 from xpuspec.devices.registry import PluginRegistry
 from xpuspec.model_bundle import FORMAT_VERSION, MANIFEST_NAME, ModelBundle, hash_tree
+from xpuspec_plugins import builtin_plugins
 
 CPU_ONLY = FakeCore({"CPU": {}})
 

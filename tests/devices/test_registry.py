@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from plugins.cpu import CpuPlugin
 from tests.devices.fake_core import FakeCore
 from xpuspec.devices import registry as registry_module
 from xpuspec.devices.capabilities import DeviceCapabilities
 from xpuspec.devices.placement import resolve_device
 from xpuspec.devices.plugin import OpenVINODevicePlugin, Role
 from xpuspec.devices.registry import ENTRY_POINT_GROUP, PluginRegistry
+from xpuspec_plugins.cpu import CpuPlugin
 
 
 class FpgaPlugin(OpenVINODevicePlugin):

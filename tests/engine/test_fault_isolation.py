@@ -289,8 +289,8 @@ def test_the_probe_respects_max_draft_tokens_zero():
 
 def test_calibrate_covers_its_dummy_chunk_with_blocks(tmp_path):
     """16-token blocks and 16 drafts: the 17-token dummy chunk spans two blocks."""
-    from plugins.torch_runner import TorchModelRunner
     from tests.support.tiny_checkpoints import make_tiny_checkpoint
+    from xpuspec_plugins.torch_runner import TorchModelRunner
 
     runner = TorchModelRunner(make_tiny_checkpoint(tmp_path / "ckpt", "llama"), num_blocks=8, block_size=16)
     engine = LLMEngine(runner, NgramDraftProposer(), EngineConfig(max_model_len=64, max_draft_tokens=16), [])

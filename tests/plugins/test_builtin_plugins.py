@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.cpu import CpuPlugin
-from plugins.gpu import GpuPlugin
-from plugins.npu import NpuPlugin
-from plugins.pytorch import TorchPlugin, checkpoint_dir
 from tests.devices.fake_core import FakeCore, laptop_core
 from xpuspec.devices import DevicePlugin
+from xpuspec_plugins.cpu import CpuPlugin
+from xpuspec_plugins.gpu import GpuPlugin
+from xpuspec_plugins.npu import NpuPlugin
+from xpuspec_plugins.pytorch import TorchPlugin, checkpoint_dir
 
 
 @pytest.mark.parametrize("plugin", [CpuPlugin(), GpuPlugin(), NpuPlugin(), TorchPlugin()])

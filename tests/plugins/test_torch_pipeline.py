@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from plugins.torch_runner import TorchModelRunner
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
+from xpuspec_plugins.torch_runner import TorchModelRunner
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 PROMPTS = ["def add(a, b):", "The quick brown fox", "import os\n"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plugins.torch_runner import TorchModelRunner
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import NgramDraftProposer
+from xpuspec_plugins.torch_runner import TorchModelRunner
 
 PROMPT = [5, 17, 42, 8, 99, 3, 17, 42, 8, 7, 11]
 

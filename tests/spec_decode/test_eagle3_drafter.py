@@ -16,12 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from tests.conftest import EXACT_PRESET, F32  # noqa: E402
 from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless, _mismatches  # noqa: E402
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.core.chunks import SequenceChunk  # noqa: E402
-from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.executor.eagle3_head import Eagle3Head  # noqa: E402
 from xpuspec.executor.paged_runner import PagedModelRunner  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402

@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from tests.conftest import F32  # noqa: E402
 from tests.engine.conftest import export_tiny_ir  # noqa: E402
-from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.executor import eagle3_graph as graph  # noqa: E402
 from xpuspec.executor.eagle3_embedding import table_embedding_model, target_embedding_model  # noqa: E402
 from xpuspec.executor.eagle3_head import CACHE_GRAIN, Eagle3Head, HeadStep  # noqa: E402

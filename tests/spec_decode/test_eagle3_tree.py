@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from tests.conftest import EXACT_PRESET, F32  # noqa: E402
 from tests.engine.test_exactness import PROMPTS, _mismatches  # noqa: E402
 from tests.engine.test_sampling_distribution import PROMPT, SIGNIFICANCE  # noqa: E402
@@ -31,7 +32,6 @@ from tests.spec_decode.test_eagle3_drafter import target_config as target_config
 from tests.spec_decode.test_eagle3_drafter import target_only as target_only  # noqa: E402, PLC0414
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
-from xpuspec.demo.eagle3_torch import random_head, save_head  # noqa: E402
 from xpuspec.spec_decode.eagle3.tree import Eagle3TreeDrafter  # noqa: E402
 from xpuspec.spec_decode.tree import TreeShape  # noqa: E402
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance  # noqa: E402

@@ -61,7 +61,7 @@ def pipelines(pair_bundle) -> dict[str, Pipeline]:
 def eagle3_pipeline(pair_bundle, tmp_path_factory) -> Pipeline:
     """EAGLE-3 drafting with a random head on the pair's 2-layer target (taps named explicitly)."""
     pytest.importorskip("torch")
-    from xpuspec.demo.eagle3_torch import random_head, save_head
+    from research.training.eagle3_torch import random_head, save_head
     from xpuspec.model_bundle import ModelBundle
 
     target_config = json.loads((ModelBundle.open(pair_bundle).target.path / "config.json").read_text())

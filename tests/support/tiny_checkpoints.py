@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xpuspec.demo.data import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: F401  (re-exported for tests)
+from research.training.data import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: F401  (re-exported for tests)
 
 # A little text with code in it, so the byte-level BPE learns some merges.
 _CORPUS = [
@@ -24,7 +24,7 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 384, corpus_suffix: str = ""
     ``corpus_suffix`` changes the training text, and so the merges: two different suffixes give
     two tokenizers whose vocabularies differ (the mismatched-pair case).
     """
-    from xpuspec.demo.data import train_tokenizer
+    from research.training.data import train_tokenizer
 
     fast = train_tokenizer([text + corpus_suffix for text in _CORPUS * 4], vocab_size)
     out_dir.mkdir(parents=True, exist_ok=True)

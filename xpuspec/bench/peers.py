@@ -158,68 +158,24 @@ class GenaiBatchRunner:
         return sum(len(r.m_generation_ids[0]) for r in results)
 
 
-class _TokenTimes:
-    """A transformers streamer that notes when tokens arrive (the first ``put`` is the prompt)."""
-
-    def __init__(self) -> None:
-        self.times: list[tuple[float, int]] = []  # (time, tokens in this put)
-        self._seen_prompt = False
-
-    def put(self, value: Any) -> None:
-        if not self._seen_prompt:
-            self._seen_prompt = True
-            return
-        self.times.append((time.perf_counter(), int(value.numel())))
-
-    def end(self) -> None:
-        pass
-
-
 class TransformersLatencyRunner:
     """Hugging Face assisted generation on PyTorch: ``model.generate(assistant_model=draft)``."""
 
     def __init__(self, target_dir: Path, draft_dir: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
+        from xpuspec.prepare.hf_peer import TransformersAssistedGenerator  # torch: only when this peer runs
 
-        self.torch = torch
-        self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-        self.draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+        self._generator = TransformersAssistedGenerator(target_dir, draft_dir)
 
     def generate(
         self, token_ids: list[int], max_tokens: int, draft_length: int | str | None
     ) -> RequestTiming:
-        kwargs: dict[str, Any] = {}
-        if draft_length is not None:
-            config = self.draft.generation_config
-            if draft_length == "adaptive":  # transformers' own heuristic schedule
-                config.num_assistant_tokens, config.num_assistant_tokens_schedule = 20, "heuristic"
-            else:
-                config.num_assistant_tokens, config.num_assistant_tokens_schedule = draft_length, "constant"
-            config.assistant_confidence_threshold = 0.0  # draft exactly γ tokens per step
-            kwargs["assistant_model"] = self.draft
-        streamer = _TokenTimes()
-        inputs = self.torch.tensor([token_ids], dtype=self.torch.long)  # [1, prompt_tokens]
-        started = time.perf_counter()
-        with self.torch.inference_mode():
-            output = self.target.generate(
-                inputs,
-                attention_mask=self.torch.ones_like(inputs),
-                max_new_tokens=max_tokens,
-                min_new_tokens=max_tokens,
-                do_sample=False,
-                streamer=streamer,
-                **kwargs,
-            )
-        seconds = time.perf_counter() - started
-        new_tokens = output[0, len(token_ids) :].tolist()
-        first = streamer.times[0][0] if streamer.times else None
-        last = streamer.times[-1][0] if streamer.times else None
+        run = self._generator.generate(token_ids, max_tokens, draft_length)
+        first, last, new_tokens = run.first_token_s, run.last_token_s, run.token_ids
         return RequestTiming(
             prompt_tokens=len(token_ids),
             token_ids=new_tokens,
-            seconds=seconds,
-            ttft_s=first - started if first is not None else None,
+            seconds=run.seconds,
+            ttft_s=first,
             tpot_s=(last - first) / (len(new_tokens) - 1)
             if first is not None and last is not None and len(new_tokens) > 1
             else None,

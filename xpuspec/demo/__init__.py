@@ -1,6 +1,7 @@
-"""The embedded demo pair: a small trained Llama target and draft shipped inside the package.
+"""The embedded demo pair: a small trained Llama target and draft shipped inside the package, and the
+held-out prompts the benchmarks read.
 
-`xpuspec.demo.train` is the recipe that makes it (needs the `convert` extra).
+`research/training/train.py` is the recipe that makes the pair (needs the `convert` extra).
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 BUNDLE_DIR = Path(__file__).parent / "bundle"
+#: Instructions SmolLM2's draft and head were never trained on (``xpuspec bench --workload PATH``).
+SMOLLM2_HELDOUT = Path(__file__).parent / "smollm2_heldout.jsonl"
 
 
 def demo_bundle_path() -> Path:

@@ -25,7 +25,7 @@ ENTRY_POINT_GROUP = "xpuspec.plugins"
 
 
 def _builtin_plugins() -> list[DevicePlugin]:
-    from plugins import builtin_plugins
+    from xpuspec_plugins import builtin_plugins
 
     return builtin_plugins()
 
