@@ -1,4 +1,4 @@
-"""`xpuspec prepare` and `xpuspec inspect` subcommands."""
+"""`xpuspec prepare`: checkpoints (or a GGUF file) to a verified OpenVINO bundle."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
-from xpuspec.model_bundle import BundleError, ModelBundle
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
 from xpuspec.prepare.config import (
     BUILTIN_CALIBRATION_PROMPTS,
     GROUP_SIZE_FALLBACKS,
@@ -103,20 +102,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
     prepare.set_defaults(func=run_prepare)
 
-    inspect = subparsers.add_parser(
-        "inspect", help="summarize a bundle and verify every file's hash", description="Summarize and verify."
-    )
-    inspect.add_argument(
-        "bundle",
-        metavar="BUNDLE",
-        type=Path,
-        nargs="?",
-        default=None,
-        help="bundle folder, or demo (default: SmolLM2 + draft)",
-    )
-    inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    inspect.set_defaults(func=run_inspect)
-
 
 def _preset_help() -> str:
     lines = ["device presets (--for; explicit flags override):"]
@@ -144,10 +129,6 @@ def read_calibration_prompts(path: Path) -> tuple[str, ...]:
     return tuple(prompts)
 
 
-def _error(message: str) -> None:
-    print(f"xpuspec: error: {message}", file=sys.stderr, flush=True)
-
-
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM like Ctrl-C, so a killed prepare also cleans up its temp folder; both also set
@@ -166,34 +147,39 @@ def _sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _config(args: argparse.Namespace) -> PrepareConfig:
+    """The command line as a PrepareConfig; ``ValueError`` for options that do not fit together."""
+    prompts = (
+        read_calibration_prompts(args.calibration_prompts)
+        if args.calibration_prompts
+        else BUILTIN_CALIBRATION_PROMPTS
+    )
+    return PrepareConfig(
+        target=args.target,
+        output=args.output,
+        draft=args.draft,
+        device=args.device,
+        weights=args.weights,
+        draft_weights=args.draft_weights,
+        group_size=args.group_size,
+        sym=args.sym,
+        ratio=args.ratio,
+        awq=args.awq,
+        scale_estimation=args.scale_estimation,
+        calibration_prompts=prompts,
+        force_pair=args.force_pair,
+        overwrite=args.overwrite,
+        group_size_fallback=args.group_size_fallback,
+        eagle3=args.eagle3,
+        draft_vocab=args.draft_vocab,
+    )
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     try:
-        prompts = (
-            read_calibration_prompts(args.calibration_prompts)
-            if args.calibration_prompts
-            else BUILTIN_CALIBRATION_PROMPTS
-        )
-        config = PrepareConfig(
-            target=args.target,
-            output=args.output,
-            draft=args.draft,
-            device=args.device,
-            weights=args.weights,
-            draft_weights=args.draft_weights,
-            group_size=args.group_size,
-            sym=args.sym,
-            ratio=args.ratio,
-            awq=args.awq,
-            scale_estimation=args.scale_estimation,
-            calibration_prompts=prompts,
-            force_pair=args.force_pair,
-            overwrite=args.overwrite,
-            group_size_fallback=args.group_size_fallback,
-            eagle3=args.eagle3,
-            draft_vocab=args.draft_vocab,
-        )
+        config = _config(args)
     except ValueError as error:
-        _error(str(error))
+        report_error(str(error))
         return EXIT_USAGE
     from xpuspec.prepare.gguf import is_gguf_source, prepare_gguf_bundle
 
@@ -202,7 +188,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         if not gguf_source:
             _check_paths(config)
     except PrepareError as error:
-        _error(_one_line(str(error)))
+        report_error(one_line(str(error)))
         return EXIT_USAGE
     try:  # the options do not fit the models: a usage error, found before any work
         if not gguf_source:
@@ -210,17 +196,17 @@ def run_prepare(args: argparse.Namespace) -> int:
         if config.eagle3 is not None:
             _check_eagle3_head(config, gguf_source)
     except PrepareError as error:
-        _error(_one_line(str(error)))
+        report_error(one_line(str(error)))
         return EXIT_USAGE
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
     prepare = prepare_gguf_bundle if gguf_source else prepare_bundle
-    if getattr(args, "verbose", False):
+    if args.verbose:
         try:
             with _sigterm_as_interrupt():
                 output = prepare(config, progress=StageLines(sys.stderr))
         except PrepareError as error:
-            _error(_one_line(str(error)))
+            report_error(one_line(str(error)))
             return EXIT_FAILED
         print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
         return 0
@@ -233,7 +219,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             finally:
                 stages.abandon()
     except PrepareError as error:
-        _error(f"{_one_line(str(error))} (conversion log: {log_path})")
+        report_error(f"{one_line(str(error))} (conversion log: {log_path})")
         return EXIT_FAILED
     print(
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
@@ -299,28 +285,3 @@ def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
             "num_layers": facts.num_hidden_layers,
         },
     )
-
-
-def _one_line(message: str) -> str:
-    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
-
-
-def run_inspect(args: argparse.Namespace) -> int:
-    from xpuspec.prepare.summary import summarize_bundle
-
-    try:
-        bundle = ModelBundle.open(args.bundle, verify=False)  # the report below names every file
-    except BundleError as error:
-        _error(_one_line(str(error)))
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps(bundle.manifest, indent=2))
-    else:
-        print(summarize_bundle(bundle))
-    report = bundle.verify()
-    files = len(bundle.manifest.get("files", {}))
-    if not report.ok:
-        print(f"verification FAILED ({bundle.root}):\n{report.describe()}", file=sys.stderr)
-        return EXIT_FAILED
-    print(f"verified: all {files} files match their SHA-256", file=sys.stderr if args.json else sys.stdout)
-    return 0
