@@ -43,40 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
     prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
-    prepare.add_argument(
-        "--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for, int8 on cpu)"
-    )
-    prepare.add_argument("--draft-weights", choices=WEIGHT_FORMATS, help="draft weights (default: as target)")
-    prepare.add_argument(
-        "--group-size", type=int, help="int4 group size; -1 = channel-wise (default: from --for, 128 on cpu)"
-    )
-    prepare.add_argument(
-        "--group-size-fallback",
-        choices=GROUP_SIZE_FALLBACKS,
-        default="error",
-        help="int4 layers the group size does not divide: refuse before any work (error), leave them "
-        "out of int4 (ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
-    )
-    symmetry = prepare.add_mutually_exclusive_group()
-    symmetry.add_argument(
-        "--sym",
-        dest="sym",
-        action="store_const",
-        const=True,
-        help="symmetric quantization (default: from --for)",
-    )
-    symmetry.add_argument(
-        "--asym", dest="sym", action="store_const", const=False, help="asymmetric (default: from --for)"
-    )
-    prepare.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default: from --for)")
-    prepare.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
-    prepare.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
-    prepare.add_argument(
-        "--calibration-prompts",
-        metavar="FILE",
-        type=Path,
-        help="prompts for --awq/--scale-estimation: one per line, or a JSON list (default: a built-in list)",
-    )
+    _add_compression_arguments(prepare)
     prepare.add_argument(
         "--force-pair",
         action="store_true",
@@ -101,6 +68,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
     prepare.set_defaults(func=run_prepare)
+
+
+def _add_compression_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the weights are compressed (NNCF): formats, int4 groups and ratio, data-aware methods."""
+    parser.add_argument(
+        "--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for, int8 on cpu)"
+    )
+    parser.add_argument("--draft-weights", choices=WEIGHT_FORMATS, help="draft weights (default: as target)")
+    parser.add_argument(
+        "--group-size", type=int, help="int4 group size; -1 = channel-wise (default: from --for, 128 on cpu)"
+    )
+    parser.add_argument(
+        "--group-size-fallback",
+        choices=GROUP_SIZE_FALLBACKS,
+        default="error",
+        help="int4 layers the group size does not divide: refuse before any work (error), leave them "
+        "out of int4 (ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
+    )
+    symmetry = parser.add_mutually_exclusive_group()
+    symmetry.add_argument(
+        "--sym",
+        dest="sym",
+        action="store_const",
+        const=True,
+        help="symmetric quantization (default: from --for)",
+    )
+    symmetry.add_argument(
+        "--asym", dest="sym", action="store_const", const=False, help="asymmetric (default: from --for)"
+    )
+    parser.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default: from --for)")
+    parser.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
+    parser.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
+    parser.add_argument(
+        "--calibration-prompts",
+        metavar="FILE",
+        type=Path,
+        help="prompts for --awq/--scale-estimation: one per line, or a JSON list (default: a built-in list)",
+    )
 
 
 def _preset_help() -> str:
