@@ -6,12 +6,15 @@ import argparse
 import dataclasses
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from xpuspec.cli.tables import print_table
 from xpuspec.devices.capabilities import CoreLike, DeviceCapabilities
 from xpuspec.devices.plugin import PassthroughPlugin
 from xpuspec.devices.registry import PluginRegistry
+from xpuspec.model_bundle import ModelBundle
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,14 +72,20 @@ def with_host_memory(capabilities: DeviceCapabilities) -> DeviceCapabilities:
     return dataclasses.replace(capabilities, memory_bytes=system_memory_bytes())
 
 
-def cannot_run_reason(registry: PluginRegistry, device: str, bundle: Any) -> str | None:
-    """Why the executor of ``device`` cannot run ``bundle`` (plugins may define ``cannot_run``)."""
+@runtime_checkable
+class ChecksModels(Protocol):
+    """A plugin whose executor runs only some models (the PyTorch reference: only some architectures)."""
+
+    def cannot_run(self, model_dir: Path, facts: Mapping[str, Any]) -> str | None: ...
+
+
+def cannot_run_reason(registry: PluginRegistry, device: str, bundle: ModelBundle) -> str | None:
+    """Why the executor of ``device`` cannot run ``bundle``; ``None`` when it can, or cannot tell."""
     plugin = registry.plugin_for(device)
-    check = getattr(plugin, "cannot_run", None)
-    if check is None:
+    if not isinstance(plugin, ChecksModels):
         return None
     for info in (bundle.target, bundle.draft):
-        if info is not None and (reason := check(info.path, info.facts)):
+        if info is not None and (reason := plugin.cannot_run(info.path, info.facts)):
             return reason
     return None
 

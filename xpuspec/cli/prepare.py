@@ -279,7 +279,7 @@ def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
 
     source = ModelSource.resolve(config.target, "target")
     facts = read_local_config(source.local_path) if source.local_path is not None else None
-    if facts is None or not hasattr(facts, "num_hidden_layers"):
+    if facts is None or "num_hidden_layers" not in vars(facts):
         head_folder(config.eagle3)  # type: ignore[arg-type]  # a hub target: checked once its config is read
         return
     check_head_fits(
