@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpuspec.bundles import is_demo
 from xpuspec.devices.placement import add_drafter_argument
@@ -29,8 +29,11 @@ from xpuspec.server.config import (
     MAX_STREAM_INTERVAL_S,
     ServerConfig,
 )
-from xpuspec.server.http_server import BODY_RATE_GRACE_S, ListenerLimits
+from xpuspec.server.http_server import BODY_RATE_GRACE_S, HttpListener, ListenerLimits
 from xpuspec.structured.matcher import GrammarLimits
+
+if TYPE_CHECKING:
+    from xpuspec.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
@@ -335,12 +338,11 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
     return load
 
 
-def _listen(app: Any, args: argparse.Namespace, limits: ListenerLimits, unauthenticated: Any) -> Any:
+def _listen(app: Any, args: argparse.Namespace, limits: ListenerLimits, unauthenticated: Any) -> HttpListener:
     """Bind the port, then open the bundle's manifest: the cheap part of loading, here so that a wrong
     --bundle is one plain line rather than a failed load."""
     from xpuspec.bundles import resolve_bundle
     from xpuspec.model_bundle import BundleError
-    from xpuspec.server.http_server import HttpListener
 
     try:
         listener = HttpListener(app, args.host, args.port, limits, unauthenticated)
@@ -363,7 +365,7 @@ def _listen(app: Any, args: argparse.Namespace, limits: ListenerLimits, unauthen
     return listener
 
 
-def _drain_on_signals(state: Any, stop: threading.Event) -> None:
+def _drain_on_signals(state: ServerState, stop: threading.Event) -> None:
     """SIGTERM/SIGINT: stop taking requests, let those in flight finish, then set ``stop``; a second
     signal, or one while loading, stops at once."""
 
@@ -386,7 +388,9 @@ def _drain_on_signals(state: Any, stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
-def _serve(listener: Any, state: Any, config: ServerConfig, url: str, stop: threading.Event) -> None:
+def _serve(
+    listener: HttpListener, state: ServerState, config: ServerConfig, url: str, stop: threading.Event
+) -> None:
     """Load the model and answer requests until ``stop`` (or a failed load); print the one 'ready' line
     once the model is loaded."""
     announced = False
