@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import xpuspec.model_bundle as model_bundle
+from xpuspec.bundles import resolve_bundle
 from xpuspec.demo import demo_bundle_path
 from xpuspec.model_bundle import CACHE_ENV, BundleError, ModelBundle
 
@@ -126,7 +127,7 @@ def test_an_unwritable_cache_only_costs_hashing(bundle: Path, tmp_path: Path, mo
 
 
 def test_the_embedded_demo_pair_opens_checked(cache: Path) -> None:
-    bundle = ModelBundle.open("demo")
+    bundle = resolve_bundle("demo")
     assert bundle.target.vocab_size == 4096
     assert list((cache / "verified").glob("*.json"))  # remembered in the user's cache, not beside it
     assert not any(name.startswith(".") for name in os.listdir(demo_bundle_path()))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
 from xpuspec.demo import demo_bundle_path
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE
 from xpuspec.model_bundle import MANIFEST_NAME, BundleError, ModelBundle
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,7 +276,7 @@ def test_serve_refuses_a_damaged_bundle(corrupt_bundle: tuple[Path, str], cache:
 
 def test_openvino_messages_lose_their_frames_and_check_conditions() -> None:
     # What the AVX2-only CPU plugin says to a bf16 KV cache (OpenVINO 2026.4): the user needs the last part.
-    from xpuspec.cli import describe_error
+    from xpuspec.errors import describe_error
 
     error = RuntimeError(
         "Exception from src/inference/src/cpp/core.cpp:117:\n"
@@ -286,3 +286,39 @@ def test_openvino_messages_lose_their_frames_and_check_conditions() -> None:
         "expect kvcache type f32, current: bf16 , bf16\n"
     )
     assert describe_error(error) == ("OpenVINO: expect kvcache type f32, current: bf16 , bf16", EXIT_FAILED)
+
+
+def test_every_command_module_registers_its_subcommands_in_order() -> None:
+    from xpuspec.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    assert list(action.choices) == [
+        "prepare", "inspect", "generate", "devices", "plan", "serve", "bench", "bundle", "verify",
+    ]  # fmt: skip
+    assert all(module.__name__.startswith("xpuspec.cli.") for module in COMMANDS)
+
+
+def test_a_subcommand_that_cannot_import_fails_loudly(tmp_path: Path) -> None:
+    """A broken import in a subcommand's module stops `xpuspec` with its traceback: the subcommand
+    never just goes missing from the list."""
+    code = (
+        "import importlib.abc, sys\n"
+        "class Broken(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'xpuspec.bench.suite':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Broken())\n"
+        "from xpuspec.cli import main\n"
+        "sys.exit(main(['--help']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(tmp_path / "cache"),
+    )
+    assert result.returncode != 0, result.stdout
+    assert "ModuleNotFoundError" in result.stderr and "xpuspec.bench.suite" in result.stderr, result.stderr
+    assert "usage:" not in result.stdout  # no help printed without the subcommand

@@ -125,12 +125,12 @@ def test_a_bug_keeps_its_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An exception type no user mistake raises is a bug in xpuspec: shown in full, exit 1."""
-    import xpuspec.prepare.commands as prepare_commands
+    import xpuspec.cli.inspect as inspect_command
 
     def broken(args: argparse.Namespace) -> int:
         raise KeyError("target")  # injected: a bug, not a user mistake
 
-    monkeypatch.setattr(prepare_commands, "run_inspect", broken)
+    monkeypatch.setattr(inspect_command, "run_inspect", broken)
     assert main(["inspect"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "KeyError" in err

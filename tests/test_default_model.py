@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from tests.conftest import F32
 from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
 from tests.support.tiny_gguf import write_gguf_from_checkpoint
 from xpuspec import Pipeline, SamplingParams, default_model
+from xpuspec.bundles import resolve_bundle, resolve_bundle_path
 from xpuspec.default_model import (
     CACHE_ENV,
     DRAFT_DIR,
@@ -208,10 +210,32 @@ def test_a_head_goes_into_the_default_bundle_and_keys_the_cache(tiny_default, tm
     assert Pipeline(path, use_placement=False).drafter == "draft"  # the head is asked for, never automatic
 
 
-def test_demo_names_the_embedded_pair():
+def test_demo_names_the_embedded_pair(tmp_path, monkeypatch):
     from xpuspec.demo import demo_bundle_path
 
-    assert ModelBundle.open("demo").root == demo_bundle_path()
+    assert resolve_bundle("demo").root == demo_bundle_path()
+    assert resolve_bundle(Path("demo")).root == demo_bundle_path()  # `--bundle` options of type Path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()  # a folder of that name wins: it is the user's
+    assert resolve_bundle_path("demo") == Path("demo")
+
+
+def test_a_bundle_folder_is_all_model_bundle_opens(tmp_path):
+    """ModelBundle only reads folders: None and "demo" are the resolver's (xpuspec.bundles)."""
+    with pytest.raises(TypeError):
+        ModelBundle.open(None)  # type: ignore[arg-type]
+    with pytest.raises(BundleError, match="no such bundle folder"):
+        ModelBundle.open(tmp_path / "demo")
+
+
+def test_no_import_chain_from_the_bundle_reader_to_what_makes_bundles():
+    """model_bundle reads the format; default_model, demo and prepare build on it, never the reverse."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("xpuspec")
+    for maker in ("xpuspec.default_model", "xpuspec.demo", "xpuspec.prepare", "xpuspec.bundles"):
+        assert graph.find_shortest_chain("xpuspec.model_bundle", maker) is None, maker
+    for module in graph.find_descendants("xpuspec.prepare") | {"xpuspec.prepare", "xpuspec.default_model"}:
+        assert graph.find_shortest_chain(module, "xpuspec.bundles") is None, module
 
 
 def test_the_smollm2_pin_matches_the_packages_record(smollm2_gguf):

@@ -7,7 +7,7 @@ import json
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.cli import main
-from xpuspec.generate_command import summary_line
+from xpuspec.cli.generate import summary_line
 
 
 def test_streams_text_then_figures(pair_bundle, capsys):

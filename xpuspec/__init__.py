@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["Pipeline", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:

@@ -33,7 +33,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "xpuspec.json"
-DEMO_BUNDLE_NAME = "demo"  # names the embedded demo pair wherever a bundle folder is asked for
 FORMAT_VERSION = 1
 _HASH_CHUNK = 1 << 20
 CACHE_ENV = "XPUSPEC_CACHE"
@@ -187,25 +186,16 @@ class ModelBundle:
         self.manifest = manifest
 
     @classmethod
-    def open(cls, path: str | Path | None = None, *, verify: bool | None = None) -> ModelBundle:
-        """Open a bundle folder; ``None`` opens the default model, ``"demo"`` the embedded demo pair.
+    def open(cls, path: str | Path, *, verify: bool | None = None) -> ModelBundle:
+        """Open the bundle folder ``path`` (:func:`xpuspec.bundles.resolve_bundle` also takes ``None`` for
+        the default model and ``"demo"`` for the embedded demo pair).
 
-        The default model (:mod:`xpuspec.default_model`) is converted into the user's cache on first use.
         ``verify=None`` (the default) checks every file's presence, size and mtime against the state
         last verified, and hashes every file when they differ or on a bundle's first load;
         ``True`` hashes every file now; ``False`` only reads the manifest (``xpuspec inspect``
         reports on damage itself). A damaged bundle raises ``BundleError`` naming the files.
         """
-        if path is None:
-            from xpuspec.default_model import default_bundle_path
-
-            root = default_bundle_path()
-        elif str(path) == DEMO_BUNDLE_NAME and not Path(path).is_dir():
-            from xpuspec.demo import demo_bundle_path
-
-            root = demo_bundle_path()
-        else:
-            root = Path(path).expanduser()
+        root = Path(path).expanduser()
         manifest_path = root / MANIFEST_NAME
         if not root.is_dir():
             raise BundleError(f"{root}: no such bundle folder (make one with `xpuspec prepare`)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xpuspec.bundles import resolve_bundle
 from xpuspec.devices.executors import create_runner
 from xpuspec.devices.placement import (
     DRAFTERS,
@@ -29,7 +30,6 @@ from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
-from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
@@ -97,7 +97,7 @@ class Pipeline:
         draft_properties = resolve_properties(draft_properties)
         import openvino as ov
 
-        self.bundle = ModelBundle.open(bundle)
+        self.bundle = resolve_bundle(bundle)  # None: the default model; "demo": the demo pair
         core = ov.Core()
         registry = default_registry()
         requested = Placement(target_device, draft_device, drafter)

@@ -133,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated tokens per step: 1 is a decode step, n > 1 a verification pass of n",
     )
     args = parser.parse_args(argv)
-    from xpuspec.model_bundle import BundleError, ModelBundle
+    from xpuspec.bundles import resolve_bundle
+    from xpuspec.model_bundle import BundleError
 
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = [name for name in names if name not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     try:
-        bundle = ModelBundle.open(args.bundle)
+        bundle = resolve_bundle(args.bundle)
     except BundleError as error:
         parser.error(str(error))
     model = bundle.target if args.role == "target" else bundle.draft

@@ -32,7 +32,7 @@ def properties(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dic
     """The compile properties: GenAI's CPU defaults on this CPU (bf16 compute and KV where the CPU has
     bf16, else f32 with an f16 cache) under the user's ``--property`` settings."""
     from xpuspec.bench.latency import genai_default_properties
-    from xpuspec.generate_command import parse_properties
+    from xpuspec.executor.properties import parse_properties
 
     try:
         user_properties = parse_properties(args.property)
@@ -44,7 +44,7 @@ def properties(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dic
 def measure_or_usage_error(parser: argparse.ArgumentParser, measure: Callable[[], Result]) -> Result:
     """``measure()``, with a bundle that does not open or does not fit, or properties this CPU does not
     compile (e.g. a bf16 KV cache without bf16 hardware), as a one-line usage error (exit 2)."""
-    from xpuspec.cli import openvino_message
+    from xpuspec.errors import openvino_message
     from xpuspec.model_bundle import BundleError
 
     try:

@@ -34,11 +34,11 @@ def measure(
     bundle_root: str | None, tokens: tuple[int, int], steps: int, rounds: int, properties: dict
 ) -> dict[str, list[float]]:
     """Per pattern, the mean ms of a pass in each round."""
+    from xpuspec.bundles import resolve_bundle
     from xpuspec.core.chunks import SequenceChunk
     from xpuspec.executor.paged_runner import PagedModelRunner
-    from xpuspec.model_bundle import ModelBundle
 
-    bundle = ModelBundle.open(bundle_root)
+    bundle = resolve_bundle(bundle_root)
     small, large = tokens
     target = PagedModelRunner(bundle.target.path, properties=properties, num_blocks=64)
     laned = (

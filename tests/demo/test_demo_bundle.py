@@ -8,8 +8,8 @@ import pytest
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.bench.workloads import heldout_code_prompts
+from xpuspec.bundles import resolve_bundle
 from xpuspec.demo import demo_bundle_path
-from xpuspec.model_bundle import ModelBundle
 
 MAX_BUNDLE_BYTES = 20 * 1024 * 1024
 GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
@@ -27,7 +27,7 @@ def target_only(prompts) -> list[list[int]]:
 
 
 def test_demo_bundle_is_shipped_verified_and_small():
-    bundle = ModelBundle.open("demo", verify=True)
+    bundle = resolve_bundle("demo", verify=True)
     assert bundle.draft is not None
     assert bundle.target.facts["architecture"] == "LlamaForCausalLM"
     for role in ("target", "draft"):

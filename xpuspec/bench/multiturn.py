@@ -97,11 +97,11 @@ def build_prompts(encode: Any, config: MultiturnConfig, round_index: int) -> dic
 
 class _XpuspecRunner:
     def __init__(self, bundle: Path | None, properties: dict[str, Any], prefix_caching: bool) -> None:
+        from xpuspec.bundles import resolve_bundle
         from xpuspec.engine.engine import EngineConfig
-        from xpuspec.model_bundle import ModelBundle
         from xpuspec.pipeline import Pipeline
 
-        max_context = ModelBundle.open(bundle).max_context
+        max_context = resolve_bundle(bundle).max_context
         self.pipeline = Pipeline(
             bundle,
             drafter="none",
@@ -127,12 +127,12 @@ class _GenaiRunner:
     def __init__(self, bundle: Path | None, properties: dict[str, Any]) -> None:
         import openvino_genai
 
-        from xpuspec.model_bundle import ModelBundle
+        from xpuspec.bundles import resolve_bundle
 
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.cache_size = 1
         scheduler.enable_prefix_caching = True
-        target = ModelBundle.open(bundle).target.path
+        target = resolve_bundle(bundle).target.path
         self.genai = openvino_genai
         self.pipe = openvino_genai.LLMPipeline(str(target), "CPU", scheduler_config=scheduler, **properties)
         self.config = openvino_genai.GenerationConfig()
@@ -163,7 +163,7 @@ def _open_engines(config: MultiturnConfig, properties: dict[str, Any], order: li
 def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
     """Run both workloads on every engine, interleaved; return per-turn TTFTs and the ratios."""
     from xpuspec.bench.latency import genai_default_properties
-    from xpuspec.model_bundle import ModelBundle
+    from xpuspec.bundles import resolve_bundle
     from xpuspec.text import Tokenizer
 
     properties = dict(config.properties) if config.properties else genai_default_properties()
@@ -173,7 +173,7 @@ def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
     except ImportError:
         logger.warning("openvino_genai is not installed: no GenAI column")
         names.remove(ENGINES[2])
-    bundle = ModelBundle.open(config.bundle)
+    bundle = resolve_bundle(config.bundle)
     tokenizer = Tokenizer(bundle.target.path)
 
     def encode(text: str) -> list[int]:

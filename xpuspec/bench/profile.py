@@ -325,7 +325,7 @@ def _draft_length(value: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xpuspec.cli import describe_error
+    from xpuspec.errors import describe_error
 
     args = _parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from xpuspec.generate_command import parse_properties
+    from xpuspec.executor.properties import parse_properties
     from xpuspec.pipeline import Pipeline
 
     properties = parse_properties(args.property) or None

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from xpuspec.bundles import resolve_bundle
 from xpuspec.edge import templates
 from xpuspec.edge.platforms import group_targets, target_environment
 from xpuspec.edge.requirements import (
@@ -40,7 +41,7 @@ from xpuspec.edge.verify_edge import (
     LOCAL_STATE_NAMES,
     verify_archive,
 )
-from xpuspec.model_bundle import MANIFEST_NAME, ModelBundle, sha256_file
+from xpuspec.model_bundle import MANIFEST_NAME, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
     from xpuspec import edge
     from xpuspec.edge.wheels import build_xpuspec_wheel, download_wheelhouse
 
-    bundle = ModelBundle.open(config.bundle, verify=True)
+    bundle = resolve_bundle(config.bundle, verify=True)
     created_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     contents: dict[str, Content] = {
         f"bundle/{name}": bundle.root / name for name in [*bundle.manifest.get("files", {}), MANIFEST_NAME]

@@ -63,6 +63,17 @@ def with_preset(preset: str | None, properties: Mapping[str, Any] | None) -> dic
     return base
 
 
+def parse_properties(items: list[str]) -> dict[str, str]:
+    """``--property KEY=VALUE`` arguments (repeatable) as a dict; ``ValueError`` for one without ``=``."""
+    properties = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--property takes KEY=VALUE, got {item!r}; e.g. INFERENCE_PRECISION_HINT=f32")
+        properties[key.strip()] = value.strip()
+    return properties
+
+
 def layer_tuned(tuned: Mapping[str, Any] | None, user: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The user's properties over the plan's tuned ones; none of the tuned ones when the user sets a
     precision key (compute, KV cache or activation quantisation) of their own."""

@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import xpuspec
 from xpuspec.model_bundle import FORMAT_VERSION, MANIFEST_NAME, hash_tree
 from xpuspec.prepare.config import PrepareError
+from xpuspec.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def write_manifest(
     """
     manifest = {
         "format_version": FORMAT_VERSION,
-        "created_by": f"xpuspec {xpuspec.__version__}",
+        "created_by": f"xpuspec {__version__}",
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prepared_for": prepared_for,
         "toolchain": toolchain,

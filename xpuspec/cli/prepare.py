@@ -1,4 +1,4 @@
-"""`xpuspec prepare` and `xpuspec inspect` subcommands."""
+"""`xpuspec prepare`: checkpoints (or a GGUF file) to a verified OpenVINO bundle."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
-from xpuspec.model_bundle import BundleError, ModelBundle
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
 from xpuspec.prepare.config import (
     BUILTIN_CALIBRATION_PROMPTS,
     GROUP_SIZE_FALLBACKS,
@@ -44,40 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("-o", "--output", metavar="BUNDLE", required=True, type=Path, help="bundle folder")
     prepare.add_argument("--for", dest="device", choices=TARGET_DEVICES, default="cpu", help="device preset")
-    prepare.add_argument(
-        "--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for, int8 on cpu)"
-    )
-    prepare.add_argument("--draft-weights", choices=WEIGHT_FORMATS, help="draft weights (default: as target)")
-    prepare.add_argument(
-        "--group-size", type=int, help="int4 group size; -1 = channel-wise (default: from --for, 128 on cpu)"
-    )
-    prepare.add_argument(
-        "--group-size-fallback",
-        choices=GROUP_SIZE_FALLBACKS,
-        default="error",
-        help="int4 layers the group size does not divide: refuse before any work (error), leave them "
-        "out of int4 (ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
-    )
-    symmetry = prepare.add_mutually_exclusive_group()
-    symmetry.add_argument(
-        "--sym",
-        dest="sym",
-        action="store_const",
-        const=True,
-        help="symmetric quantization (default: from --for)",
-    )
-    symmetry.add_argument(
-        "--asym", dest="sym", action="store_const", const=False, help="asymmetric (default: from --for)"
-    )
-    prepare.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default: from --for)")
-    prepare.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
-    prepare.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
-    prepare.add_argument(
-        "--calibration-prompts",
-        metavar="FILE",
-        type=Path,
-        help="prompts for --awq/--scale-estimation: one per line, or a JSON list (default: a built-in list)",
-    )
+    _add_compression_arguments(prepare)
     prepare.add_argument(
         "--force-pair",
         action="store_true",
@@ -103,19 +69,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
     prepare.set_defaults(func=run_prepare)
 
-    inspect = subparsers.add_parser(
-        "inspect", help="summarize a bundle and verify every file's hash", description="Summarize and verify."
+
+def _add_compression_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the weights are compressed (NNCF): formats, int4 groups and ratio, data-aware methods."""
+    parser.add_argument(
+        "--weights", choices=WEIGHT_FORMATS, help="target weights (default: from --for, int8 on cpu)"
     )
-    inspect.add_argument(
-        "bundle",
-        metavar="BUNDLE",
+    parser.add_argument("--draft-weights", choices=WEIGHT_FORMATS, help="draft weights (default: as target)")
+    parser.add_argument(
+        "--group-size", type=int, help="int4 group size; -1 = channel-wise (default: from --for, 128 on cpu)"
+    )
+    parser.add_argument(
+        "--group-size-fallback",
+        choices=GROUP_SIZE_FALLBACKS,
+        default="error",
+        help="int4 layers the group size does not divide: refuse before any work (error), leave them "
+        "out of int4 (ignore), or give them the largest power-of-two group that fits (adjust; NNCF)",
+    )
+    symmetry = parser.add_mutually_exclusive_group()
+    symmetry.add_argument(
+        "--sym",
+        dest="sym",
+        action="store_const",
+        const=True,
+        help="symmetric quantization (default: from --for)",
+    )
+    symmetry.add_argument(
+        "--asym", dest="sym", action="store_const", const=False, help="asymmetric (default: from --for)"
+    )
+    parser.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default: from --for)")
+    parser.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
+    parser.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
+    parser.add_argument(
+        "--calibration-prompts",
+        metavar="FILE",
         type=Path,
-        nargs="?",
-        default=None,
-        help="bundle folder, or demo (default: SmolLM2 + draft)",
+        help="prompts for --awq/--scale-estimation: one per line, or a JSON list (default: a built-in list)",
     )
-    inspect.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    inspect.set_defaults(func=run_inspect)
 
 
 def _preset_help() -> str:
@@ -144,10 +134,6 @@ def read_calibration_prompts(path: Path) -> tuple[str, ...]:
     return tuple(prompts)
 
 
-def _error(message: str) -> None:
-    print(f"xpuspec: error: {message}", file=sys.stderr, flush=True)
-
-
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM like Ctrl-C, so a killed prepare also cleans up its temp folder; both also set
@@ -166,34 +152,39 @@ def _sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _config(args: argparse.Namespace) -> PrepareConfig:
+    """The command line as a PrepareConfig; ``ValueError`` for options that do not fit together."""
+    prompts = (
+        read_calibration_prompts(args.calibration_prompts)
+        if args.calibration_prompts
+        else BUILTIN_CALIBRATION_PROMPTS
+    )
+    return PrepareConfig(
+        target=args.target,
+        output=args.output,
+        draft=args.draft,
+        device=args.device,
+        weights=args.weights,
+        draft_weights=args.draft_weights,
+        group_size=args.group_size,
+        sym=args.sym,
+        ratio=args.ratio,
+        awq=args.awq,
+        scale_estimation=args.scale_estimation,
+        calibration_prompts=prompts,
+        force_pair=args.force_pair,
+        overwrite=args.overwrite,
+        group_size_fallback=args.group_size_fallback,
+        eagle3=args.eagle3,
+        draft_vocab=args.draft_vocab,
+    )
+
+
 def run_prepare(args: argparse.Namespace) -> int:
     try:
-        prompts = (
-            read_calibration_prompts(args.calibration_prompts)
-            if args.calibration_prompts
-            else BUILTIN_CALIBRATION_PROMPTS
-        )
-        config = PrepareConfig(
-            target=args.target,
-            output=args.output,
-            draft=args.draft,
-            device=args.device,
-            weights=args.weights,
-            draft_weights=args.draft_weights,
-            group_size=args.group_size,
-            sym=args.sym,
-            ratio=args.ratio,
-            awq=args.awq,
-            scale_estimation=args.scale_estimation,
-            calibration_prompts=prompts,
-            force_pair=args.force_pair,
-            overwrite=args.overwrite,
-            group_size_fallback=args.group_size_fallback,
-            eagle3=args.eagle3,
-            draft_vocab=args.draft_vocab,
-        )
+        config = _config(args)
     except ValueError as error:
-        _error(str(error))
+        report_error(str(error))
         return EXIT_USAGE
     from xpuspec.prepare.gguf import is_gguf_source, prepare_gguf_bundle
 
@@ -202,7 +193,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         if not gguf_source:
             _check_paths(config)
     except PrepareError as error:
-        _error(_one_line(str(error)))
+        report_error(one_line(str(error)))
         return EXIT_USAGE
     try:  # the options do not fit the models: a usage error, found before any work
         if not gguf_source:
@@ -210,17 +201,17 @@ def run_prepare(args: argparse.Namespace) -> int:
         if config.eagle3 is not None:
             _check_eagle3_head(config, gguf_source)
     except PrepareError as error:
-        _error(_one_line(str(error)))
+        report_error(one_line(str(error)))
         return EXIT_USAGE
     from xpuspec.prepare.pipeline import prepare_bundle  # pulls in OpenVINO; only when preparing
 
     prepare = prepare_gguf_bundle if gguf_source else prepare_bundle
-    if getattr(args, "verbose", False):
+    if args.verbose:
         try:
             with _sigterm_as_interrupt():
                 output = prepare(config, progress=StageLines(sys.stderr))
         except PrepareError as error:
-            _error(_one_line(str(error)))
+            report_error(one_line(str(error)))
             return EXIT_FAILED
         print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
         return 0
@@ -233,7 +224,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             finally:
                 stages.abandon()
     except PrepareError as error:
-        _error(f"{_one_line(str(error))} (conversion log: {log_path})")
+        report_error(f"{one_line(str(error))} (conversion log: {log_path})")
         return EXIT_FAILED
     print(
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
@@ -288,7 +279,7 @@ def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
 
     source = ModelSource.resolve(config.target, "target")
     facts = read_local_config(source.local_path) if source.local_path is not None else None
-    if facts is None or not hasattr(facts, "num_hidden_layers"):
+    if facts is None or "num_hidden_layers" not in vars(facts):
         head_folder(config.eagle3)  # type: ignore[arg-type]  # a hub target: checked once its config is read
         return
     check_head_fits(
@@ -299,28 +290,3 @@ def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
             "num_layers": facts.num_hidden_layers,
         },
     )
-
-
-def _one_line(message: str) -> str:
-    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
-
-
-def run_inspect(args: argparse.Namespace) -> int:
-    from xpuspec.prepare.summary import summarize_bundle
-
-    try:
-        bundle = ModelBundle.open(args.bundle, verify=False)  # the report below names every file
-    except BundleError as error:
-        _error(_one_line(str(error)))
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps(bundle.manifest, indent=2))
-    else:
-        print(summarize_bundle(bundle))
-    report = bundle.verify()
-    files = len(bundle.manifest.get("files", {}))
-    if not report.ok:
-        print(f"verification FAILED ({bundle.root}):\n{report.describe()}", file=sys.stderr)
-        return EXIT_FAILED
-    print(f"verified: all {files} files match their SHA-256", file=sys.stderr if args.json else sys.stdout)
-    return 0

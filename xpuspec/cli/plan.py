@@ -1,35 +1,18 @@
-"""`xpuspec devices` and `xpuspec plan` subcommands."""
+"""`xpuspec plan`: measure compile properties, device placements and draft lengths; record the best."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from typing import Any
 
-from xpuspec.cli import EXIT_FAILED, EXIT_USAGE
-from xpuspec.devices.capabilities import CoreLike, DeviceCapabilities
-from xpuspec.devices.plugin import PassthroughPlugin
-from xpuspec.devices.registry import PluginRegistry
+from xpuspec.cli.tables import print_table
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, report_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    devices = subparsers.add_parser(
-        "devices",
-        help="list the devices xpuspec can run models on, and what each supports",
-        description="List every known device plugin: present devices with their capabilities, then "
-        "known devices that are absent here.",
-    )
-    devices.add_argument("--json", action="store_true", help="print the list as JSON")
-    devices.add_argument(
-        "--bundle",
-        default=None,
-        help="list the executors that can run this bundle (default: the embedded demo pair)",
-    )
-    devices.set_defaults(func=run_devices)
-
     plan = subparsers.add_parser(
         "plan",
         help="measure compile properties, device placements and draft lengths; optionally record the best",
@@ -90,129 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.set_defaults(func=run_plan)
 
 
-def device_report(core: CoreLike, registry: PluginRegistry) -> list[DeviceCapabilities]:
-    """Present devices first (one entry per OpenVINO device index), then absent known devices."""
-    present: list[DeviceCapabilities] = []
-    absent: list[DeviceCapabilities] = []
-    claimed: set[str] = set()
-    for plugin in registry.plugins:
-        devices = [d for d in core.available_devices if plugin.matches(d)]
-        claimed.update(devices)
-        if devices:
-            present += [plugin.capabilities(core, device) for device in devices]
-        else:
-            capabilities = plugin.capabilities(core)
-            (present if capabilities.present else absent).append(capabilities)
-    for device in core.available_devices:
-        if device not in claimed:  # a device OpenVINO has and no plugin describes
-            present.append(PassthroughPlugin(device).capabilities(core, device))
-    return present + absent
-
-
-def _format_memory(memory_bytes: int | None) -> str:
-    return f"{memory_bytes / 2**30:.1f} GiB" if memory_bytes else "-"
-
-
-def system_memory_bytes() -> int | None:
-    """Physical memory of this machine: what host executors (CPU, TORCH) allocate from."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def with_host_memory(capabilities: DeviceCapabilities) -> DeviceCapabilities:
-    """The CPU plugin reports no memory size; host executors use the machine's memory."""
-    host = capabilities.device.split(".")[0].upper() in ("CPU", "TORCH")
-    if capabilities.memory_bytes or not capabilities.present or not host:
-        return capabilities
-    return dataclasses.replace(capabilities, memory_bytes=system_memory_bytes())
-
-
-def cannot_run_reason(registry: PluginRegistry, device: str, bundle: Any) -> str | None:
-    """Why the executor of ``device`` cannot run ``bundle`` (plugins may define ``cannot_run``)."""
-    plugin = registry.plugin_for(device)
-    check = getattr(plugin, "cannot_run", None)
-    if check is None:
-        return None
-    for info in (bundle.target, bundle.draft):
-        if info is not None and (reason := check(info.path, info.facts)):
-            return reason
-    return None
-
-
-def run_devices(args: argparse.Namespace) -> int:
-    import openvino as ov
-
-    from xpuspec.devices.placement import openvino_version
-    from xpuspec.devices.registry import default_registry
-    from xpuspec.model_bundle import ModelBundle
-
-    bundle = ModelBundle.open(args.bundle)
-    registry = default_registry()
-    report = [with_host_memory(c) for c in device_report(ov.Core(), registry)]
-    reasons = {c.device: cannot_run_reason(registry, c.device, bundle) if c.present else None for c in report}
-    if args.json:
-        entries = [
-            {
-                **c.as_dict(),
-                "runs_bundle": c.present and reasons[c.device] is None,
-                "cannot_run": reasons[c.device],
-            }
-            for c in report
-        ]
-        print(
-            json.dumps(
-                {"openvino_version": openvino_version(), "bundle": str(bundle.root), "devices": entries},
-                indent=2,
-            )
-        )
-        return 0
-    unusable = [c for c in report if reasons[c.device]]
-    report = [c for c in report if not reasons[c.device]]
-    header = (
-        "DEVICE",
-        "PRESENT",
-        "EXECUTOR",
-        "PAGED",
-        "SHAPES",
-        "PRECISIONS",
-        "MEMORY",
-        "UNITS",
-        "PRESET",
-        "NAME",
-    )
-    rows = [
-        (
-            c.device,
-            "yes" if c.present else "no",
-            c.executor_kind,
-            "yes" if c.paged_attention else "no",
-            "static" if c.static_only else "dynamic",
-            ",".join(c.precisions) or "-",
-            _format_memory(c.memory_bytes),
-            str(c.compute_units or "-"),
-            c.compression_preset or "-",
-            c.full_name or "-",
-        )
-        for c in report
-    ]
-    _print_table(header, rows)
-    for capabilities in unusable:
-        print(
-            f"{capabilities.device} is present but cannot run {bundle.root}: {reasons[capabilities.device]}"
-        )
-    return 0
-
-
-def _print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-
-
 def _parse_plan_config(args: argparse.Namespace) -> Any:
-    from xpuspec.generate_command import parse_properties
+    from xpuspec.executor.properties import parse_properties
     from xpuspec.planning.planner import PlanConfig
     from xpuspec.planning.tuning import TuneConfig
 
@@ -247,9 +109,10 @@ def _parse_plan_config(args: argparse.Namespace) -> Any:
 def run_plan(args: argparse.Namespace) -> int:
     import openvino as ov
 
+    from xpuspec.bundles import resolve_bundle
     from xpuspec.devices.placement import resolve_device, write_placement
     from xpuspec.devices.registry import default_registry
-    from xpuspec.model_bundle import BundleError, ModelBundle
+    from xpuspec.model_bundle import BundleError
     from xpuspec.planning.planner import (
         candidate_placements,
         decide,
@@ -264,12 +127,12 @@ def run_plan(args: argparse.Namespace) -> int:
     registry = default_registry()
     try:
         config = _parse_plan_config(args)
-        bundle = ModelBundle.open(args.bundle)
+        bundle = resolve_bundle(args.bundle)
         devices = list(config.devices) if config.devices else plannable_devices(core, registry)
         for device in devices:
             resolve_device(device, core, registry)
     except (ValueError, BundleError) as error:
-        print(f"xpuspec: error: {error}", file=sys.stderr)
+        report_error(str(error))
         return EXIT_USAGE
 
     def note(line: str) -> None:
@@ -301,36 +164,41 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         decision = decide(measurements, default, config)
     except ValueError as error:
-        print(f"xpuspec: error: {error}", file=sys.stderr)
+        report_error(str(error))
         return EXIT_FAILED
     record = placement_record(decision, measurements, config, list(core.available_devices), tuned)
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        if tuned:
-            _print_properties_table(tuned)
-            print()
-        header = ("TARGET", "DRAFT", "DRAFTER", "GAMMA", "TOKENS/S", "SPREAD", "ROUNDS", "ACCEPTANCE", "NOTE")
-        rows = [
-            (
-                m.placement.target_device,
-                m.placement.draft_device if m.placement.drafter in ("draft", "eagle3") else "-",
-                m.placement.drafter,
-                "adaptive" if m.placement.num_draft_tokens is None else str(m.placement.num_draft_tokens),
-                f"{m.tokens_per_s:.1f}",
-                "-" if m.spread is None else f"{m.spread:.0%}",
-                str(len(m.round_rates)),
-                "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
-                _placement_note(m, decision),
-            )
-            for m in measurements
-        ]
-        _print_table(header, rows)
-        print(f"decision: {decision.reason}")
+        _print_plan(tuned, measurements, decision)
     if args.write:
         write_placement(bundle.root, record)
         print(f"recorded the placement and compile properties in {bundle.root}", file=sys.stderr)
     return 0
+
+
+def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any) -> None:
+    """The tuned properties (when tuned), every placement measured, and the decision, as tables."""
+    if tuned:
+        _print_properties_table(tuned)
+        print()
+    header = ("TARGET", "DRAFT", "DRAFTER", "GAMMA", "TOKENS/S", "SPREAD", "ROUNDS", "ACCEPTANCE", "NOTE")
+    rows = [
+        (
+            m.placement.target_device,
+            m.placement.draft_device if m.placement.drafter in ("draft", "eagle3") else "-",
+            m.placement.drafter,
+            "adaptive" if m.placement.num_draft_tokens is None else str(m.placement.num_draft_tokens),
+            f"{m.tokens_per_s:.1f}",
+            "-" if m.spread is None else f"{m.spread:.0%}",
+            str(len(m.round_rates)),
+            "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
+            _placement_note(m, decision),
+        )
+        for m in measurements
+    ]
+    print_table(header, rows)
+    print(f"decision: {decision.reason}")
 
 
 def _placement_note(measurement: Any, decision: Any) -> str:
@@ -366,7 +234,7 @@ def _print_properties_table(tuned: dict[tuple[str, str], Any]) -> None:
                     candidate.error or ("chosen" if chosen else ""),
                 )
             )
-    _print_table(header, rows)
+    print_table(header, rows)
     for (role, device), result in tuned.items():
         print(f"{role} on {device}: {result.summary()}")
 

@@ -15,10 +15,13 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from xpuspec.bundles import is_demo
 from xpuspec.devices.placement import add_drafter_argument
-from xpuspec.model_bundle import DEMO_BUNDLE_NAME
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE
 from xpuspec.server.config import (
     DEFAULT_STREAM_INTERVAL_PER_STREAM_S,
     DEFAULT_STREAM_INTERVAL_S,
@@ -26,13 +29,14 @@ from xpuspec.server.config import (
     MAX_STREAM_INTERVAL_S,
     ServerConfig,
 )
-from xpuspec.server.http_server import BODY_RATE_GRACE_S, ListenerLimits
+from xpuspec.server.http_server import BODY_RATE_GRACE_S, HttpListener, ListenerLimits
+from xpuspec.structured.matcher import GrammarLimits
+
+if TYPE_CHECKING:
+    from xpuspec.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
-# Exit codes (as xpuspec.cli): 1 the work failed, 2 the command line or input was wrong.
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 # How long a drain waits for in-flight requests before stopping anyway.
 DRAIN_TIMEOUT_S = 120.0
 DEFAULT_LIMITS = ListenerLimits()
@@ -47,6 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "one 'ready' line with the URL and the served model name(s). Exit codes: 0 after a drain "
         "(SIGTERM/SIGINT), 1 the port is taken or the model failed to load, 2 a bad argument or bundle.",
     )
+    # Groups in the order --help lists them.
+    _add_endpoint_arguments(parser)
+    _add_model_arguments(parser)
+    _add_request_arguments(parser)
+    _add_listener_arguments(parser)
+    _add_grammar_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is served, where, to whom."""
     parser.add_argument(
         "--bundle", default=None, help="a bundle folder, or demo (default: SmolLM2-135M-Instruct + its draft)"
     )
@@ -73,6 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=os.environ.get("XPUSPEC_API_KEY"),
         help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $XPUSPEC_API_KEY)",
     )
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the models run and how they are compiled."""
     parser.add_argument("--target-device", default="CPU")
     parser.add_argument("--draft-device", default="CPU")
     add_drafter_argument(parser)
@@ -94,6 +113,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
         "preset); --property values still apply on top",
     )
+
+
+def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """How many requests, how large, how often a stream sends, how much KV cache."""
     parser.add_argument("--max-queue", type=int, default=256, help="requests in flight before 503")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     parser.add_argument(
@@ -115,6 +138,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
     )
+
+
+def _add_listener_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP listener's threads, connections and timeouts."""
     parser.add_argument(
         "--threads",
         type=int,
@@ -157,13 +184,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds an idle keep-alive connection is kept open "
         f"(default {DEFAULT_LIMITS.channel_timeout_s})",
     )
-    _add_grammar_arguments(parser)
-    parser.set_defaults(func=run)
 
 
 def _add_grammar_arguments(parser: argparse.ArgumentParser) -> None:
-    from xpuspec.structured.matcher import GrammarLimits
-
     defaults = GrammarLimits()
     parser.add_argument(
         "--grammar-compile-timeout",
@@ -195,7 +218,7 @@ def served_name(bundle: str | None) -> str:
         from xpuspec.default_model import SMOLLM2
 
         return SMOLLM2.name
-    if bundle == DEMO_BUNDLE_NAME and not os.path.isdir(bundle):
+    if is_demo(bundle):
         return DEMO_MODEL_NAME
     return os.path.basename(os.path.normpath(os.path.expanduser(bundle))) or DEMO_MODEL_NAME
 
@@ -211,46 +234,85 @@ def _port(text: str) -> int:
     return port
 
 
+class _Refused(Exception):
+    """The server cannot start: ``xpuspec serve: MESSAGE`` on stderr, then exit with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The command line, checked: what the app, the listener and the engine are made with."""
+
+    config: ServerConfig
+    limits: ListenerLimits
+    properties: dict[str, Any] | None
+    grammar_limits: GrammarLimits
+
+
 def run(args: argparse.Namespace) -> int:
-    from xpuspec.executor.properties import with_preset
-    from xpuspec.generate_command import parse_properties
-    from xpuspec.model_bundle import BundleError, ModelBundle
     from xpuspec.server.app import create_app, unauthenticated_request
-    from xpuspec.server.http_server import HttpListener
     from xpuspec.server.state import server_state
-    from xpuspec.structured.matcher import GrammarLimits
+
+    try:
+        settings = _settings(args)
+        _configure_access_log(quiet=args.quiet)
+        app = create_app(_loader(args, settings), settings.config, start=False)
+        state = server_state(app)
+        listener = _listen(app, args, settings.limits, unauthenticated_request(settings.config))
+    except _Refused as refused:
+        print(f"xpuspec serve: {refused}", file=sys.stderr)
+        return refused.exit_code
+    stop = threading.Event()
+    _drain_on_signals(state, stop)
+    _serve(listener, state, settings.config, f"http://{args.host}:{listener.port}", stop)
+    error = state.loop.load_error
+    if error is not None:
+        print(f"xpuspec serve: cannot load the model: {error}", file=sys.stderr)
+        return EXIT_USAGE if _is_input_error(error) else EXIT_FAILED
+    return 0
+
+
+def _settings(args: argparse.Namespace) -> _Settings:
+    from xpuspec.executor.properties import parse_properties, with_preset
 
     names = args.served_model_name or [served_name(args.bundle)]
     try:
-        config = ServerConfig(
-            served_model_name=names[0],
-            model_aliases=tuple(names[1:]),
-            api_key=args.api_key or None,
-            max_queue=args.max_queue,
-            max_body_bytes=args.max_body_bytes,
-            stream_interval_s=args.stream_interval_ms / 1e3,
-            stream_interval_per_stream_s=args.stream_interval_per_stream_ms / 1e3,
-        )
-        limits = ListenerLimits(
-            threads=args.threads,
-            connection_limit=args.connection_limit,
-            channel_timeout_s=args.idle_timeout,
-            header_timeout_s=args.header_timeout,
-            body_timeout_s=args.body_timeout,
-            min_body_rate=args.min_body_rate,
-            # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
-            max_request_body_bytes=4 * args.max_body_bytes,
-        )
-        properties = with_preset("exact" if args.exact else None, parse_properties(args.property))
-        grammar_limits = GrammarLimits(
-            compile_seconds=args.grammar_compile_timeout,
-            max_lexer_states=args.grammar_max_lexer_states,
-            max_grammar_size=args.grammar_max_size,
+        return _Settings(
+            config=ServerConfig(
+                served_model_name=names[0],
+                model_aliases=tuple(names[1:]),
+                api_key=args.api_key or None,
+                max_queue=args.max_queue,
+                max_body_bytes=args.max_body_bytes,
+                stream_interval_s=args.stream_interval_ms / 1e3,
+                stream_interval_per_stream_s=args.stream_interval_per_stream_ms / 1e3,
+            ),
+            limits=ListenerLimits(
+                threads=args.threads,
+                connection_limit=args.connection_limit,
+                channel_timeout_s=args.idle_timeout,
+                header_timeout_s=args.header_timeout,
+                body_timeout_s=args.body_timeout,
+                min_body_rate=args.min_body_rate,
+                # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
+                max_request_body_bytes=4 * args.max_body_bytes,
+            ),
+            properties=with_preset("exact" if args.exact else None, parse_properties(args.property)),
+            grammar_limits=GrammarLimits(
+                compile_seconds=args.grammar_compile_timeout,
+                max_lexer_states=args.grammar_max_lexer_states,
+                max_grammar_size=args.grammar_max_size,
+            ),
         )
     except ValueError as error:
-        print(f"xpuspec serve: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    _configure_access_log(quiet=args.quiet)
+        raise _Refused(str(error), EXIT_USAGE) from error
+
+
+def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
+    """What the engine loop calls to load the model, while /health answers "loading"."""
 
     def load() -> Any:
         from xpuspec.pipeline import Pipeline
@@ -260,12 +322,12 @@ def run(args: argparse.Namespace) -> int:
             target_device=args.target_device,
             draft_device=args.draft_device,
             drafter=args.drafter,
-            properties=properties,
+            properties=settings.properties,
             num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
         )
         if pipeline.engine.grammar is not None:
-            pipeline.engine.grammar.limits = grammar_limits
+            pipeline.engine.grammar.limits = settings.grammar_limits
         # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
         # reach, before the first request: otherwise a full collection walks it all, stalling every
         # thread (and /health) for a few hundred ms, while requests only make short-lived objects.
@@ -273,31 +335,39 @@ def run(args: argparse.Namespace) -> int:
         gc.freeze()
         return pipeline
 
-    app = create_app(load, config, start=False)
-    state = server_state(app)
+    return load
+
+
+def _listen(app: Any, args: argparse.Namespace, limits: ListenerLimits, unauthenticated: Any) -> HttpListener:
+    """Bind the port, then open the bundle's manifest: the cheap part of loading, here so that a wrong
+    --bundle is one plain line rather than a failed load."""
+    from xpuspec.bundles import resolve_bundle
+    from xpuspec.model_bundle import BundleError
+
     try:
-        listener = HttpListener(app, args.host, args.port, limits, unauthenticated_request(config))
+        listener = HttpListener(app, args.host, args.port, limits, unauthenticated)
     except OSError as error:
         reason = error.strerror or str(error)
-        print(
-            f"xpuspec serve: cannot listen on {args.host}:{args.port}: {reason} "
+        raise _Refused(
+            f"cannot listen on {args.host}:{args.port}: {reason} "
             "(is another server running there? pick another --port)",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
+            EXIT_FAILED,
+        ) from error
     except ValueError as error:  # waitress: a host it cannot resolve
-        print(
-            f"xpuspec serve: cannot listen on {args.host}:{args.port}: {error} (check --host)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    try:  # the cheap part of loading, here so that a wrong --bundle is one plain line
-        ModelBundle.open(args.bundle)
+        raise _Refused(
+            f"cannot listen on {args.host}:{args.port}: {error} (check --host)", EXIT_USAGE
+        ) from error
+    try:
+        resolve_bundle(args.bundle)
     except BundleError as error:
         listener.close(flush_timeout_s=0)
-        print(f"xpuspec serve: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    stop = threading.Event()
+        raise _Refused(str(error), EXIT_USAGE) from error
+    return listener
+
+
+def _drain_on_signals(state: ServerState, stop: threading.Event) -> None:
+    """SIGTERM/SIGINT: stop taking requests, let those in flight finish, then set ``stop``; a second
+    signal, or one while loading, stops at once."""
 
     def drain() -> None:
         logger.info("draining: no new requests; waiting for %d in flight", state.loop.num_in_flight)
@@ -316,7 +386,13 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    url = f"http://{args.host}:{listener.port}"
+
+
+def _serve(
+    listener: HttpListener, state: ServerState, config: ServerConfig, url: str, stop: threading.Event
+) -> None:
+    """Load the model and answer requests until ``stop`` (or a failed load); print the one 'ready' line
+    once the model is loaded."""
     announced = False
 
     def announce_when_ready() -> None:
@@ -331,11 +407,6 @@ def run(args: argparse.Namespace) -> int:
     listener.serve(stop=lambda: stop.is_set() or state.loop.load_error is not None, tick=announce_when_ready)
     listener.close()
     state.loop.stop()
-    error = state.loop.load_error
-    if error is not None:
-        print(f"xpuspec serve: cannot load the model: {error}", file=sys.stderr)
-        return EXIT_USAGE if _is_input_error(error) else EXIT_FAILED
-    return 0
 
 
 def _is_input_error(error: BaseException) -> bool:

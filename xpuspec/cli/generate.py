@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from xpuspec.devices.placement import add_drafter_argument
+from xpuspec.errors import CommandError
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.tree import parse_draft_tree_text
 
@@ -74,19 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_properties(items: list[str]) -> dict[str, str]:
-    properties = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--property takes KEY=VALUE, got {item!r}; e.g. INFERENCE_PRECISION_HINT=f32")
-        properties[key.strip()] = value.strip()
-    return properties
-
-
 def run(args: argparse.Namespace) -> int:
-    from xpuspec.cli import CommandError
-    from xpuspec.executor.properties import with_preset
+    from xpuspec.executor.properties import parse_properties, with_preset
     from xpuspec.model_bundle import BundleError
     from xpuspec.pipeline import Pipeline
 

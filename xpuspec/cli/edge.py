@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from xpuspec.cli import EXIT_FAILED, EXIT_USAGE, CommandError
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, CommandError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,0 +1,42 @@
+"""Which bundle a user means: ``None`` (the default model), ``"demo"`` (the embedded pair) or a folder.
+
+:class:`~xpuspec.model_bundle.ModelBundle` reads and verifies one bundle folder and knows nothing of
+where folders come from; this module is the one place that turns what a user gave (``Pipeline(bundle)``,
+a command's ``--bundle``) into that folder, building the default model's bundle on first use
+(:mod:`xpuspec.default_model`). Pipeline, every command and the server open bundles through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xpuspec.model_bundle import ModelBundle
+
+DEMO_BUNDLE_NAME = "demo"  # names the embedded demo pair wherever a bundle folder is asked for
+
+BundleSpec = str | Path | None
+
+
+def is_demo(spec: BundleSpec) -> bool:
+    """``"demo"`` names the demo pair, unless a folder of that name is there (a folder wins)."""
+    return spec is not None and str(spec) == DEMO_BUNDLE_NAME and not Path(spec).is_dir()
+
+
+def resolve_bundle_path(spec: BundleSpec) -> Path:
+    """The folder ``spec`` names; the default model's bundle is converted into the user's cache the
+    first time ``None`` asks for it."""
+    if spec is None:
+        from xpuspec.default_model import default_bundle_path  # converting needs prepare: only on use
+
+        return default_bundle_path()
+    if is_demo(spec):
+        from xpuspec.demo import demo_bundle_path
+
+        return demo_bundle_path()
+    return Path(spec).expanduser()
+
+
+def resolve_bundle(spec: BundleSpec, *, verify: bool | None = None) -> ModelBundle:
+    """Open the bundle ``spec`` names (``None``: the default model, ``"demo"``: the demo pair, else a
+    folder); ``verify`` as :meth:`ModelBundle.open`. A missing or damaged bundle raises ``BundleError``."""
+    return ModelBundle.open(resolve_bundle_path(spec), verify=verify)
