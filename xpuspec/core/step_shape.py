@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.speculation_length import CostModel
-from xpuspec.spec_decode.tree import TreeShape
 
 Shape = tuple[int, "int | None"]  # (tokens, decoding sequences or None)
 

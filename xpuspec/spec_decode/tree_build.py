@@ -21,9 +21,10 @@ from typing import Protocol
 import numpy as np
 
 from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.proposal import Proposal
-from xpuspec.spec_decode.tree import DraftTree, TreeShape
+from xpuspec.spec_decode.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
