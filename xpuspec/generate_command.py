@@ -9,8 +9,8 @@ import time
 from typing import TYPE_CHECKING
 
 from xpuspec.devices.placement import add_drafter_argument
-from xpuspec.sample.draft_tree import parse_draft_tree_text
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.tree import parse_draft_tree_text
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline

@@ -31,9 +31,9 @@ from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
-from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
+from xpuspec.spec_decode.tree import parse_draft_tree
 from xpuspec.structured.matcher import grammar_compiler
 from xpuspec.text import ChatTemplate, Tokenizer
 

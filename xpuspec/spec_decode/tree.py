@@ -28,7 +28,8 @@ from xpuspec.sample.draft_tree import (
     parse_draft_tree_text,
 )
 
-# The shape of a tree, named here too for the tree's callers.
+# The shape a request asks for lives in xpuspec.sample.draft_tree (sample and core need it); named
+# here too, where the tree's callers above those layers import it from.
 __all__ = [
     "AUTO",
     "MAX_TREE_DEPTH",

@@ -21,10 +21,9 @@ from typing import Protocol
 import numpy as np
 
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.proposal import Proposal
-from xpuspec.spec_decode.tree import DraftTree
+from xpuspec.spec_decode.tree import DraftTree, TreeShape
 
 logger = logging.getLogger(__name__)
 

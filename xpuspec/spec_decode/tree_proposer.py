@@ -39,8 +39,8 @@ import numpy as np
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.proposal import Proposal, catch_up_chunk
+from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild
 
 logger = logging.getLogger(__name__)

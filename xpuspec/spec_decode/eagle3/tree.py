@@ -36,8 +36,8 @@ import numpy as np
 
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.executor.eagle3_head import HeadStep, HeadStepResult
-from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.proposal import Proposal
+from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild
 
 if TYPE_CHECKING:
