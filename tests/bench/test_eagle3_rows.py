@@ -8,15 +8,8 @@ from types import SimpleNamespace
 
 from xpuspec.bench.config import BenchConfig
 from xpuspec.bench.figures import LatencyResult, RequestTiming, add_speedups
-from xpuspec.bench.latency import (
-    ADAPTIVE,
-    BASELINE_OF,
-    EAGLE3_KEY,
-    XPUSPEC,
-    XPUSPEC_EAGLE3,
-    _configurations,
-    _label,
-)
+from xpuspec.bench.latency_labels import ADAPTIVE, BASELINE_OF, EAGLE3_KEY, XPUSPEC, XPUSPEC_EAGLE3, row_label
+from xpuspec.bench.latency_rows import configurations
 from xpuspec.devices.placement import Placement
 from xpuspec.planning.planner import PlanConfig, candidate_placements
 
@@ -40,7 +33,7 @@ def _rows(tmp_path: Path, eagle3: bool):  # type: ignore[no-untyped-def]
         return SimpleNamespace(engine=None)
 
     config = BenchConfig(out=tmp_path, draft_lengths=(2, 4))
-    configs, engines = _configurations(config, _bundle(eagle3), build, SAME, (None, None))  # type: ignore[arg-type]
+    configs, engines = configurations(config, _bundle(eagle3), build, SAME, (None, None))  # type: ignore[arg-type]
     return configs, engines, built
 
 
@@ -66,7 +59,7 @@ def test_a_bundle_without_a_head_has_no_eagle3_rows(tmp_path: Path) -> None:
 
 def test_eagle3_speedups_are_over_xpuspec_target_only() -> None:
     def timed(engine: str, length, seconds: float) -> LatencyResult:
-        result = LatencyResult(_label(engine, length), engine, length)
+        result = LatencyResult(row_label(engine, length), engine, length)
         result.record_round([RequestTiming(3, list(range(8)), seconds, 0.01, seconds / 8)])
         return result
 

@@ -31,16 +31,16 @@ from xpuspec.bench.genai_eagle3 import (  # noqa: E402
     genai_eagle3_unavailable,
     genai_layer_ids,
 )
-from xpuspec.bench.latency import (  # noqa: E402
+from xpuspec.bench.latency_labels import (  # noqa: E402
     ADAPTIVE,
     GENAI,
     GENAI_EAGLE3,
     GENAI_EAGLE3_KEY,
     XPUSPEC_EAGLE3,
-    _configurations,
-    _label,
-    _peer_ratios,
+    row_label,
 )
+from xpuspec.bench.latency_ratios import peer_ratios  # noqa: E402
+from xpuspec.bench.latency_rows import configurations  # noqa: E402
 from xpuspec.executor.eagle3_graph import quantise_int8_rows  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 from xpuspec.prepare.genai_eagle3_export import target_embedding_table  # noqa: E402
@@ -183,7 +183,7 @@ def test_genai_runs_the_converted_head_and_keeps_its_target_output(bundle: Model
 
 def _rows(tmp_path: Path, bundle: object):  # type: ignore[no-untyped-def]
     config = BenchConfig(out=tmp_path, draft_lengths=(2, 4))
-    return _configurations(
+    return configurations(
         config,
         bundle,  # type: ignore[arg-type]
         lambda *args: SimpleNamespace(engine=None),
@@ -211,7 +211,7 @@ def test_the_bench_shows_genai_eagle3_beside_xpuspec(bundle: ModelBundle, tmp_pa
 
 def test_xpuspec_eagle3_is_divided_by_genai_eagle3_at_the_same_chain() -> None:
     def timed(engine: str, length: int | str, seconds: float) -> LatencyResult:
-        result = LatencyResult(_label(engine, length), engine, length)
+        result = LatencyResult(row_label(engine, length), engine, length)
         result.record_round([RequestTiming(3, list(range(8)), seconds, 0.01, seconds / 8)])
         return result
 
@@ -222,7 +222,7 @@ def test_xpuspec_eagle3_is_divided_by_genai_eagle3_at_the_same_chain() -> None:
         timed(GENAI_EAGLE3, 4, 4.0),
     ]
     summaries = {r.name: r.summary() for r in results}
-    _peer_ratios(results, summaries)
+    peer_ratios(results, summaries)
     assert summaries[results[0].name]["ratio_to_peers"][GENAI] == pytest.approx(2.0)
     assert summaries[results[1].name]["ratio_to_peers"][GENAI] == pytest.approx(4.0)  # over the best fixed
 

@@ -5,22 +5,21 @@ from __future__ import annotations
 import pytest
 
 from xpuspec.bench.figures import LatencyResult, RequestTiming
-from xpuspec.bench.latency import (
+from xpuspec.bench.latency import genai_default_properties
+from xpuspec.bench.latency_labels import (
     ADAPTIVE,
     GENAI,
     GENAI_DEFAULT,
     XPUSPEC,
     XPUSPEC_DEFAULT,
     XPUSPEC_EXACT,
-    _compare_tokens,
-    _label,
-    _peer_ratios,
-    genai_default_properties,
+    row_label,
 )
+from xpuspec.bench.latency_ratios import compare_tokens, peer_ratios
 
 
 def _result(engine: str, length, tokens: list[list[int]], seconds: float) -> LatencyResult:
-    result = LatencyResult(_label(engine, length), engine, length)
+    result = LatencyResult(row_label(engine, length), engine, length)
     result.record_round([RequestTiming(3, ids, seconds / len(tokens), None, None) for ids in tokens])
     return result
 
@@ -38,8 +37,8 @@ def test_rows_pair_with_the_peer_of_their_group_and_the_exact_reference():
         _result(GENAI_DEFAULT, None, [[9, 9, 9], [4, 5, 6]], 1.5),  # 4 tokens/s
     ]
     summaries = {r.name: r.summary() for r in results}
-    _compare_tokens(results, summaries)
-    _peer_ratios(results, summaries)
+    compare_tokens(results, summaries)
+    peer_ratios(results, summaries)
     assert summaries["xpuspec target-only"]["same_tokens_as_exact"] == "1/2"
     assert summaries["OpenVINO GenAI default target-only"]["same_tokens_as_exact"] == "1/2"
     assert summaries["xpuspec exact target-only"]["same_tokens_as_exact"] == "2/2"
@@ -57,7 +56,7 @@ def test_genai_defaults_are_explicit_cpu_plugin_defaults():
 
 
 def _timed(engine: str, length, tokens: int, tpot_s: float, drafted=0, accepted=0, tested=0):
-    result = LatencyResult(_label(engine, length), engine, length)
+    result = LatencyResult(row_label(engine, length), engine, length)
     timing = RequestTiming(3, list(range(tokens)), tokens * tpot_s, tpot_s, tpot_s)
     if drafted:
         timing.drafted, timing.accepted, timing.tested = drafted, accepted, tested
@@ -66,8 +65,8 @@ def _timed(engine: str, length, tokens: int, tpot_s: float, drafted=0, accepted=
 
 
 def test_fixed_gamma_rows_carry_leviathans_prediction_from_the_measured_cost_curve():
+    from xpuspec.bench.cost_curves import cost_curve, median_curve
     from xpuspec.bench.figures import add_speedups
-    from xpuspec.bench.latency import cost_curve, median_curve
     from xpuspec.spec_decode.speculation_length import CostModel, expected_tokens_per_step
 
     model = CostModel()
@@ -102,7 +101,8 @@ def test_fixed_gamma_rows_carry_leviathans_prediction_from_the_measured_cost_cur
 
 
 def test_a_round_interleaves_configurations_prompt_by_prompt_and_reverses_their_order():
-    from xpuspec.bench.latency import _Config, _interleaved_round
+    from xpuspec.bench.latency import _interleaved_round
+    from xpuspec.bench.latency_rows import Row
 
     calls: list[tuple[str, int]] = []
 
@@ -114,7 +114,7 @@ def test_a_round_interleaves_configurations_prompt_by_prompt_and_reverses_their_
             calls.append((self.name, token_ids[0]))
             return RequestTiming(1, [token_ids[0]] * max_tokens, 0.1, None, None)
 
-    entries = [_Config(LatencyResult(name, XPUSPEC, None), name, None) for name in ("a", "b", "c")]
+    entries = [Row(LatencyResult(name, XPUSPEC, None), name, None) for name in ("a", "b", "c")]
     built = {name: Runner(name) for name in ("a", "b", "c")}
     done: list[int] = []
     timings = _interleaved_round(entries, built, [[10], [11], [12]], 2, done.append)
@@ -128,7 +128,8 @@ def test_a_round_interleaves_configurations_prompt_by_prompt_and_reverses_their_
 
 
 def test_a_peer_that_fails_mid_round_is_skipped_and_the_others_go_on():
-    from xpuspec.bench.latency import _Config, _interleaved_round
+    from xpuspec.bench.latency import _interleaved_round
+    from xpuspec.bench.latency_rows import Row
 
     class Runner:
         def __init__(self, fail_on: int | None) -> None:
@@ -139,8 +140,8 @@ def test_a_peer_that_fails_mid_round_is_skipped_and_the_others_go_on():
                 raise RuntimeError("peer crashed")
             return RequestTiming(1, [1], 0.1, None, None)
 
-    ours = _Config(LatencyResult("ours", XPUSPEC, None), "ours", None)
-    peer = _Config(LatencyResult("peer", GENAI, None), "peer", None)
+    ours = Row(LatencyResult("ours", XPUSPEC, None), "ours", None)
+    peer = Row(LatencyResult("peer", GENAI, None), "peer", None)
     built = {"ours": Runner(None), "peer": Runner(11)}
     timings = _interleaved_round([ours, peer], built, [[10], [11], [12]], 1)
     assert len(timings[0]) == 3
@@ -170,7 +171,7 @@ def test_adaptive_gamma_is_divided_by_genais_target_only_where_its_drafting_is_s
         _result(GENAI_DEFAULT, 4, tokens, 2.0),
     ]
     summaries = {r.name: r.summary() for r in results}
-    _peer_ratios(results, summaries)
+    peer_ratios(results, summaries)
     assert summaries["xpuspec default speculative (adaptive γ)"]["ratio_to_peers"][GENAI] == pytest.approx(
         1.2
     )

@@ -9,7 +9,8 @@ import pytest
 
 from xpuspec.bench.config import BenchConfig
 from xpuspec.bench.figures import LatencyResult, RequestTiming
-from xpuspec.bench.latency import (
+from xpuspec.bench.latency import _interleaved_round
+from xpuspec.bench.latency_labels import (
     ADAPTIVE,
     GENAI,
     GENAI_DEFAULT,
@@ -17,16 +18,14 @@ from xpuspec.bench.latency import (
     TREE_AUTO,
     XPUSPEC,
     XPUSPEC_DEFAULT,
-    _adjacent_peers,
-    _configurations,
-    _interleaved_round,
-    _label,
-    _peer_ratios,
+    row_label,
 )
+from xpuspec.bench.latency_ratios import peer_ratios
+from xpuspec.bench.latency_rows import adjacent_peers, configurations
 
 
 def _timed(engine: str, length: int | str | None, seconds: float) -> LatencyResult:
-    result = LatencyResult(_label(engine, length), engine, length)
+    result = LatencyResult(row_label(engine, length), engine, length)
     result.record_round([RequestTiming(3, list(range(8)), seconds, 0.01, seconds / 8)])
     return result
 
@@ -43,14 +42,14 @@ def test_adaptive_gamma_is_divided_by_the_best_of_genais_drafts_and_its_prompt_l
         _timed(GENAI_LOOKUP, 4, lookup_seconds),
     ]
     summaries = {r.name: r.summary() for r in results}
-    _peer_ratios(results, summaries)
+    peer_ratios(results, summaries)
     assert summaries[results[0].name]["ratio_to_peers"][GENAI] == pytest.approx(2.0)  # same γ, draft model
     assert summaries[results[1].name]["ratio_to_peers"][GENAI] == pytest.approx(best_seconds / 0.5)
 
 
 def test_each_round_gives_its_own_ratio_to_the_same_peer_row() -> None:
     def rounds(engine: str, length: int | str, seconds: list[float]) -> LatencyResult:
-        result = LatencyResult(_label(engine, length), engine, length)
+        result = LatencyResult(row_label(engine, length), engine, length)
         for value in seconds:
             result.record_round([RequestTiming(3, list(range(8)), value, 0.01, value / 8)])
         return result
@@ -62,7 +61,7 @@ def test_each_round_gives_its_own_ratio_to_the_same_peer_row() -> None:
         rounds(GENAI_LOOKUP, 2, [0.9, 3.0, 3.0]),  # the best GenAI row (its fastest run: 0.9 s)
     ]
     summaries = {r.name: r.summary() for r in results}
-    _peer_ratios(results, summaries)
+    peer_ratios(results, summaries)
     # The median of the run-by-run ratios (1.2, 0.8, 1.0), not the best rounds' 1.2 / 1.0.
     assert summaries[results[0].name]["ratio_to_peers"][GENAI] == pytest.approx(1.0)
     assert summaries[results[0].name]["round_ratios_to_genai"] == pytest.approx([1.2, 0.8, 1.0])
@@ -85,7 +84,7 @@ def test_the_table_shows_the_per_round_range_only_over_several_rounds() -> None:
 
 def test_the_same_text_ratio_counts_only_prompts_both_engines_wrote_alike() -> None:
     def prompts(engine: str, outputs: list[list[int]], seconds: list[float]) -> LatencyResult:
-        result = LatencyResult(_label(engine, 2), engine, 2)
+        result = LatencyResult(row_label(engine, 2), engine, 2)
         result.record_round(
             [
                 RequestTiming(3, tokens, value, 0.01, value / 8)
@@ -98,7 +97,7 @@ def test_the_same_text_ratio_counts_only_prompts_both_engines_wrote_alike() -> N
     # Faster on the second prompt only because it wrote other tokens there.
     peer = prompts(GENAI, [[1, 2], [3, 9], [5, 6]], [1.5, 0.5, 4.5])
     summaries = {r.name: r.summary() for r in (ours, peer)}
-    _peer_ratios([ours, peer], summaries)
+    peer_ratios([ours, peer], summaries)
     row = summaries[ours.name]
     assert row["ratio_to_peers"][GENAI] == pytest.approx(1.125)  # median of 1.5, 0.25 and 1.125
     assert row["equal_outputs_with_genai"] == "2/3"
@@ -116,7 +115,7 @@ def test_the_ratio_pairs_runs_of_the_same_prompt_and_round() -> None:
     ratio; the paired median follows the runs that ran on a machine alike for both."""
 
     def rounds(engine: str, seconds: list[list[float]]) -> LatencyResult:
-        result = LatencyResult(_label(engine, None), engine, None)
+        result = LatencyResult(row_label(engine, None), engine, None)
         for values in seconds:
             result.record_round(
                 [RequestTiming(3, list(range(8)), value, 0.01, value / 8) for value in values]
@@ -128,7 +127,7 @@ def test_the_ratio_pairs_runs_of_the_same_prompt_and_round() -> None:
     ours = rounds(XPUSPEC, [[1.1] * 4, [1.0] * 4, [1.0] * 4])
     peer = rounds(GENAI, [[0.93] * 4, [1.0] * 4, [1.0] * 4])
     summaries = {r.name: r.summary() for r in (ours, peer)}
-    _peer_ratios([ours, peer], summaries)
+    peer_ratios([ours, peer], summaries)
     row = summaries[ours.name]
     assert row["tokens_per_s"] / summaries[peer.name]["tokens_per_s"] == pytest.approx(0.93)
     assert row["ratio_to_peers"][GENAI] == pytest.approx(1.0)
@@ -140,7 +139,7 @@ def _bench_rows(tmp_path: Path, draft_lengths: tuple[int, ...]):  # type: ignore
     model = SimpleNamespace(path=Path("/nowhere"))
     bundle = SimpleNamespace(target=model, draft=model, eagle3=None)
     config = BenchConfig(out=tmp_path, draft_lengths=draft_lengths)
-    return _configurations(
+    return configurations(
         config,
         bundle,  # type: ignore[arg-type]
         lambda *args: None,
@@ -154,7 +153,7 @@ def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) ->
     active = [c for c in configs if c.engine_key is not None]
     if not any(c.result.engine == GENAI for c in active):
         pytest.skip("OpenVINO GenAI is not installed: no peer rows")
-    ordered = _adjacent_peers(active)
+    ordered = adjacent_peers(active)
     assert sorted(map(id, ordered)) == sorted(map(id, active))  # every row, once
 
     runs: list[tuple[int, str]] = []  # (prompt, row) in the order they ran
@@ -170,7 +169,7 @@ def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) ->
 
     _interleaved_round(ordered, {key: Runner(key) for key in engines}, [[0], [1], [2]], 4)
     pairs = [
-        (_label(ours, length), _label(peer, length))
+        (row_label(ours, length), row_label(peer, length))
         for ours, peer in ((XPUSPEC, GENAI), (XPUSPEC_DEFAULT, GENAI_DEFAULT))
         for length in (None, 2, 4)
     ]
@@ -179,14 +178,15 @@ def test_every_row_runs_right_beside_the_row_it_is_divided_by(tmp_path: Path) ->
         assert len(order) == len(ordered)
         for ours, peer in pairs:
             assert abs(order.index(ours) - order.index(peer)) == 1, (ours, peer, order)
-        adaptive = order.index(_label(XPUSPEC, ADAPTIVE))
-        lookups = [order.index(_label(GENAI_LOOKUP, length)) for length in (2, 4)]
+        adaptive = order.index(row_label(XPUSPEC, ADAPTIVE))
+        lookups = [order.index(row_label(GENAI_LOOKUP, length)) for length in (2, 4)]
         assert sorted(abs(index - adaptive) for index in lookups) == [1, 2]  # GenAI's prompt lookup
-        assert _label(XPUSPEC, TREE_AUTO) in order
+        assert row_label(XPUSPEC, TREE_AUTO) in order
 
 
 def test_each_xpuspec_engine_compiles_beside_its_peer_first_in_turn(tmp_path: Path) -> None:
-    from xpuspec.bench.latency import GENAI_LOOKUP_KEY, _compile_order
+    from xpuspec.bench.latency_labels import GENAI_LOOKUP_KEY
+    from xpuspec.bench.latency_rows import compile_order
 
     _, engines = _bench_rows(tmp_path, (2,))
     if f"{GENAI}/none" not in engines:
@@ -199,7 +199,7 @@ def test_each_xpuspec_engine_compiles_beside_its_peer_first_in_turn(tmp_path: Pa
         (f"{XPUSPEC_DEFAULT}/draft", f"{GENAI_DEFAULT}/draft"),
     ]
     for round_index in range(2):
-        order = [engine.key for engine in _compile_order(engines, round_index)]
+        order = [engine.key for engine in compile_order(engines, round_index)]
         assert sorted(order) == sorted(engines)
         for ours, peer in pairs:
             first, second = (ours, peer) if round_index == 0 else (peer, ours)

@@ -16,7 +16,8 @@ import pytest
 
 from tests.conftest import F32
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.executor.paged_runner import PagedModelRunner, tree_depths, tree_mask
+from xpuspec.executor.paged_inputs import tree_depths, tree_mask
+from xpuspec.executor.paged_runner import PagedModelRunner
 
 pytestmark = pytest.mark.slow
 

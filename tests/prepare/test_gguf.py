@@ -15,7 +15,8 @@ from xpuspec import Pipeline, SamplingParams
 from xpuspec.cli import main
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.prepare.config import PrepareConfig, PrepareError
-from xpuspec.prepare.gguf import GgufModel, prepare_gguf_bundle
+from xpuspec.prepare.gguf import prepare_gguf_bundle
+from xpuspec.prepare.gguf_model import GgufModel
 from xpuspec.prepare.pairing import PairingError
 
 EXACT = {**F32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}

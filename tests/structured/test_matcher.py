@@ -9,7 +9,7 @@ from tests.support.demo_grammar import demo_grammar_compiler
 from xpuspec.demo import demo_bundle_path
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.structured import constraint_of
-from xpuspec.structured.matcher import byte_level_vocabulary
+from xpuspec.structured.grammar_tokenizer import byte_level_vocabulary
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import gc
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,16 +180,45 @@ def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
+    _fit_context(config, encode, bundle.max_context)
+    turn_seconds, user_seconds, block_size = _run_rounds(config, encode, properties, names)
+    prompts = build_prompts(encode, config, 0)
+    settings = {
+        "bundle": str(config.bundle) if config.bundle is not None else "default (SmolLM2)",
+        "turns": config.turns,
+        "turn_prompt_tokens": [len(p) for p in prompts["conversation"]],
+        "users": config.users,
+        "user_prompt_tokens": [len(p) for p in prompts["users"]],
+        "system_tokens": config.system_tokens,
+        "rounds": config.rounds,
+        "properties": properties,
+        "block_size": block_size,
+    }
+    return _summary(settings, config.turns, turn_seconds, user_seconds)
+
+
+def _fit_context(config: MultiturnConfig, encode: Callable[[str], list[int]], max_context: int) -> None:
+    """Shorten ``config``'s history and system prompt so that every prompt fits the model's context."""
     # A small model's context (the demo pair: 512) bounds the prompts: keep 32 tokens of room.
-    room = bundle.max_context - 32
+    room = max_context - 32
     probe = build_prompts(encode, config, config.rounds)
     config.history_tokens -= max(0, len(probe["conversation"][-1]) - room)
     config.system_tokens -= max(0, max(len(p) for p in probe["users"]) - room)
     if min(config.history_tokens, config.system_tokens) < 1:
         raise ValueError(f"the model's context ({room + 32} tokens) is too short for {config.turns} turns")
+
+
+Seconds = dict[str, list[list[float]]]  # engine -> [round][turn or user]
+
+
+def _run_rounds(
+    config: MultiturnConfig, encode: Callable[[str], list[int]], properties: dict[str, Any], names: list[str]
+) -> tuple[Seconds, Seconds, int]:
+    """Every round on every engine, compiled afresh in rotating order: the TTFT of each turn and of
+    each user, and the target's block size."""
     warm = build_prompts(encode, config, -1)
-    turn_seconds: dict[str, list[list[float]]] = {name: [] for name in names}  # [round][turn]
-    user_seconds: dict[str, list[list[float]]] = {name: [] for name in names}  # [round][user]
+    turn_seconds: Seconds = {name: [] for name in names}  # [round][turn]
+    user_seconds: Seconds = {name: [] for name in names}  # [round][user]
     block_size = 0
     for round_index in range(config.rounds):
         prompts = build_prompts(encode, config, round_index)
@@ -213,30 +243,22 @@ def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
             )
         del runners, runner
         gc.collect()
-    prompts = build_prompts(encode, config, 0)
-    result: dict[str, Any] = {
-        "settings": {
-            "bundle": str(config.bundle) if config.bundle is not None else "default (SmolLM2)",
-            "turns": config.turns,
-            "turn_prompt_tokens": [len(p) for p in prompts["conversation"]],
-            "users": config.users,
-            "user_prompt_tokens": [len(p) for p in prompts["users"]],
-            "system_tokens": config.system_tokens,
-            "rounds": config.rounds,
-            "properties": properties,
-            "block_size": block_size,
-        },
-        "engines": {},
-    }
-    for name in names:
+    return turn_seconds, user_seconds, block_size
+
+
+def _summary(
+    settings: dict[str, Any], turns: int, turn_seconds: Seconds, user_seconds: Seconds
+) -> dict[str, Any]:
+    """The medians over rounds per engine, and the ratios between engines."""
+    result: dict[str, Any] = {"settings": settings, "engines": {}}
+    for name in turn_seconds:
         per_turn_ms = [
-            statistics.median(seconds[turn] for seconds in turn_seconds[name]) * 1000
-            for turn in range(config.turns)
+            statistics.median(seconds[turn] for seconds in turn_seconds[name]) * 1000 for turn in range(turns)
         ]
         users_total_ms = statistics.median(sum(seconds) for seconds in user_seconds[name]) * 1000
         result["engines"][name] = {
             "turn_ttft_ms": per_turn_ms,
-            "second_over_first_turn": per_turn_ms[1] / per_turn_ms[0] if config.turns > 1 else None,
+            "second_over_first_turn": per_turn_ms[1] / per_turn_ms[0] if turns > 1 else None,
             "users_total_ttft_ms": users_total_ms,
         }
     cached, uncached = result["engines"][ENGINES[0]], result["engines"][ENGINES[1]]

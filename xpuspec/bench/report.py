@@ -127,6 +127,61 @@ def load_table(section: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _latency_lines(latency: dict[str, Any], rounds: int) -> list[str]:
+    """The batch-1 latency section: its table, the row groups' properties, how it was measured and
+    each speculative engine's cost curve."""
+    costs = latency.get("step_costs") or {}
+    lines = ["", "## Batch-1 latency", ""]
+    lines += latency_table(latency)
+    properties = latency.get("properties") or {}
+    lines += ["", "Compile properties of each row group:", ""]
+    lines += [f"- {group}: {value}" for group, value in properties.items()]
+    lines += [
+        "",
+        f"{rounds} rounds, interleaved prompt by prompt (every row runs a prompt before any "
+        "runs the next, the order reversed from one prompt to the next, each xpuspec row beside the "
+        "GenAI row it is divided by); each row's figures are each prompt's fastest run over the rounds, "
+        "summed. Every round compiles every engine afresh, each xpuspec engine beside its GenAI "
+        "peer, which of the two first alternating from round to round; prefix caching is off in "
+        "both engines. Rows "
+        "without a suffix compile both engines with the same properties; "
+        "*default* rows run each engine as it comes (xpuspec with the properties `xpuspec plan` "
+        "recorded, else its CPU plugin's; GenAI with none). *= exact* is greedy agreement: requests "
+        "whose tokens equal those of xpuspec target-only in exact mode (f32 compute, f32 KV cache, "
+        "no dynamic quantisation). TTFT/TPOT are medians over prompts. "
+        "α is Leviathan et al.'s per-token acceptance (accepted / tested drafts); acceptance is "
+        "accepted / drafted. Speed-up is tokens/s over the same engine's target-only run; *decode "
+        "speed-up* is its TPOT over this row's (prefill left out); *predicted* is Leviathan et al.'s "
+        "(1 − α^(γ+1)) / (1 − α) × step(0) / step(γ) at the row's measured α, where "
+        "step(γ) = γ·c_draft + c_verify(γ + 1) is the engine's measured mean decode step at γ (its "
+        "cost curve below: the draft's passes and the verification of γ + 1 tokens, the engine's "
+        "Python included); *÷ predicted* is decode speed-up over predicted. ÷ GenAI compares with "
+        "GenAI's row at the same draft length and properties (the adaptive and tree rows: GenAI's "
+        "best row by tokens/s, target-only included): the median, over every prompt of every "
+        "round, of GenAI's seconds for the prompt over xpuspec's in the same round; "
+        "*÷ GenAI by round* is the lowest and highest of the rounds' total seconds in the same ratio, "
+        "which shows how much the machine's noise moves it; *÷ GenAI, same text* "
+        "is the median over the prompts where both engines wrote the same tokens (how many in "
+        "brackets): time per token depends on the text, and speculative runs at bf16 depart from "
+        "target-only's text where chunk sizes differ. *xpuspec "
+        "EAGLE-3* rows, when the bundle has a head, draft with "
+        "it at the same properties; their speed-ups are over xpuspec target-only.",
+    ]
+    for engine, curve in (latency.get("engine_cost_model") or {}).items():
+        steps = ", ".join(f"γ={g}: {_number(ms, 3)}" for g, ms in curve.get("step_ms", {}).items())
+        verify = ", ".join(f"{n}: {_number(ms, 3)}" for n, ms in curve.get("verify_ms", {}).items())
+        lines += [
+            "",
+            f"{engine} cost curve (ms, median over rounds): decode step by γ {steps} (γ=0: the "
+            f"target-only run's); verification "
+            f"by tokens per sequence {verify}; drafting pass {_number(curve.get('draft_pass_ms'), 3)} "
+            f"+ {_number(curve.get('draft_python_ms'), 3)} Python. Single-token forwards at idle: "
+            f"target {_number(costs.get('target_step_ms'), 3)}, "
+            f"draft {_number(costs.get('draft_step_ms'), 3)}.",
+        ]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     environment, settings = report["environment"], report["settings"]
     packages = ", ".join(f"{name} {version}" for name, version in environment["packages"].items() if version)
@@ -140,56 +195,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"tokens each, greedy, end-of-sequence ignored; properties: {settings['properties']}",
     ]
     if "latency" in report:
-        latency = report["latency"]
-        costs = latency.get("step_costs") or {}
-        lines += ["", "## Batch-1 latency", ""]
-        lines += latency_table(latency)
-        properties = latency.get("properties") or {}
-        lines += ["", "Compile properties of each row group:", ""]
-        lines += [f"- {group}: {value}" for group, value in properties.items()]
-        lines += [
-            "",
-            f"{settings['rounds']} rounds, interleaved prompt by prompt (every row runs a prompt before any "
-            "runs the next, the order reversed from one prompt to the next, each xpuspec row beside the "
-            "GenAI row it is divided by); each row's figures are each prompt's fastest run over the rounds, "
-            "summed. Every round compiles every engine afresh, each xpuspec engine beside its GenAI "
-            "peer, which of the two first alternating from round to round; prefix caching is off in "
-            "both engines. Rows "
-            "without a suffix compile both engines with the same properties; "
-            "*default* rows run each engine as it comes (xpuspec with the properties `xpuspec plan` "
-            "recorded, else its CPU plugin's; GenAI with none). *= exact* is greedy agreement: requests "
-            "whose tokens equal those of xpuspec target-only in exact mode (f32 compute, f32 KV cache, "
-            "no dynamic quantisation). TTFT/TPOT are medians over prompts. "
-            "α is Leviathan et al.'s per-token acceptance (accepted / tested drafts); acceptance is "
-            "accepted / drafted. Speed-up is tokens/s over the same engine's target-only run; *decode "
-            "speed-up* is its TPOT over this row's (prefill left out); *predicted* is Leviathan et al.'s "
-            "(1 − α^(γ+1)) / (1 − α) × step(0) / step(γ) at the row's measured α, where "
-            "step(γ) = γ·c_draft + c_verify(γ + 1) is the engine's measured mean decode step at γ (its "
-            "cost curve below: the draft's passes and the verification of γ + 1 tokens, the engine's "
-            "Python included); *÷ predicted* is decode speed-up over predicted. ÷ GenAI compares with "
-            "GenAI's row at the same draft length and properties (the adaptive and tree rows: GenAI's "
-            "best row by tokens/s, target-only included): the median, over every prompt of every "
-            "round, of GenAI's seconds for the prompt over xpuspec's in the same round; "
-            "*÷ GenAI by round* is the lowest and highest of the rounds' total seconds in the same ratio, "
-            "which shows how much the machine's noise moves it; *÷ GenAI, same text* "
-            "is the median over the prompts where both engines wrote the same tokens (how many in "
-            "brackets): time per token depends on the text, and speculative runs at bf16 depart from "
-            "target-only's text where chunk sizes differ. *xpuspec "
-            "EAGLE-3* rows, when the bundle has a head, draft with "
-            "it at the same properties; their speed-ups are over xpuspec target-only.",
-        ]
-        for engine, curve in (latency.get("engine_cost_model") or {}).items():
-            steps = ", ".join(f"γ={g}: {_number(ms, 3)}" for g, ms in curve.get("step_ms", {}).items())
-            verify = ", ".join(f"{n}: {_number(ms, 3)}" for n, ms in curve.get("verify_ms", {}).items())
-            lines += [
-                "",
-                f"{engine} cost curve (ms, median over rounds): decode step by γ {steps} (γ=0: the "
-                f"target-only run's); verification "
-                f"by tokens per sequence {verify}; drafting pass {_number(curve.get('draft_pass_ms'), 3)} "
-                f"+ {_number(curve.get('draft_python_ms'), 3)} Python. Single-token forwards at idle: "
-                f"target {_number(costs.get('target_step_ms'), 3)}, "
-                f"draft {_number(costs.get('draft_step_ms'), 3)}.",
-            ]
+        lines += _latency_lines(report["latency"], settings["rounds"])
     if "structured" in report:
         from xpuspec.bench.structured import structured_table
 

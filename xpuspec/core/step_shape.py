@@ -11,13 +11,20 @@ its candidates for the same reason.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.spec_decode.speculation_length import CostModel
-from xpuspec.spec_decode.tree import TreeShape
+from xpuspec.sample.draft_tree import TreeShape
 
 Shape = tuple[int, "int | None"]  # (tokens, decoding sequences or None)
+
+
+class ShapeCosts(Protocol):
+    """What the step shape asks of the engine's cost model
+    (:class:`xpuspec.spec_decode.cost_model.CostModel`, a layer above)."""
+
+    def shrink_pays(self, padded_tokens: int, needed_tokens: int, num_sequences: int, steps: int) -> bool: ...
 
 
 def step_tokens(chunks: list[SequenceChunk]) -> int:
@@ -69,7 +76,7 @@ class StepShape:
         end = chunk.sequence.num_computed_tokens + num_tokens + padding
         return padding if padding > 0 and end <= self.max_model_len else 0
 
-    def keep(self, chunks: list[SequenceChunk], cost_model: CostModel, hold: bool = True) -> None:
+    def keep(self, chunks: list[SequenceChunk], cost_model: ShapeCosts, hold: bool = True) -> None:
         """Pad a decode step that needs fewer tokens than the last target step up to that step's
         count, until the stretch of smaller steps has lasted long enough that shrinking pays
         (``CostModel.shrink_pays``); then shrink to the most any step of the stretch needed.

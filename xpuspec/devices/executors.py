@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
-from xpuspec.devices.plugin import OpenVINODevicePlugin, Role
+from xpuspec.devices.plugin import DevicePlugin, OpenVINODevicePlugin, Role
 from xpuspec.executor.properties import PropertiesArg, layer_tuned, resolve_properties
 from xpuspec.model_bundle import ModelInfo
 
@@ -45,12 +45,7 @@ def create_runner(
     """
     plugin = device.plugin
     user = layer_tuned(tuned_properties, resolve_properties(user_properties))
-    if isinstance(plugin, OpenVINODevicePlugin):
-        properties = plugin.compile_properties(
-            role, user, max_draft_tokens=max_draft_tokens, weights=model_weights(model)
-        )
-    else:
-        properties = plugin.compile_properties(role, user, max_draft_tokens=max_draft_tokens)
+    properties = _compile_properties(plugin, role, user, model, max_draft_tokens)
     logger.debug("%s on %s (%s executor): %s", role, device.device, plugin.executor_kind, properties)
     if hidden_state_layers is not None and plugin.executor_kind != "paged":
         raise ValueError(
@@ -82,26 +77,49 @@ def create_runner(
             logits_vocab,
         )
     if plugin.executor_kind == "stateful":
-        try:
-            from xpuspec.executor.stateful_runner import StatefulModelRunner
-        except ImportError as error:
-            raise ValueError(
-                f"{device.device} needs the stateful executor, which this build lacks ({error})"
-            ) from error
-        return StatefulModelRunner(
-            model.path,
-            device=device.device,
-            properties=properties,
-            max_sequences=max_sequences,
-            max_context=max_context,
-            core=core,
-        )
+        return _stateful_runner(device, model, properties, max_sequences, max_context, core)
     if plugin.executor_kind == "reference":
         factory = getattr(plugin, "create_runner", None)
         if factory is None:
             raise ValueError(f"plugin {plugin.name} has executor_kind 'reference' but no create_runner()")
         return factory(model.path, model.facts, properties, num_blocks, block_size)
     raise ValueError(f"plugin {plugin.name}: unknown executor_kind {plugin.executor_kind!r}")
+
+
+def _compile_properties(
+    plugin: DevicePlugin, role: Role, user: dict[str, Any] | None, model: ModelInfo, max_draft_tokens: int
+) -> dict[str, Any]:
+    """The plugin's compile properties for ``role``; an OpenVINO plugin also weighs the model's weights."""
+    if isinstance(plugin, OpenVINODevicePlugin):
+        return plugin.compile_properties(
+            role, user, max_draft_tokens=max_draft_tokens, weights=model_weights(model)
+        )
+    return plugin.compile_properties(role, user, max_draft_tokens=max_draft_tokens)
+
+
+def _stateful_runner(
+    device: ResolvedDevice,
+    model: ModelInfo,
+    properties: dict[str, Any],
+    max_sequences: int,
+    max_context: int,
+    core: Any,
+) -> Any:
+    """The stateful executor (a device whose plugin has no PagedAttention), where this build has it."""
+    try:
+        from xpuspec.executor.stateful_runner import StatefulModelRunner
+    except ImportError as error:
+        raise ValueError(
+            f"{device.device} needs the stateful executor, which this build lacks ({error})"
+        ) from error
+    return StatefulModelRunner(
+        model.path,
+        device=device.device,
+        properties=properties,
+        max_sequences=max_sequences,
+        max_context=max_context,
+        core=core,
+    )
 
 
 def model_weights(model: ModelInfo) -> str | None:

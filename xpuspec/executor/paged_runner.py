@@ -8,8 +8,8 @@ physical block table of its sequence.
 
 Speed matters because the per-step Python time adds directly to every generated token: all inputs are
 preallocated numpy arrays shared with ``ov.Tensor`` objects bound once to the infer request; a step
-writes into them and only changes the tensors' shapes, and the logits come back as a view of the
-request's output tensor.
+writes into them and only changes the tensors' shapes (:mod:`xpuspec.executor.paged_inputs`), and the
+logits come back as a view of the request's output tensor.
 """
 
 from __future__ import annotations
@@ -23,95 +23,25 @@ import numpy as np
 import openvino as ov
 
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.executor.graph_edits import SAMPLED_TOKEN_INDICES, cut_logits_vocab, make_paged_model
+from xpuspec.executor.graph_edits import cut_logits_vocab, make_paged_model
 from xpuspec.executor.hidden_taps import Projection, add_hidden_state_taps
+from xpuspec.executor.paged_inputs import (
+    BATCH_INPUTS,
+    INITIAL_CAPACITY,
+    MAX_CONTEXT_LEN,
+    QQ_BIAS,
+    QQ_BIAS_BEGINS,
+    TREE_INPUTS,
+    Lane,
+    batch_size,
+    write_batch,
+)
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE = "openvino_model.xml"
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
-_INITIAL_CAPACITY = 256
-
-# The flat batch description of the paged-attention transformation (OpenVINO 2026.4) plus our gather
-# indices; each is a 1-D host array except max_context_len, a scalar.
-_BATCH_INPUTS: dict[str, type] = {
-    "input_ids": np.int64,
-    "position_ids": np.int64,
-    "past_lens": np.int32,
-    "subsequence_begins": np.int32,
-    "block_indices": np.int32,
-    "block_indices_begins": np.int32,
-    SAMPLED_TOKEN_INDICES: np.int64,
-}
-_MAX_CONTEXT_LEN = "max_context_len"
-# Tree speculation's query-to-query mask (exposed by make_paged_model(allow_qq_bias=True)): per
-# sequence a row-major n x n u8 mask over its n tokens of the step, and num_sequences + 1 prefix
-# sums of the mask lengths (a sequence without a tree has an empty range). Both empty: causal.
-QQ_BIAS = "qq_bias"
-QQ_BIAS_BEGINS = "qq_bias_begins"
-_TREE_INPUTS: dict[str, type] = {QQ_BIAS: np.uint8, QQ_BIAS_BEGINS: np.int32}
 _CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
-
-
-class _HostInput:
-    """A growable host array shared with the ``ov.Tensor`` bound to one model input.
-
-    A step resizes the tensor within the array's capacity (no allocation, no rebinding); only when
-    a batch outgrows the capacity is a larger array allocated and bound.
-    """
-
-    def __init__(self, request: ov.InferRequest, name: str, dtype: type, capacity: int) -> None:
-        self._request = request
-        self._name = name
-        self._dtype = dtype
-        self.array = np.zeros(0, dtype=dtype)  # [capacity]
-        self._tensor: ov.Tensor | None = None
-        self._bound_size = -1  # the tensor's current shape[0]
-        self.reserve(capacity)
-
-    def reserve(self, size: int) -> np.ndarray:
-        """Make room for ``size`` elements and return the whole backing array (contents not kept)."""
-        if size > self.array.shape[0]:
-            self.array = np.zeros(max(size, 2 * self.array.shape[0]), dtype=self._dtype)
-            self._tensor = ov.Tensor(self.array, shared_memory=True)
-            self._request.set_tensor(self._name, self._tensor)
-            self._bound_size = self.array.shape[0]
-        return self.array
-
-    def bind(self, size: int) -> None:
-        """Expose the first ``size`` elements to the model."""
-        # Setting a shape is a ~2 us call; decode steps mostly repeat the last one.
-        if size != self._bound_size:
-            self._tensor.shape = [size]
-            self._bound_size = size
-
-
-class _Lane:
-    """One compiled model with its infer request and the host inputs bound to it; the KV-cache
-    tensors are the runner's, shared by its lanes."""
-
-    def __init__(
-        self, compiled: ov.CompiledModel, cache_tensors: dict[str, ov.Tensor], tree_masks: bool
-    ) -> None:
-        self.request = compiled.create_infer_request()
-        for name, tensor in cache_tensors.items():
-            self.request.set_tensor(name, tensor)
-        self.inputs = {
-            name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
-            for name, dtype in _BATCH_INPUTS.items()
-        }
-        self.max_context_len = np.zeros((), dtype=np.int32)
-        self.request.set_tensor(_MAX_CONTEXT_LEN, ov.Tensor(self.max_context_len, shared_memory=True))
-        self.tree_inputs = (
-            {
-                name: _HostInput(self.request, name, dtype, _INITIAL_CAPACITY)
-                for name, dtype in _TREE_INPUTS.items()
-            }
-            if tree_masks
-            else {}
-        )
-        for host in self.tree_inputs.values():
-            host.bind(0)
 
 
 def _compiled_input_names(compiled: ov.CompiledModel) -> dict[str, ov.ConstOutput]:
@@ -175,7 +105,51 @@ class PagedModelRunner:
         self.compiled_model = core.compile_model(model, device, dict(properties or {}))
         ports = _compiled_input_names(self.compiled_model)
         cache_ports = self._check_inputs(ports)
+        self._allocate_cache(
+            cache_ports, num_blocks, cache_bytes, capacity_tokens, f"{model_dir} on {device}"
+        )
+        self._read_outputs(tapped_name)
 
+        # Positions and sampled-row indices are slices of one arange, so a step builds no ranges.
+        self._arange = np.arange(INITIAL_CAPACITY, dtype=np.int64)
+        self._pending: Lane | None = None  # the lane whose inference is running
+        self._finished: Lane | None = None  # the lane whose outputs are those of the last wait()
+        # Tree masks need the qq_bias inputs; a model compiled without them runs chains only.
+        self._token_axes = {
+            name: _token_axis(tensor, self.block_size) for name, tensor in self.cache_tensors.items()
+        }
+        # Tree chunks need the qq_bias inputs; verifying trees also needs caches whose tokens can be
+        # moved one by one (move_kv): not a key cache quantised per channel over a block (the CPU's
+        # default u8 key cache; KEY_CACHE_QUANT_MODE=BY_TOKEN gives per-token scales).
+        self.supports_tree_masks: bool = QQ_BIAS in ports and QQ_BIAS_BEGINS in ports
+        self.supports_trees: bool = self.supports_tree_masks and None not in self._token_axes.values()
+        self._lane = Lane(self.compiled_model, self.cache_tensors, self.supports_tree_masks)
+        # The CPU plugin re-prepares every node of the graph when an input's shape changes (measured
+        # ~0.2 ms per decoder layer: ~6 ms on a 30-layer 135M model, more than a 1-token step of its
+        # 2-layer draft), and one compiled model holds one graph whatever its infer requests. A draft
+        # alternates a multi-token catch-up pass with one-token passes every step: a second compiled
+        # copy, sharing the KV-cache tensors, runs the steps of one token per sequence, so neither
+        # copy changes shape within a step. It costs a second copy of the weights.
+        self._decode_lane = (
+            Lane(
+                core.compile_model(model, device, dict(properties or {})),
+                self.cache_tensors,
+                self.supports_tree_masks,
+            )
+            if decode_lane
+            else None
+        )
+
+    def _allocate_cache(
+        self,
+        cache_ports: dict[str, ov.ConstOutput],
+        num_blocks: int | None,
+        cache_bytes: int | None,
+        capacity_tokens: int | None,
+        where: str,
+    ) -> None:
+        """Set the block size the plugin chose and allocate the KV-cache tensors: ``num_blocks``, or as
+        many as ``cache_bytes`` (the default budget) hold, no more than ``capacity_tokens`` need."""
         value_cache_shape = cache_ports["value_cache.0"].get_partial_shape()
         # Value caches are [num_blocks, kv_heads, block_size, head_size (+ scale bytes)] on every
         # plugin; key caches may be transposed or carry per-channel scale rows on the block axis.
@@ -206,15 +180,16 @@ class PagedModelRunner:
             shape = [num_blocks + 1] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
             self.cache_tensors[name] = _zeroed_tensor(port.get_element_type(), shape)
         logger.debug(
-            "%s on %s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
-            model_dir,
-            device,
+            "%s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
+            where,
             cache_ports["value_cache.0"].get_element_type().get_type_name(),
             self.block_size,
             num_blocks,
             num_blocks * bytes_per_block / 2**20,
         )
 
+    def _read_outputs(self, tapped_name: str | None) -> None:
+        """The logits' width and type, and which output holds the tapped hidden states (if any)."""
         logits_port = self.compiled_model.output(0)
         self.vocab_size: int = logits_port.get_partial_shape()[-1].get_length()
         self._logits_need_cast = logits_port.get_element_type() != ov.Type.f32
@@ -230,42 +205,12 @@ class PagedModelRunner:
             tapped_port = self.compiled_model.output(self._hidden_states_index)
             self.hidden_state_width = tapped_port.get_partial_shape()[-1].get_length()
 
-        # Positions and sampled-row indices are slices of one arange, so a step builds no ranges.
-        self._arange = np.arange(_INITIAL_CAPACITY, dtype=np.int64)
-        self._pending: _Lane | None = None  # the lane whose inference is running
-        self._finished: _Lane | None = None  # the lane whose outputs are those of the last wait()
-        # Tree masks need the qq_bias inputs; a model compiled without them runs chains only.
-        self._token_axes = {
-            name: _token_axis(tensor, self.block_size) for name, tensor in self.cache_tensors.items()
-        }
-        # Tree chunks need the qq_bias inputs; verifying trees also needs caches whose tokens can be
-        # moved one by one (move_kv): not a key cache quantised per channel over a block (the CPU's
-        # default u8 key cache; KEY_CACHE_QUANT_MODE=BY_TOKEN gives per-token scales).
-        self.supports_tree_masks: bool = QQ_BIAS in ports and QQ_BIAS_BEGINS in ports
-        self.supports_trees: bool = self.supports_tree_masks and None not in self._token_axes.values()
-        self._lane = _Lane(self.compiled_model, self.cache_tensors, self.supports_tree_masks)
-        # The CPU plugin re-prepares every node of the graph when an input's shape changes (measured
-        # ~0.2 ms per decoder layer: ~6 ms on a 30-layer 135M model, more than a 1-token step of its
-        # 2-layer draft), and one compiled model holds one graph whatever its infer requests. A draft
-        # alternates a multi-token catch-up pass with one-token passes every step: a second compiled
-        # copy, sharing the KV-cache tensors, runs the steps of one token per sequence, so neither
-        # copy changes shape within a step. It costs a second copy of the weights.
-        self._decode_lane = (
-            _Lane(
-                core.compile_model(model, device, dict(properties or {})),
-                self.cache_tensors,
-                self.supports_tree_masks,
-            )
-            if decode_lane
-            else None
-        )
-
     @staticmethod
     def _check_inputs(ports: dict[str, ov.ConstOutput]) -> dict[str, ov.ConstOutput]:
         """Check the compiled inputs are the ones this runner fills; return the KV-cache ports by name."""
-        known = set(_BATCH_INPUTS) | {_MAX_CONTEXT_LEN}
+        known = set(BATCH_INPUTS) | {MAX_CONTEXT_LEN}
         cache_ports = {name: port for name, port in ports.items() if _CACHE_INPUT.match(name)}
-        unknown = sorted(set(ports) - known - set(cache_ports) - set(_TREE_INPUTS))
+        unknown = sorted(set(ports) - known - set(cache_ports) - set(TREE_INPUTS))
         missing = sorted(known - set(ports))
         if unknown or missing or "value_cache.0" not in cache_ports:
             raise ValueError(
@@ -355,150 +300,15 @@ class PagedModelRunner:
         states = self._finished.request.get_output_tensor(self._hidden_states_index).data
         return states if states.dtype == np.float32 else states.astype(np.float32)
 
-    def _fill_inputs(self, chunks: list[SequenceChunk], lane: _Lane | None = None) -> int:
+    def _fill_inputs(self, chunks: list[SequenceChunk], lane: Lane | None = None) -> int:
         """Write the flat batch description of ``chunks`` into ``lane``'s inputs (the main lane by
         default); return the logits rows."""
-        lane = lane or self._lane
-        if not chunks:
-            raise ValueError("forward needs at least one chunk")
-        num_sequences = len(chunks)
-        block_size = self.block_size
-        num_tokens = 0
-        num_block_entries = 0
-        num_mask_entries = 0
-        max_context = 0
-        for chunk in chunks:
-            length = len(chunk.token_ids)
-            context = chunk.past_length + length
-            num_blocks = -(-context // block_size)
-            if length == 0 or chunk.past_length < 0 or not 0 <= chunk.num_logits <= length:
-                raise ValueError(
-                    f"bad chunk: {length} tokens, past_length {chunk.past_length}, num_logits "
-                    f"{chunk.num_logits} (need >= 1 token, past_length >= 0, 0 <= num_logits <= tokens)"
-                )
-            if chunk.padding:
-                if chunk.padding < 0:
-                    raise ValueError(f"padding must be >= 0, got {chunk.padding}")
-                length += chunk.padding
-                context += chunk.padding
-            if len(chunk.block_table) < num_blocks:
-                raise ValueError(
-                    f"block table of {len(chunk.block_table)} blocks cannot hold {context} positions "
-                    f"(block size {block_size})"
-                )
-            # An out-of-range block id would make the kernel read or write outside the cache tensors
-            # (checked on the Python list: a numpy min/max costs more on a few ids).
-            used_blocks = chunk.block_table[:num_blocks]
-            if min(used_blocks) < 0 or max(used_blocks) >= self.num_blocks:
-                raise ValueError(f"block ids must be in [0, {self.num_blocks}), got {list(used_blocks)}")
-            if chunk.tree_parents is not None:
-                self._check_tree(chunk)
-                num_mask_entries += length * length  # padding included
-            num_tokens += length
-            num_block_entries += -(-context // block_size)  # padding may reach the scratch block
-            max_context = max(max_context, context)
-
-        inputs = lane.inputs
-        input_ids = inputs["input_ids"].reserve(num_tokens)
-        position_ids = inputs["position_ids"].reserve(num_tokens)
-        sampled = inputs[SAMPLED_TOKEN_INDICES].reserve(num_tokens)
-        past_lens = inputs["past_lens"].reserve(num_sequences)
-        subsequence_begins = inputs["subsequence_begins"].reserve(num_sequences + 1)
-        block_indices = inputs["block_indices"].reserve(num_block_entries)
-        block_indices_begins = inputs["block_indices_begins"].reserve(num_sequences + 1)
-        if self._arange.shape[0] < max(max_context, num_tokens):
-            self._arange = np.arange(2 * max(max_context, num_tokens), dtype=np.int64)
-        arange = self._arange
-
-        token_start = 0
-        block_start = 0
-        num_sampled = 0
-        for index, chunk in enumerate(chunks):
-            length = len(chunk.token_ids)
-            past = chunk.past_length
-            token_end = token_start + length
-            num_blocks = -(-(past + length) // block_size)
-            input_ids[token_start:token_end] = chunk.token_ids
-            if chunk.tree_parents is None:
-                position_ids[token_start:token_end] = arange[past : past + length]
-            else:
-                position_ids[token_start:token_end] = past + tree_depths(chunk.tree_parents)
-            past_lens[index] = past
-            subsequence_begins[index] = token_start
-            block_indices_begins[index] = block_start
-            block_indices[block_start : block_start + num_blocks] = chunk.block_table[:num_blocks]
-            if chunk.num_logits:
-                sampled[num_sampled : num_sampled + chunk.num_logits] = arange[
-                    token_end - chunk.num_logits : token_end
-                ]
-                num_sampled += chunk.num_logits
-            if chunk.padding:
-                # Past the last real block only the scratch block, even where the table names more
-                # of the sequence's blocks: those may be shared, and the scratch is nobody's.
-                padded_end = token_end + chunk.padding
-                input_ids[token_end:padded_end] = chunk.token_ids[-1]
-                position_ids[token_end:padded_end] = arange[past + length : past + length + chunk.padding]
-                padded_blocks = -(-(past + length + chunk.padding) // block_size)
-                block_indices[block_start + num_blocks : block_start + padded_blocks] = self.scratch_block
-                num_blocks = padded_blocks
-                token_end = padded_end
-            token_start = token_end
-            block_start += num_blocks
-        subsequence_begins[num_sequences] = num_tokens
-        block_indices_begins[num_sequences] = num_block_entries
-
-        lane.max_context_len[...] = max_context
-        if lane.tree_inputs:
-            self._fill_tree_inputs(chunks, num_mask_entries, lane.tree_inputs)
-
-        inputs["input_ids"].bind(num_tokens)
-        inputs["position_ids"].bind(num_tokens)
-        inputs[SAMPLED_TOKEN_INDICES].bind(num_sampled)
-        inputs["past_lens"].bind(num_sequences)
-        inputs["subsequence_begins"].bind(num_sequences + 1)
-        inputs["block_indices"].bind(num_block_entries)
-        inputs["block_indices_begins"].bind(num_sequences + 1)
-        return num_sampled
-
-    @staticmethod
-    def _check_tree(chunk: SequenceChunk) -> None:
-        """Check a tree chunk's parents (the kernel checks none of it)."""
-        parents = chunk.tree_parents
-        length = len(chunk.token_ids)
-        if len(parents) != length:
-            raise ValueError(f"tree_parents has {len(parents)} entries for {length} tokens")
-        for index, parent in enumerate(parents):
-            if not -1 <= parent < index:
-                raise ValueError(
-                    f"tree_parents[{index}] = {parent}: a parent is -1 or an earlier token of the chunk"
-                )
-
-    @staticmethod
-    def _fill_tree_inputs(
-        chunks: list[SequenceChunk], num_mask_entries: int, tree_inputs: dict[str, _HostInput]
-    ) -> None:
-        """Write the qq_bias masks of the tree chunks (empty inputs when the batch holds no tree)."""
-        bias_host, begins_host = tree_inputs[QQ_BIAS], tree_inputs[QQ_BIAS_BEGINS]
-        if num_mask_entries == 0:
-            bias_host.bind(0)
-            begins_host.bind(0)
-            return
-        bias = bias_host.reserve(num_mask_entries)
-        begins = begins_host.reserve(len(chunks) + 1)
-        start = 0
-        for index, chunk in enumerate(chunks):
-            begins[index] = start
-            if chunk.tree_parents is None:
-                continue
-            # Padding tokens are roots of their own: they see the past and themselves, and no
-            # node sees them.
-            parents = list(chunk.tree_parents) + [-1] * chunk.padding
-            length = len(parents)
-            bias[start : start + length * length] = tree_mask(parents).reshape(-1)
-            start += length * length
-        begins[len(chunks)] = start
-        bias_host.bind(num_mask_entries)
-        begins_host.bind(len(chunks) + 1)
+        size = batch_size(chunks, self.block_size, self.num_blocks)
+        if self._arange.shape[0] < max(size.max_context, size.num_tokens):
+            self._arange = np.arange(2 * max(size.max_context, size.num_tokens), dtype=np.int64)
+        return write_batch(
+            lane or self._lane, chunks, size, self._arange, self.block_size, self.scratch_block
+        )
 
     def move_kv(
         self, block_table: Sequence[int], sources: Sequence[int], destinations: Sequence[int]
@@ -534,26 +344,6 @@ class PagedModelRunner:
                 data[dst_blocks, :, dst_slots, :] = data[src_blocks, :, src_slots, :]
             else:  # [blocks, heads, head_size, tokens]
                 data[dst_blocks, :, :, dst_slots] = data[src_blocks, :, :, src_slots]
-
-
-def tree_depths(parents: Sequence[int]) -> np.ndarray:
-    """Depth of each tree token ([n] int64): 0 without a parent in the chunk, else parent's + 1."""
-    depths = np.zeros(len(parents), dtype=np.int64)
-    for index, parent in enumerate(parents):
-        if parent >= 0:
-            depths[index] = depths[parent] + 1
-    return depths
-
-
-def tree_mask(parents: Sequence[int]) -> np.ndarray:
-    """The ``[n, n]`` u8 attention mask of a tree chunk: row = query, 1 on its ancestors and itself."""
-    length = len(parents)
-    mask = np.zeros((length, length), dtype=np.uint8)
-    for index, parent in enumerate(parents):
-        if parent >= 0:
-            mask[index] = mask[parent]
-        mask[index, index] = 1
-    return mask
 
 
 def _token_axis(tensor: ov.Tensor, block_size: int) -> int | None:

@@ -216,6 +216,48 @@ class _Subject:
         return statistics.median(times) * 1000
 
 
+class _Trial:
+    """The candidates compiled so far for one model, and how each agrees with the exact reference."""
+
+    def __init__(
+        self,
+        make_runner: Callable[[dict[str, Any]], Any],
+        role: str,
+        context: int,
+        prompts: Sequence[list[int]],
+        max_tokens: int,
+        progress: Callable[[str], None],
+    ) -> None:
+        self.make_runner, self.role, self.context = make_runner, role, context
+        self.prompts, self.max_tokens, self.progress = prompts, max_tokens, progress
+        self.subjects: dict[int, _Subject] = {}
+        self.expected: list[list[int]] = []  # the exact reference's greedy tokens for each prompt
+
+    def compile(self, candidate: PropertyCandidate) -> None:
+        """Compile ``candidate``'s runner, or record why the device refused it or it has too few blocks."""
+        try:
+            runner = self.make_runner(candidate.properties)
+        except (RuntimeError, ValueError) as error:  # a combination the device refuses
+            candidate.error = f"{type(error).__name__}: {_essence(str(error))}"
+            self.progress(f"  {self.role}: {candidate.label}: refused ({candidate.error})")
+            return
+        blocks = -(-self.context // runner.block_size)
+        if runner.num_blocks < blocks:
+            candidate.error = f"needs {blocks} KV blocks, the runner has {runner.num_blocks}"
+            return
+        self.subjects[id(candidate)] = _Subject(runner, list(range(blocks)))
+
+    def agreement(self, candidate: PropertyCandidate) -> None:
+        """Count the prompts on which ``candidate`` (where compiled) writes the reference's tokens."""
+        subject = self.subjects.get(id(candidate))
+        if subject is not None:
+            got = [subject.greedy(p, self.max_tokens) for p in self.prompts]
+            candidate.agreement = sum(g == e for g, e in zip(got, self.expected, strict=True))
+
+    def measured(self, candidates: list[PropertyCandidate]) -> list[PropertyCandidate]:
+        return [c for c in candidates if id(c) in self.subjects]
+
+
 def tune_role(
     make_runner: Callable[[dict[str, Any]], Any],
     role: str,
@@ -238,36 +280,16 @@ def tune_role(
     context = (
         max(len(p) for p in [*prompts, timing_prompt]) + max(config.max_tokens, config.steps_per_round) + 1
     )
-    subjects: dict[int, _Subject] = {}
-
-    def compile_one(candidate: PropertyCandidate) -> None:
-        try:
-            runner = make_runner(candidate.properties)
-        except (RuntimeError, ValueError) as error:  # a combination the device refuses
-            candidate.error = f"{type(error).__name__}: {_essence(str(error))}"
-            progress(f"  {role}: {candidate.label}: refused ({candidate.error})")
-            return
-        blocks = -(-context // runner.block_size)
-        if runner.num_blocks < blocks:
-            candidate.error = f"needs {blocks} KV blocks, the runner has {runner.num_blocks}"
-            return
-        subjects[id(candidate)] = _Subject(runner, list(range(blocks)))
-
+    trial = _Trial(make_runner, role, context, prompts, config.max_tokens, progress)
     reference = PropertyCandidate(dict(EXACT_PROPERTIES))
-    compile_one(reference)
+    trial.compile(reference)
     if reference.error is not None:
         reason = f"not tuned: the exact reference failed ({reference.error})"
         return TuneResult(
             role, device, {}, reason, default_properties, [reference], len(prompts), config.max_tokens
         )
-    expected = [subjects[id(reference)].greedy(p, config.max_tokens) for p in prompts]
+    trial.expected = [trial.subjects[id(reference)].greedy(p, config.max_tokens) for p in prompts]
     reference.agreement = len(prompts)
-
-    def agreement(candidate: PropertyCandidate) -> None:
-        subject = subjects.get(id(candidate))
-        if subject is not None:
-            got = [subject.greedy(p, config.max_tokens) for p in prompts]
-            candidate.agreement = sum(g == e for g, e in zip(got, expected, strict=True))
 
     # The default stands for the candidate with the same settings (it is compiled once, as the default).
     default = PropertyCandidate({}, is_default=True)
@@ -277,34 +299,13 @@ def tune_role(
             continue
         candidates.append(reference if properties == reference.properties else PropertyCandidate(properties))
     for candidate in candidates:
-        if id(candidate) not in subjects and candidate.error is None:
-            compile_one(candidate)
+        if id(candidate) not in trial.subjects and candidate.error is None:
+            trial.compile(candidate)
         if candidate is not reference:
-            agreement(candidate)
-    _time_rounds([c for c in candidates if id(c) in subjects], subjects, timing_prompt, default, config)
-
+            trial.agreement(candidate)
+    _time_rounds(trial.measured(candidates), trial.subjects, timing_prompt, default, config)
     if compressed:
-        # Step 2: group sizes at f32, with the f32-compute cache that was fastest in step 1.
-        at_f32 = [
-            c
-            for c in candidates
-            if c.step_ms is not None and c.properties.get("INFERENCE_PRECISION_HINT") == "f32"
-        ]
-        if at_f32:
-            kv = min(at_f32, key=lambda c: c.step_ms or 0.0).properties["KV_CACHE_PRECISION"]
-            for properties in group_stage(kv):
-                if properties == reference.properties:
-                    if reference not in candidates:
-                        candidates.append(reference)
-                    continue
-                if properties == default_properties or any(c.properties == properties for c in candidates):
-                    continue
-                candidate = PropertyCandidate(properties)
-                candidates.append(candidate)
-                compile_one(candidate)
-                agreement(candidate)
-            measured = [c for c in candidates if id(c) in subjects]
-            _time_rounds(measured, subjects, timing_prompt, default, config, restart=True)
+        _group_stage(trial, candidates, reference, default, default_properties, timing_prompt, config)
 
     for candidate in candidates:
         progress(f"  {role}: {candidate.label}: " + _describe(candidate))
@@ -312,6 +313,39 @@ def tune_role(
     return TuneResult(
         role, device, chosen, reason, default_properties, candidates, len(prompts), config.max_tokens
     )
+
+
+def _group_stage(
+    trial: _Trial,
+    candidates: list[PropertyCandidate],
+    reference: PropertyCandidate,
+    default: PropertyCandidate,
+    default_properties: dict[str, Any],
+    timing_prompt: list[int],
+    config: TuneConfig,
+) -> None:
+    """Step 2 (compressed weights): group sizes at f32, with the f32-compute cache that was fastest in
+    step 1; the new candidates join ``candidates`` and every candidate is timed again."""
+    at_f32 = [
+        c
+        for c in candidates
+        if c.step_ms is not None and c.properties.get("INFERENCE_PRECISION_HINT") == "f32"
+    ]
+    if not at_f32:
+        return
+    kv = min(at_f32, key=lambda c: c.step_ms or 0.0).properties["KV_CACHE_PRECISION"]
+    for properties in group_stage(kv):
+        if properties == reference.properties:
+            if reference not in candidates:
+                candidates.append(reference)
+            continue
+        if properties == default_properties or any(c.properties == properties for c in candidates):
+            continue
+        candidate = PropertyCandidate(properties)
+        candidates.append(candidate)
+        trial.compile(candidate)
+        trial.agreement(candidate)
+    _time_rounds(trial.measured(candidates), trial.subjects, timing_prompt, default, config, restart=True)
 
 
 def _time_rounds(

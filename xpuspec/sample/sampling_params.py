@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from xpuspec.spec_decode.tree import TreeShape, parse_draft_tree
+from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree
 
 MAX_DRAFT_TOKENS = 16
 # The smallest non-zero temperature. Below it 1 / temperature overflows float64 for ordinary logit

@@ -20,6 +20,19 @@ class ServerMetrics:
 
     def __init__(self, snapshot: Callable[[], EngineSnapshot], num_in_flight: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
+        # Totals since start, read by the ratio gauges at scrape time.
+        self._drafted_total = 0
+        self._accepted_total = 0
+        self._verifications_total = 0
+        self._prompt_total = 0
+        self._cached_prompt_total = 0
+        # Registered in this order, the order /metrics lists them.
+        self._register_request_metrics()
+        self._register_speculation_metrics()
+        self._register_engine_gauges(snapshot, num_in_flight)
+
+    def _register_request_metrics(self) -> None:
+        """Requests answered and finished, their tokens and their latencies."""
         registry = self.registry
         self.http_requests = Counter(
             "xpuspec_http_requests", "HTTP requests answered", ["endpoint", "status"], registry=registry
@@ -49,6 +62,10 @@ class ServerMetrics:
             buckets=PER_TOKEN_BUCKETS,
             registry=registry,
         )
+
+    def _register_speculation_metrics(self) -> None:
+        """Draft tokens proposed and accepted: in all, by position, by prompt lookup and in trees."""
+        registry = self.registry
         self.draft_tokens = Counter("xpuspec_spec_draft_tokens", "Draft tokens proposed", registry=registry)
         self.accepted_tokens = Counter(
             "xpuspec_spec_accepted_tokens", "Draft tokens accepted by the target", registry=registry
@@ -69,8 +86,6 @@ class ServerMetrics:
             "xpuspec_spec_acceptance_rate", "Accepted / proposed draft tokens since start", registry=registry
         )
         acceptance.set_function(self._acceptance_rate)
-        self._drafted_total = 0
-        self._accepted_total = 0
         # Tree speculation: trees verified, their nodes, and the depth each accepted path reached.
         self.tree_verifications = Counter(
             "xpuspec_spec_tree_verifications", "Draft trees verified by the target", registry=registry
@@ -94,12 +109,17 @@ class ServerMetrics:
             "Of the accepted draft tokens, those drafted by prompt lookup",
             registry=registry,
         )
-        self._verifications_total = 0
         Gauge(
             "xpuspec_spec_accepted_tokens_per_target_pass",
             "Tokens emitted per verifying target pass (accepted drafts + 1) since start",
             registry=registry,
         ).set_function(self._tokens_per_target_pass)
+
+    def _register_engine_gauges(
+        self, snapshot: Callable[[], EngineSnapshot], num_in_flight: Callable[[], int]
+    ) -> None:
+        """The engine loop's state, read from its snapshot at scrape time, and the prefix cache's hits."""
+        registry = self.registry
 
         def gauge(name: str, documentation: str, read: Callable[[], float]) -> None:
             Gauge(name, documentation, registry=registry).set_function(read)
@@ -130,8 +150,6 @@ class ServerMetrics:
             "Cached / all prompt tokens of finished requests since start",
             lambda: self._cached_prompt_total / self._prompt_total if self._prompt_total else 0.0,
         )
-        self._prompt_total = 0
-        self._cached_prompt_total = 0
 
         registry.register(_EngineFailures(snapshot))
 

@@ -1,4 +1,5 @@
-"""Speculation trees: their shape, the drafted tree of one sequence, and how it is laid out in a step.
+"""Speculation trees: the drafted tree of one sequence, and how it is laid out in a step (the shape a
+request asks for is :mod:`xpuspec.sample.draft_tree`).
 
 A tree hangs off the sequence's last token (the **root**, already known, not yet in the target's
 KV). Its ``n`` draft nodes are kept in breadth-first order (every parent before its children, all
@@ -13,59 +14,32 @@ node attend to the past and its own ancestors only).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-AUTO = "auto"
-MAX_TREE_DEPTH = 16
-MAX_TREE_WIDTH = 8
-MAX_TREE_NODES = 16  # the engine's max_draft_tokens bound: a tree is verified in one chunk
+from xpuspec.sample.draft_tree import (
+    AUTO,
+    MAX_TREE_DEPTH,
+    MAX_TREE_NODES,
+    MAX_TREE_WIDTH,
+    TreeShape,
+    parse_draft_tree,
+    parse_draft_tree_text,
+)
 
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A fixed tree shape: at most ``depth`` levels, ``width`` children per expanded node and
-    ``width`` expanded nodes per level, and ``nodes`` draft nodes in all (the best by cumulative
-    draft probability, EAGLE-2 style)."""
-
-    depth: int
-    width: int
-    nodes: int
-
-    def __post_init__(self) -> None:
-        for name, limit in (("depth", MAX_TREE_DEPTH), ("width", MAX_TREE_WIDTH), ("nodes", MAX_TREE_NODES)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-                raise ValueError(f"draft_tree {name} must be an integer in [1, {limit}], got {value!r}")
-        if self.nodes < self.depth:
-            raise ValueError(
-                f"draft_tree nodes ({self.nodes}) must be >= depth ({self.depth}): a tree of depth d has "
-                "at least d nodes"
-            )
-
-    @property
-    def is_chain(self) -> bool:
-        return self.width == 1
-
-
-def parse_draft_tree(value: object) -> TreeShape | str | None:
-    """``SamplingParams.draft_tree``: None (a chain), "auto", or a mapping {"depth", "width", "nodes"}."""
-    if value is None or value == AUTO:
-        return value  # type: ignore[return-value]
-    if isinstance(value, TreeShape):
-        return value
-    if isinstance(value, Mapping):
-        keys = set(value)
-        if keys != {"depth", "width", "nodes"}:
-            raise ValueError(
-                f"draft_tree needs exactly the keys depth, width and nodes, got {sorted(map(str, keys))}"
-            )
-        return TreeShape(depth=value["depth"], width=value["width"], nodes=value["nodes"])
-    raise ValueError(
-        f'draft_tree must be None (a chain), "auto" or {{"depth": d, "width": w, "nodes": n}}, got {value!r}'
-    )
+# The shape a request asks for lives in xpuspec.sample.draft_tree (sample and core need it); named
+# here too, where the tree's callers above those layers import it from.
+__all__ = [
+    "AUTO",
+    "MAX_TREE_DEPTH",
+    "MAX_TREE_NODES",
+    "MAX_TREE_WIDTH",
+    "DraftTree",
+    "TreeShape",
+    "parse_draft_tree",
+    "parse_draft_tree_text",
+]
 
 
 @dataclass
@@ -117,19 +91,3 @@ class DraftTree:
         """The first ``count`` nodes: a tree too (breadth-first order)."""
         probs = None if self.probs is None else self.probs[:count]
         return DraftTree(self.token_ids[:count], self.parents[:count], probs)
-
-
-def parse_draft_tree_text(text: str) -> TreeShape | str | None:
-    """The command line's ``--draft-tree``: "auto", "none", or "DEPTH,WIDTH,NODES" (e.g. "4,2,8")."""
-    value = text.strip().lower()
-    if value in ("", "none", "chain"):
-        return None
-    if value == AUTO:
-        return AUTO
-    parts = value.split(",")
-    if len(parts) != 3 or not all(part.strip().isdigit() for part in parts):
-        raise ValueError(
-            f'--draft-tree takes "auto", "none" or DEPTH,WIDTH,NODES such as 4,2,8; got {text!r}'
-        )
-    depth, width, nodes = (int(part) for part in parts)
-    return TreeShape(depth=depth, width=width, nodes=nodes)

@@ -25,7 +25,8 @@ takes longer than the budget; the message names the request's own constraint kin
 its text nor llguidance's parser state. A grammar that dead-ends later (after a literal prefix, say)
 compiles, and fails at run time where its mask is computed. Refusals are cached like compiled grammars.
 
-The grammar engine's tokenizer comes from the bundle's ``tokenizer.json``. A byte-level BPE vocabulary
+The grammar engine's tokenizer (:mod:`xpuspec.structured.grammar_tokenizer`) comes from the bundle's
+``tokenizer.json``. A byte-level BPE vocabulary
 (GPT-2, Llama 3, Qwen, SmolLM2) is read entry by entry, each token's bytes from the byte-level
 alphabet, with the model's OpenVINO tokenizer for encoding: a converted file's decoder section may
 be wrong (the default draft's describes SmolLM2's vocabulary as SentencePiece pieces, which would
@@ -35,7 +36,6 @@ as wide as the model's vocabulary: model ids beyond the tokenizer's are never al
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from llguidance import LLMatcher, LLParserLimits, LLTokenizer, TokenizerWrapper
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from xpuspec.structured.constraint import Constraint
+from xpuspec.structured.grammar_tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from xpuspec.text.tokenizer import Tokenizer
@@ -436,74 +437,6 @@ class GuidedRequest:
             raise ValueError(f"the grammar matcher could not roll back: {self.matcher.get_error()}")
 
 
-def _byte_level_unicode() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the printable character that stands for each byte, inverted."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    )
-    chars = {byte: byte for byte in printable}
-    extra = 0
-    for byte in range(256):
-        if byte not in chars:
-            chars[byte] = 256 + extra
-            extra += 1
-    return {chr(code): byte for byte, code in chars.items()}
-
-
-def byte_level_vocabulary(tokenizer_json: Path) -> tuple[list[bytes], list[int]] | None:
-    """The bytes of every token of a byte-level BPE ``tokenizer.json`` and its special ids, or None.
-
-    Read from the vocabulary itself (``Ġ`` is a space, ``Ċ`` a newline), not from the file's decoder
-    section, which conversions get wrong. None if some vocabulary entry is not byte-level text.
-    """
-    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-    vocab = data.get("model", {}).get("vocab")
-    if not isinstance(vocab, dict) or not vocab:
-        return None
-    alphabet = _byte_level_unicode()
-    added = {entry["id"]: entry["content"] for entry in data.get("added_tokens", [])}
-    size = max(max(vocab.values()), max(added, default=-1)) + 1
-    tokens = [b""] * size
-    for text, token_id in vocab.items():
-        if token_id in added:
-            continue
-        if any(char not in alphabet for char in text):
-            return None
-        tokens[token_id] = bytes(alphabet[char] for char in text)
-    special = [entry["id"] for entry in data.get("added_tokens", []) if entry.get("special")]
-    for token_id, content in added.items():
-        tokens[token_id] = content.encode("utf-8")
-    return tokens, special
-
-
-class _VocabularyTokenizer:
-    """What llguidance's ``TokenizerWrapper`` reads: token bytes, special ids, and an encoder."""
-
-    def __init__(
-        self, tokens: list[bytes], special_ids: list[int], tokenizer: Tokenizer, eos_token_ids: list[int]
-    ):
-        self.tokens = tokens
-        self.special_token_ids = special_ids
-        self.eos_token_id = eos_token_ids[0] if eos_token_ids else None
-        self.bos_token_id = None
-        self._tokenizer = tokenizer
-
-    def __call__(self, text: str | bytes) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", errors="replace")
-        return self._tokenizer.encode(text, add_special_tokens=False)
-
-
-def _load_tokenizer(path: Path, tokenizer: Tokenizer, eos_token_ids: list[int]) -> LLTokenizer:
-    eos = list(eos_token_ids) or None
-    vocabulary = byte_level_vocabulary(path)
-    if vocabulary is None:
-        return LLTokenizer(str(path), eos_token=eos)
-    return LLTokenizer(
-        TokenizerWrapper(_VocabularyTokenizer(*vocabulary, tokenizer, list(eos_token_ids))), eos_token=eos
-    )
-
-
 def grammar_compiler(
     tokenizer: Tokenizer, model_dirs: list[Path], vocab_size: int, eos_token_ids: list[int]
 ) -> GrammarCompiler | None:
@@ -517,7 +450,7 @@ def grammar_compiler(
         path = Path(model_dir) / TOKENIZER_FILE
         if path.is_file():
             return GrammarCompiler(
-                lambda path=path: _load_tokenizer(path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
+                lambda path=path: load_tokenizer(path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
             )
     logger.info("no %s in %s: structured output is off", TOKENIZER_FILE, [str(d) for d in model_dirs])
     return None
