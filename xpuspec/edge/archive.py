@@ -177,7 +177,6 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
 
     Returns the archive's manifest (edge.json).
     """
-    from xpuspec import edge
     from xpuspec.edge.wheels import build_xpuspec_wheel, download_wheelhouse
 
     bundle = resolve_bundle(config.bundle, verify=True)
@@ -229,7 +228,7 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
             ),
             "placement": json.dumps(placement, sort_keys=True) if placement else "none recorded (CPU)",
         }
-        contents["verify_edge.py"] = Path(edge.__file__).parent / "verify_edge.py"
+        contents["verify_edge.py"] = Path(__file__).with_name("verify_edge.py")
         contents["run.sh"] = templates.render(templates.RUN_SH, wheel=wheel.name).encode("utf-8")
         contents["run.ps1"] = templates.render(templates.RUN_PS1, wheel=wheel.name).encode("utf-8")
         contents["xpuspec-edge.service"] = templates.render(templates.SYSTEMD_UNIT, **values).encode("utf-8")
