@@ -27,7 +27,7 @@ from xpuspec.devices.placement import (
 )
 from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
-from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
+from xpuspec.engine.overlap import overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
@@ -230,8 +230,9 @@ class Pipeline:
                 "overlap=True needs a draft model: EAGLE-3 drafts from the step the target verifies"
             )
         self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
-        engine_class = OverlappedEngine if self.overlap else LLMEngine
-        self.engine = engine_class(self.target_runner, proposer, config, self.bundle.eos_token_ids)
+        self.engine = LLMEngine(
+            self.target_runner, proposer, config, self.bundle.eos_token_ids, overlap=self.overlap
+        )
         self.engine.grammar = grammar_compiler(
             self.tokenizer,
             [m.path for m in (self.bundle.target, self.bundle.draft) if m is not None],
