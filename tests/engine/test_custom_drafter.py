@@ -112,3 +112,27 @@ def test_the_drafter_is_known_to_no_module_of_core_or_engine():
     for folder in ("core", "engine"):
         for path in (package / folder).glob("*.py"):
             assert "ScriptedDrafter" not in path.read_text(), path
+
+
+class PhaseRecorder:
+    """Phase hooks that keep every (phase, seconds) the engine reports."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, float]] = []
+
+    def on_phase(self, name: str, seconds: float) -> None:
+        self.phases.append((name, seconds))
+
+
+def test_phase_hooks_hear_each_phase_of_each_step(pair_bundle, target_only):
+    engine = make_engine(pair_bundle, ScriptedDrafter())
+    recorder = PhaseRecorder()
+    engine.phase_hooks = recorder
+    tokens, _ = run(engine)
+    assert tokens == target_only  # timing changes nothing
+    names = [name for name, _ in recorder.phases]
+    assert {"schedule", "propose", "verify", "accept", "step"} <= set(names)
+    assert all(seconds >= 0.0 for _, seconds in recorder.phases)
+    steps = sum(seconds for name, seconds in recorder.phases if name == "step")
+    # The phases lie within their steps (a burst's passes report "accept" inside "burst").
+    assert sum(seconds for name, seconds in recorder.phases if name not in ("step", "burst")) <= steps
