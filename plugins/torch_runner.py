@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.interfaces import ExecutorCaps
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +24,9 @@ DEFAULT_NUM_BLOCKS = 1024
 
 class TorchModelRunner:
     """Runs a Hugging Face causal LM over mixed batches of :class:`SequenceChunk`."""
+
+    # Chunks of tokens in the shared blocks, nothing more: no padding, no trees, no KV of its own.
+    caps = ExecutorCaps()
 
     def __init__(
         self,
@@ -87,6 +91,15 @@ class TorchModelRunner:
             raise RuntimeError("no inference was started")
         logits, self._pending = self._pending, None
         return logits
+
+    def warm_up(self, max_model_len: int) -> None:
+        """A no-op: nothing is compiled."""
+
+    def release(self, sequence_id: str) -> None:
+        """A no-op: the tokens of a sequence live in the shared blocks."""
+
+    def move_kv(self, block_table: list[int], sources: list[int], destinations: list[int]) -> None:
+        raise NotImplementedError("the reference executor runs no trees (caps.kv_moves is False)")
 
     def _write_and_gather(self, chunk: SequenceChunk) -> np.ndarray:
         """Store the chunk's tokens in their slots; return the sequence's tokens [0, past + n)."""

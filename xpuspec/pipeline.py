@@ -28,7 +28,7 @@ from xpuspec.devices.placement import (
 )
 from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
-from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
+from xpuspec.engine.overlap import overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.sampling_params import SamplingParams
@@ -101,6 +101,37 @@ class Pipeline:
         core = ov.Core()
         registry = default_registry()
         requested = Placement(target_device, draft_device, drafter)
+        eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)
+        self._choose_devices(use_placement, core, registry)
+        self._load_text()
+        config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
+        if not enable_prefix_caching:  # either switch turns it off
+            config = dataclasses.replace(config, enable_prefix_caching=False)
+        runner_limits = {
+            "max_draft_tokens": config.max_draft_tokens,
+            "max_sequences": config.max_num_seqs,
+            "max_context": config.max_model_len,
+            "core": core,
+        }
+        head = self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits)
+        proposer = self._build_drafter(
+            eagle3_head, head, core, draft_properties, properties, draft_vocab, runner_limits
+        )
+        self._build_engine(proposer, config, overlap)
+        self._request_counter = itertools.count()
+        # The stats of the last request that finished through `stream` (for the CLI's summary).
+        self.last_stats: dict[str, Any] | None = None
+
+    def _place(
+        self,
+        requested: Placement,
+        use_placement: bool,
+        eagle3_head: str | Path | None,
+        core: Any,
+        registry: Any,
+    ) -> str | Path | None:
+        """Settle the placement and the drafter (``self.placement``, ``self.drafter``); return the
+        EAGLE-3 head folder, if the drafter is EAGLE-3."""
         # Arguments left at their defaults take the placement `xpuspec plan --write` recorded.
         self.placement = (
             choose_placement(self.bundle, requested, core, registry) if use_placement else requested
@@ -130,6 +161,11 @@ class Pipeline:
                 )
                 drafter = "ngram"
         self.drafter = drafter
+        return eagle3_head
+
+    def _choose_devices(self, use_placement: bool, core: Any, registry: Any) -> None:
+        """The target's and the draft's devices, and the compile properties recorded for them."""
+        drafter = self.drafter
         self.draft_vocab: int | None = None  # the draft model's proposal vocabulary, when cut
         self.target_device = resolve_device(self.placement.target_device, core, registry)
         self.draft_device = (
@@ -147,24 +183,27 @@ class Pipeline:
             if use_placement and drafter == "draft" and self.draft_device is not None
             else None,
         }
+
+    def _load_text(self) -> None:
+        """The tokenizer and the chat template of the bundle."""
         self.tokenizer = Tokenizer(self.bundle.target.path)
         facts = self.bundle.tokenizer_facts
         template = self.bundle.chat_template
         self.chat_template = (
             ChatTemplate(template, facts.get("bos_token"), facts.get("eos_token")) if template else None
         )
-        config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
-        if not enable_prefix_caching:  # either switch turns it off
-            config = dataclasses.replace(config, enable_prefix_caching=False)
-        runner_limits = {
-            "max_draft_tokens": config.max_draft_tokens,
-            "max_sequences": config.max_num_seqs,
-            "max_context": config.max_model_len,
-            "core": core,
-        }
+
+    def _build_target(
+        self,
+        properties: PropertiesArg,
+        eagle3_head: str | Path | None,
+        num_kv_blocks: int | None,
+        runner_limits: dict[str, Any],
+    ) -> HeadFolder | None:
+        """The target's executor (``self.target_runner``); returns the EAGLE-3 head read for its taps."""
         target_properties = properties
         if (
-            drafter in TREE_DRAFTERS
+            self.drafter in TREE_DRAFTERS
             and self.target_device.device == "CPU"
             and "KEY_CACHE_QUANT_MODE" not in (properties or {})
         ):
@@ -197,41 +236,60 @@ class Pipeline:
             hidden_state_projection=tap_projection,
             **runner_limits,
         )
-        proposer: DraftProposer | None = None
-        if drafter == "eagle3":
-            proposer = self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
-        elif self.draft_device is not None:
-            if draft_vocab is None:
-                draft_vocab = self.bundle.draft.facts.get("draft_vocab")  # type: ignore[union-attr]
-            self.draft_vocab = draft_vocab
-            draft_runner = create_runner(
-                self.draft_device,
-                self.bundle.draft,  # type: ignore[arg-type]
-                "draft",
-                draft_properties if draft_properties is not None else properties,
-                tuned_properties=self.tuned_properties["draft"],
-                num_blocks=self.target_runner.num_blocks,
-                block_size=self.target_runner.block_size,
-                logits_vocab=draft_vocab,
-                **runner_limits,
+        return head
+
+    def _build_drafter(
+        self,
+        eagle3_head: str | Path | None,
+        head: HeadFolder | None,
+        core: Any,
+        draft_properties: PropertiesArg,
+        properties: PropertiesArg,
+        draft_vocab: int | None,
+        runner_limits: dict[str, Any],
+    ) -> DraftProposer | None:
+        """The drafter the placement chose: an EAGLE-3 head, a draft model, n-grams, or none."""
+        if self.drafter == "eagle3":
+            return self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
+        if self.draft_device is None:
+            return NgramDraftProposer() if self.drafter == "ngram" else None
+        if draft_vocab is None:
+            draft_vocab = self.bundle.draft.facts.get("draft_vocab")  # type: ignore[union-attr]
+        self.draft_vocab = draft_vocab
+        draft_runner = create_runner(
+            self.draft_device,
+            self.bundle.draft,  # type: ignore[arg-type]
+            "draft",
+            draft_properties if draft_properties is not None else properties,
+            tuned_properties=self.tuned_properties["draft"],
+            num_blocks=self.target_runner.num_blocks,
+            block_size=self.target_runner.block_size,
+            logits_vocab=draft_vocab,
+            **runner_limits,
+        )
+        if draft_runner.block_size != self.target_runner.block_size:
+            raise ValueError(
+                f"draft KV block size {draft_runner.block_size} differs from the target's "
+                f"{self.target_runner.block_size}: put both models on devices with the same block size"
             )
-            if draft_runner.block_size != self.target_runner.block_size:
-                raise ValueError(
-                    f"draft KV block size {draft_runner.block_size} differs from the target's "
-                    f"{self.target_runner.block_size}: put both models on devices with the same block size"
-                )
-            proposer = DraftModelProposer(draft_runner, self.target_runner.vocab_size)
-        elif drafter == "ngram":
-            proposer = NgramDraftProposer()
+        return DraftModelProposer(draft_runner, self.target_runner.vocab_size)
+
+    def _build_engine(
+        self, proposer: DraftProposer | None, config: EngineConfig, overlap: bool | None
+    ) -> None:
+        """The engine over the target and the drafter, with grammar support, calibrated."""
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
-        draft_device_name = self.draft_device.device if drafter == "draft" and self.draft_device else None
-        if drafter == "eagle3" and overlap:
+        draft_device_name = (
+            self.draft_device.device if self.drafter == "draft" and self.draft_device else None
+        )
+        if self.drafter == "eagle3" and overlap:
             raise ValueError(
                 "overlap=True needs a draft model: EAGLE-3 drafts from the step the target verifies"
             )
         self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
-        engine_class = OverlappedEngine if self.overlap else LLMEngine
-        self.engine = engine_class(self.target_runner, proposer, config, self.bundle.eos_token_ids)
+        self.engine = LLMEngine(
+            self.target_runner, proposer, config, self.bundle.eos_token_ids, overlap=self.overlap
+        )
         self.engine.grammar = grammar_compiler(
             self.tokenizer,
             [m.path for m in (self.bundle.target, self.bundle.draft) if m is not None],
@@ -239,9 +297,6 @@ class Pipeline:
             self.bundle.eos_token_ids,
         )
         self.engine.calibrate()
-        self._request_counter = itertools.count()
-        # The stats of the last request that finished through `stream` (for the CLI's summary).
-        self.last_stats: dict[str, Any] | None = None
 
     def _eagle3_proposer(
         self,

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.interfaces import DrafterCaps, ExecutorCaps
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.sample.sampling_params import SamplingParams
@@ -98,11 +99,13 @@ class SimulatedTarget:
     block_size = 16
     num_blocks = 4096
     vocab_size = VOCAB
+    caps = ExecutorCaps()
 
     def __init__(self, curve: CostCurve, clock: Clock) -> None:
         self.curve, self.clock = curve, clock
         self._last_tokens: int | None = None
         self.shape_changes = 0
+        self._started = np.zeros((0, VOCAB), dtype=np.float32)  # the logits of the last start()
 
     def forward(self, chunks: list[SequenceChunk]) -> np.ndarray:
         tokens = sum(len(c.token_ids) for c in chunks)
@@ -122,9 +125,23 @@ class SimulatedTarget:
         logits[:, TARGET_TOKEN] = 1.0
         return logits
 
+    def start(self, chunks: list[SequenceChunk]) -> None:
+        self._started = self.forward(chunks)
+
+    def wait(self) -> np.ndarray:
+        return self._started
+
+    def warm_up(self, max_model_len: int) -> None:
+        pass
+
+    def release(self, sequence_id: str) -> None:
+        pass
+
 
 class TraceDrafter:
     """Drafts TARGET_TOKEN where the trace says the draft agrees with the target, else WRONG_TOKEN."""
+
+    caps = DrafterCaps()
 
     def __init__(self, curve: CostCurve, clock: Clock) -> None:
         self.curve, self.clock = curve, clock
@@ -136,6 +153,9 @@ class TraceDrafter:
         pass
 
     def recover(self) -> None:
+        pass
+
+    def warm_up(self, max_model_len: int) -> None:
         pass
 
     def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:

@@ -1,4 +1,4 @@
-"""Target-only decode bursts (``LLMEngine._burst``): several decode passes per ``step()``, same tokens.
+"""Target-only decode bursts (``xpuspec.engine.bursts``): several decode passes per ``step()``, same tokens.
 
 Compared in exact mode against the same engine with bursts off (``decode_burst_steps=1``).
 """

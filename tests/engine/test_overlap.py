@@ -8,7 +8,7 @@ from tests.conftest import F32
 from tests.engine.test_exactness import PROMPTS
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig, LLMEngine
-from xpuspec.engine.overlap import OverlappedEngine, overlap_wanted
+from xpuspec.engine.overlap import OverlappedSteps, overlap_wanted
 from xpuspec.executor.stateful_runner import StatefulModelRunner
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.spec_decode.proposal import DraftModelProposer
@@ -62,7 +62,7 @@ class EventLog:
 @pytest.fixture(scope="module")
 def overlapped(pair_bundle) -> Pipeline:
     pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, overlap=True)
-    assert isinstance(pipe.engine, OverlappedEngine)
+    assert isinstance(pipe.engine.strategy, OverlappedSteps)
     return pipe
 
 
@@ -92,8 +92,8 @@ def test_overlap_with_stateful_executors(pair_bundle, target_only):
     bundle = ModelBundle.open(pair_bundle)
     target = StatefulModelRunner(bundle.target.path, properties=F32, max_sequences=8, max_context=256)
     draft = StatefulModelRunner(bundle.draft.path, properties=F32, max_sequences=8, max_context=256)
-    engine = OverlappedEngine(
-        target, DraftModelProposer(draft, target.vocab_size), EngineConfig(max_num_seqs=8), []
+    engine = LLMEngine(
+        target, DraftModelProposer(draft, target.vocab_size), EngineConfig(max_num_seqs=8), [], overlap=True
     )
     tokenizer = Tokenizer(bundle.target.path)
     tokens: dict[str, list[int]] = {}

@@ -23,7 +23,7 @@ from tests.conftest import F32
 from tests.support.statistics import goodness_of_fit, sampling_engine_config
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.engine import engine as engine_module
+from xpuspec.engine import drafting, verification
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 
@@ -93,12 +93,14 @@ def test_broken_coupled_rule_is_caught(pair_bundle, exact_joint, monkeypatch, br
         monkeypatch.setattr(RejectionSampler, "coupled_acceptance", staticmethod(lambda draft, target: True))
     else:
         # Every position of a request races the same noise: marginals stay right, the joint does not.
-        exponentials = engine_module.position_exponentials
-        monkeypatch.setattr(
-            engine_module,
-            "position_exponentials",
-            lambda seed, position, vocab: exponentials(seed, 0, vocab),
-        )
+        # Drafting draws and verification races read the noise from the engine's two phases.
+        exponentials = verification.position_exponentials
+        for phase in (drafting, verification):
+            monkeypatch.setattr(
+                phase,
+                "position_exponentials",
+                lambda seed, position, vocab: exponentials(seed, 0, vocab),
+            )
     p_value = goodness_of_fit(sample_triples(pair_bundle, seeded=True), exact_joint)
     assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
 

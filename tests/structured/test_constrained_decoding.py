@@ -15,8 +15,8 @@ from tests.conftest import EXACT_PRESET
 from tests.support.statistics import goodness_of_fit
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.engine import constraints as speculation
 from xpuspec.sample.sampler import probabilities
-from xpuspec.structured import speculation
 
 PERSON = {
     "type": "object",

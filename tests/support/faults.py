@@ -22,6 +22,7 @@ class FaultyRunner:
 
     def __init__(self, runner: Any) -> None:
         self._runner = runner
+        self.caps = runner.caps  # what the wrapped runner can do (the rest is forwarded below)
         self.num_inferences = 0
         self.fail_at: int | None = None  # raise when starting this inference (1-based count)
         self.fail_when: Callable[[], bool] | None = None  # or raise (once) on the first inference it holds

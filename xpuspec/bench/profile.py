@@ -1,14 +1,15 @@
 """Where a step's time goes: ``python -m xpuspec.bench.profile [--bundle B] [--http] [--layers]``.
 
 Runs greedy requests one at a time through ``Pipeline.generate`` (the real path: engine step, text,
-stop strings) with timers wrapped around the parts of a step, then prints for each configuration
-(target-only and each fixed γ) the time per target pass ("step") and per token of:
+stop strings) with the engine's phase hooks set (``LLMEngine.phase_hooks``) and timers wrapped around
+the executors and the text path, then prints for each configuration (target-only and each fixed γ)
+the time per target pass ("step") and per token of:
 
 - ``target device`` / ``draft device``: waiting for the inference (``wait``); ``dispatch``: the
   ``start_async`` call; ``input binding``: writing the batch description into the bound tensors;
 - ``schedule``, ``propose (Python)`` (the draft loop without its device time), ``verify/accept``
-  (``LLMEngine._accept``, per sequence and pass), ``other engine Python`` (the rest of
-  ``LLMEngine.step``, decode bursts included);
+  (the engine's accept phase, decode bursts' passes included), ``other engine Python`` (the rest of
+  ``LLMEngine.step``);
 - ``text``: ``RequestText.push``, of which ``detokenize`` is the incremental detokenizer;
 - ``outside the step``: the generate loop itself.
 
@@ -34,6 +35,7 @@ from typing import Any
 
 from xpuspec.bench.workloads import heldout_code_prompts
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.proposal import DraftModelProposer
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +62,24 @@ ROWS = (
 )
 
 
+# The engine's phases (xpuspec.engine.strategy) that are rows, or parts of rows, of the report.
+ENGINE_PHASES = {"step": STEP, "schedule": SCHEDULE, "propose": PROPOSE, "accept": ACCEPT}
+
+
 class Timers:
-    """Named running totals of wall time, filled by wrappers around methods."""
+    """Named running totals of wall time, filled by wrappers around methods and by the engine's
+    phase hooks (:meth:`on_phase`)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+
+    def on_phase(self, name: str, seconds: float) -> None:
+        """The engine's phase hook: add the phases the report shows."""
+        row = ENGINE_PHASES.get(name)
+        if row is not None:
+            self.seconds[row] += seconds
+            self.calls[row] += 1
 
     def timed(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         seconds, calls, clock = self.seconds, self.calls, time.perf_counter
@@ -98,34 +112,34 @@ def _patched(owner: Any, attribute: str, timers: Timers, name: str) -> Iterator[
 
 @contextlib.contextmanager
 def instrumented(pipeline: Any, timers: Timers) -> Iterator[None]:
-    """Wrap timers around the parts of ``pipeline``'s step and text path while the block runs."""
+    """Time the phases of ``pipeline``'s engine steps (its phase hooks) and wrap timers around its
+    executors and text path while the block runs."""
     import xpuspec.pipeline as pipeline_module
     from xpuspec.text.detokenizer import IncrementalDetokenizer
 
     engine = pipeline.engine
     patches = [
-        (engine, "step", STEP),
-        (engine, "_schedule", SCHEDULE),
-        (engine, "_propose", PROPOSE),
-        (engine, "_accept", ACCEPT),
         (pipeline_module.RequestText, "push", TEXT),
         (IncrementalDetokenizer, "push", DETOKENIZE),
         (IncrementalDetokenizer, "flush", DETOKENIZE),
     ]
     runners = [(pipeline.target_runner, TARGET_DEVICE, TARGET_DISPATCH, TARGET_INPUTS)]
-    draft_runner = getattr(engine.proposer, "runner", None)
-    if draft_runner is not None:
-        runners.append((draft_runner, DRAFT_DEVICE, DRAFT_DISPATCH, DRAFT_INPUTS))
+    if isinstance(engine.proposer, DraftModelProposer):
+        runners.append((engine.proposer.runner, DRAFT_DEVICE, DRAFT_DISPATCH, DRAFT_INPUTS))
     for runner, device, dispatch, inputs in runners:
         patches.append((runner, "wait", device))
         if hasattr(runner, "_fill_inputs") and hasattr(runner, "request"):
             # start() = fill inputs + start_async: time the parts (the request is wrapped as a whole).
             patches.append((runner, "_fill_inputs", inputs))
             patches.append((runner, "start", dispatch))
-    with contextlib.ExitStack() as stack:
-        for owner, attribute, name in patches:
-            stack.enter_context(_patched(owner, attribute, timers, name))
-        yield
+    hooks, engine.phase_hooks = engine.phase_hooks, timers
+    try:
+        with contextlib.ExitStack() as stack:
+            for owner, attribute, name in patches:
+                stack.enter_context(_patched(owner, attribute, timers, name))
+            yield
+    finally:
+        engine.phase_hooks = hooks
 
 
 @dataclass
@@ -210,7 +224,7 @@ def profile_configuration(
         for prompt in prompts:
             num_tokens += len(pipeline.generate([prompt], params)[0].token_ids)
         wall = time.perf_counter() - started
-    # Per target pass, not per step(): a target-only step may run a burst of passes (LLMEngine._burst).
+    # Per target pass, not per step(): a target-only step may run a burst of passes (engine.bursts).
     return StageProfile(label, wall, num_tokens, timers.calls[TARGET_DEVICE], stage_rows(timers, wall))
 
 

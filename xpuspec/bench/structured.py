@@ -4,7 +4,7 @@ with speculation beside unconstrained decoding.
 Batch 1, greedy, one pipeline: each round runs every prompt unconstrained and then constrained to a
 JSON Schema (order swapped every other round), and keeps the best tokens/s of each over the rounds.
 Constrained replies end when the JSON is complete, so they are compared by tokens/s, not by time.
-The masks of verified positions are computed while the target runs (``LLMEngine._forward``); the
+The masks of verified positions are computed while the target runs (``xpuspec.engine.verification``); the
 draft's masks are computed between its passes. The mask cost is the time in the grammar engine
 (mask computation and unpacking) over the tokens emitted.
 """

@@ -4,11 +4,15 @@ The engine reads what an executor or a drafter can do from its ``caps``, a froze
 when the object is built; it never probes an object for attributes. A new drafter implements
 :class:`Drafter`, declares :class:`DrafterCaps` and is registered where drafters are built; the
 engine needs no change.
+
+What only some drafters do is declared here too, as Protocols of their own (:class:`TargetObserver`,
+:class:`TreeDrafterSource`, :class:`ConstraintAwareDrafter`); the engine calls them only where the
+drafter's caps say it offers them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -117,3 +121,63 @@ class Drafter(Protocol):
     def recover(self) -> None:
         """A step failed: leave the drafter ready for the next one (no inference left pending)."""
         ...
+
+
+class TreeShapeLike(Protocol):
+    """The bounds of one drafted tree (``xpuspec.spec_decode.tree.TreeShape`` is one)."""
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def width(self) -> int: ...
+
+    @property
+    def nodes(self) -> int: ...
+
+
+class TreeDrafting(Protocol):
+    """Drafts trees (the draft model's, or the EAGLE-3 head's); what ``tree_drafter()`` returns."""
+
+    # (tokens computed, seconds) of each drafting pass of the last `propose`, for the cost model.
+    step_timings: list[tuple[int, float]]
+
+    def propose(
+        self,
+        requests: list[tuple[ScheduledChunk, TreeShapeLike]],
+        rngs: dict[str, np.random.Generator] | None = None,
+    ) -> dict[str, Proposal]:
+        """One tree per (chunk, shape); ``chunk.num_draft_tokens`` is its node budget. ``rngs`` holds
+        the random stream of each sampled request (greedy ones draft deterministically)."""
+        ...
+
+
+class TargetObserver(Protocol):
+    """A drafter that reads the target's states of every token it computes
+    (``caps.needs_every_target_state``)."""
+
+    def observe_target(
+        self,
+        chunks: list[ScheduledChunk],
+        runner_chunks: list[SequenceChunk],
+        tree_paths: dict[str, list[int]],
+    ) -> None:
+        """After each accepted target step: ``runner_chunks`` are what the target ran for ``chunks``;
+        ``tree_paths`` the accepted path (node indices) of each tree verified in it."""
+        ...
+
+
+class TreeDrafterSource(Protocol):
+    """A drafter that drafts trees as well as chains (``caps.drafts_trees``)."""
+
+    def tree_drafter(self) -> TreeDrafting: ...
+
+
+# mask(request_id, drafted token ids so far, draft logits row [1, vocab]) -> the masked row; may raise.
+DraftMask = Callable[[str, list[int], np.ndarray], np.ndarray]
+
+
+class ConstraintAwareDrafter(Protocol):
+    """A drafter that masks its draft rows by each request's output constraint (``caps.constraint_aware``)."""
+
+    def set_draft_mask(self, mask: DraftMask) -> None: ...

@@ -53,7 +53,7 @@ class DraftChoice:
         self.length_policy = length_policy
         self.tree_policy = tree_policy
         self.prompt_lookup = prompt_lookup
-        self.drafts_trees = drafts_trees  # the engine has a drafter of trees (LLMEngine._init_trees)
+        self.drafts_trees = drafts_trees  # the engine has a drafter of trees (LLMEngine._make_tree_drafter)
         self._num_running = num_running
         self._is_guided = is_guided
         self._last_target_shape = last_target_shape
@@ -128,7 +128,7 @@ class DraftChoice:
         if wanted is None or sequence.params.seed is not None:
             return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
         if self._is_guided(sequence.request_id):
-            return None, 0.0  # the grammar masks chains (xpuspec.structured.speculation), not trees
+            return None, 0.0  # the grammar masks chains (xpuspec.engine.constraints), not trees
         if not self.drafts_trees:
             if not self._warned_no_trees:
                 self._warned_no_trees = True
@@ -173,7 +173,7 @@ class DraftChoice:
         if sequence.params.seed is not None:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
-            # γ = 0 steps decay the rate's counts (LLMEngine._accept), so it drafts again after a
+            # γ = 0 steps decay the rate's counts (xpuspec.engine.verification), so it drafts again after a
             # bad stretch.
             return self.length_policy.choose_without_timing(rate), False, None
         running = self._num_running()

@@ -24,17 +24,24 @@ sequence that drafts this step is simply not computed by the target: its
 ``num_computed_tokens`` does not move, so the scheduler plans it again next step. The γ asked for
 a pending sequence is its proposal's length; if the scheduler grants fewer, the proposal is cut
 (a prefix of a draft is a valid draft).
+
+Overlap is a step strategy (``xpuspec.engine.strategy``): ``LLMEngine(..., overlap=True)`` runs its
+steps with :class:`OverlappedSteps`. Drafts verified a step later are chains: the engine drafts no
+trees under it.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
-from xpuspec.engine.engine import LLMEngine
-from xpuspec.spec_decode.proposal import Proposal
+
+if TYPE_CHECKING:
+    from xpuspec.engine.engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -45,29 +52,39 @@ class _PendingProposal:
     num_tokens: int  # the sequence's length when it was drafted: it must not change before verifying
 
 
-class OverlappedEngine(LLMEngine):
-    """An :class:`LLMEngine` whose steps overlap the drafter with the target (same public API).
+class OverlappedSteps:
+    """Steps that overlap the drafter with the target (same public API of the engine).
 
-    The target runner must have the asynchronous ``start(chunks)`` / ``wait()`` pair; the drafter
-    runs on its own runner and device.
+    The target executor runs asynchronously (``start(chunks)`` / ``wait()``); the drafter runs on its
+    own executor and device.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self.proposer is None:
+    allows_trees = False  # a draft verified a step later is a chain
+
+    def __init__(self, engine: LLMEngine) -> None:
+        if engine.proposer is None:
             raise ValueError("overlap needs a drafter: there is nothing to overlap the target with")
-        if not (hasattr(self.target, "start") and hasattr(self.target, "wait")):
-            raise ValueError("overlap needs a target runner with start()/wait() (asynchronous inference)")
-        if hasattr(self.proposer, "observe_target"):
+        if engine.proposer.caps.needs_every_target_state:
             raise ValueError(
                 "overlap cannot run a drafter that reads the target's hidden states (EAGLE-3): it drafts "
                 "from the states of the step the target verifies"
             )
+        self.engine = engine
         self._pending: dict[str, _PendingProposal] = {}
 
+    def pending_draft_tokens(self, sequence: Sequence) -> int | None:
+        pending = self._pending.get(sequence.request_id)
+        return len(pending.proposal.token_ids) if pending is not None else None
+
+    def forget(self, request_id: str) -> None:
+        self._pending.pop(request_id, None)
+
     # --------------------------------------------------------------------- step
-    def _step(self) -> None:
-        chunks = self._schedule()
+    def run(self) -> None:
+        engine = self.engine
+        phase = engine.phase_started()
+        chunks = engine.schedule()
+        engine.phase_ended("schedule", phase)
         if not chunks:
             return
         verify, draft, prefill = self._split(chunks)
@@ -78,29 +95,42 @@ class OverlappedEngine(LLMEngine):
             if proposal is not None:
                 proposals[chunk.sequence.request_id] = proposal
         target_work = prefill + verify
+        verifier = engine.verifier
         runner_chunks = [
-            self._target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in target_work
+            verifier.target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in target_work
         ]
+        started = 0.0
         if runner_chunks:
-            started = self.clock()
-            self.target.start(runner_chunks)
-            self._prepare_masks(self._guides(target_work), proposals)  # while the target runs
-        drafter_work = draft
-        if drafter_work:
-            drafted = self._propose(drafter_work)
-            for chunk in self._drop_failed_proposals(draft, drafted):
-                sequence = chunk.sequence
-                # A drafter may propose nothing; the sequence is then verified as a plain decode.
-                proposal = drafted.get(sequence.request_id, Proposal([], None))
-                self._pending[sequence.request_id] = _PendingProposal(proposal, sequence.num_tokens)
+            phase = started = engine.clock()
+            engine.target.start(runner_chunks)
+            verifier.prepare_masks(engine.guides(target_work), proposals)  # while the target runs
+            engine.phase_ended("verify", phase)
+        if draft:
+            self._draft(draft)
         if runner_chunks:
-            logits = self.target.wait()  # [sum num_logits, vocab]
-            if not drafter_work:
+            phase = engine.phase_started()
+            logits = engine.target.wait()  # [sum num_logits, vocab]
+            engine.phase_ended("verify", phase)
+            if not draft:
                 # Only a step without concurrent drafting times the target alone.
-                self.cost_model.record_target_step(
-                    sum(len(c.token_ids) for c in runner_chunks), self.clock() - started
+                engine.cost_model.record_target_step(
+                    sum(len(c.token_ids) for c in runner_chunks), engine.clock() - started
                 )
-            self._accept_all(target_work, runner_chunks, logits, proposals)
+            phase = engine.phase_started()
+            verifier.accept_all(target_work, runner_chunks, logits, proposals)
+            engine.phase_ended("accept", phase)
+
+    def _draft(self, draft: list[ScheduledChunk]) -> None:
+        """Propose for ``draft`` (while the target runs); the proposals wait for the next step."""
+        engine = self.engine
+        phase = engine.phase_started()
+        drafted = engine.drafting.propose(draft)
+        engine.phase_ended("propose", phase)
+        for chunk in engine.drafting.drop_failed(draft, drafted):
+            sequence = chunk.sequence
+            # A drafter may propose nothing; the sequence is then verified as a plain decode.
+            proposal = drafted.get(sequence.request_id, Proposal([], None))
+            self._pending[sequence.request_id] = _PendingProposal(proposal, sequence.num_tokens)
 
     # ----------------------------------------------------------------- internals
     def _split(
@@ -138,20 +168,6 @@ class OverlappedEngine(LLMEngine):
             probs = proposal.probs[:granted] if proposal.probs is not None else None
             proposal = Proposal(proposal.token_ids[:granted], probs)
         return proposal
-
-    def _choose_num_draft_tokens(self, sequence: Sequence) -> int:
-        pending = self._pending.get(sequence.request_id)
-        if pending is not None:
-            return len(pending.proposal.token_ids)
-        return super()._choose_num_draft_tokens(sequence)
-
-    def _on_preempted(self, sequence: Sequence) -> None:
-        self._pending.pop(sequence.request_id, None)
-        super()._on_preempted(sequence)
-
-    def _retire(self, sequence: Sequence) -> None:
-        self._pending.pop(sequence.request_id, None)
-        super()._retire(sequence)
 
 
 def overlap_wanted(requested: bool | None, target_device: str, draft_device: str | None) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 import openvino as ov
 
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.interfaces import ExecutorCaps
 from xpuspec.executor.graph_edits import cut_logits_vocab, make_paged_model
 from xpuspec.executor.hidden_taps import Projection, add_hidden_state_taps
 from xpuspec.executor.paged_inputs import (
@@ -123,6 +124,12 @@ class PagedModelRunner:
         # default u8 key cache; KEY_CACHE_QUANT_MODE=BY_TOKEN gives per-token scales).
         self.supports_tree_masks: bool = QQ_BIAS in ports and QQ_BIAS_BEGINS in ports
         self.supports_trees: bool = self.supports_tree_masks and None not in self._token_axes.values()
+        self.caps = ExecutorCaps(
+            padding=self.supports_padding,
+            trees=self.supports_tree_masks,
+            kv_moves=self.supports_trees,
+            hidden_state_taps=self._hidden_states_index is not None,
+        )
         self._lane = Lane(self.compiled_model, self.cache_tensors, self.supports_tree_masks)
         # The CPU plugin re-prepares every node of the graph when an input's shape changes (measured
         # ~0.2 ms per decoder layer: ~6 ms on a 30-layer 135M model, more than a 1-token step of its
@@ -257,6 +264,9 @@ class PagedModelRunner:
             chunk = SequenceChunk([0] * tokens, max_context - tokens, blocks, num_logits=1)
             self._fill_inputs([chunk], lane)
             lane.request.infer()
+
+    def release(self, sequence_id: str) -> None:
+        """A no-op: a sequence's KV lives in the shared blocks, freed with its block table."""
 
     def start(self, chunks: list[SequenceChunk]) -> None:
         """Fill the inputs for ``chunks`` and start the inference without waiting for it."""

@@ -32,6 +32,7 @@ import numpy as np
 import openvino as ov
 
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.interfaces import ExecutorCaps
 from xpuspec.executor.paged_runner import MODEL_FILE
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class StatefulModelRunner:
         self.device = device
         self.rollback = rollback or Rollback.for_device(device)
         self.max_sequences = max_sequences
+        self.caps = ExecutorCaps(max_sequences=max_sequences, owns_sequence_kv=True)
         self.max_tokens_per_inference = max_tokens_per_inference
         self.block_size: int = NOTIONAL_BLOCK_SIZE
         self.num_blocks: int = max_sequences * -(-max_context // NOTIONAL_BLOCK_SIZE)
@@ -126,6 +128,9 @@ class StatefulModelRunner:
     @property
     def num_active_sequences(self) -> int:
         return sum(1 for key in self._slots if key is not _SCRATCH)
+
+    def warm_up(self, max_context: int) -> None:
+        """A no-op: each sequence's request grows its own state as it goes."""
 
     def release(self, sequence_id: str) -> None:
         """Forget a sequence's KV and return its request to the pool (a no-op for unknown ids)."""

@@ -1,53 +1,48 @@
 """Drafters: what proposes the γ tokens that the target verifies.
 
-Drafters: a draft model with its own paged KV cache (it shares the target's block tables, so both
-caches must have the same block size and block count), n-gram prompt lookup, and an EAGLE-3 head
-(:mod:`xpuspec.spec_decode.eagle3.proposer`), which also has ``observe_target(chunks, runner_chunks)``:
-the engine calls it after accepting each target step, so it can keep the target's hidden states of the
-tokens now computed.
+Drafters (each a :class:`xpuspec.core.interfaces.Drafter` declaring its ``caps``): a draft model
+with its own paged KV cache (it shares the target's block tables, so both caches must have the same
+block size and block count), n-gram prompt lookup, and an EAGLE-3 head
+(:mod:`xpuspec.spec_decode.eagle3.proposer`), which also observes the target
+(:class:`xpuspec.core.interfaces.TargetObserver`): the engine calls it after accepting each target
+step, so it can keep the target's hidden states of the tokens now computed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Protocol
 
 import numpy as np
 
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.interfaces import Drafter, DrafterCaps, DraftMask, TargetExecutor
 from xpuspec.core.proposal import Proposal, TokenDraw
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.core.sequence import Sequence
 from xpuspec.sample.sampler import finite_argmax, probabilities
+from xpuspec.spec_decode.catch_up import catch_up_chunk
 from xpuspec.spec_decode.ngram_proposer import NgramIndex, NgramIndexes, NgramProposer
+from xpuspec.spec_decode.tree_proposer import TreeDrafter
 
 logger = logging.getLogger(__name__)
 
 
-class DraftProposer(Protocol):
-    # (tokens computed, seconds) of each drafting pass of the last `propose`, for the cost model.
-    step_timings: list[tuple[int, float]]
-
-    def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]: ...
-
-    def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
-        """Seconds of one drafting pass for one sequence over ``tokens`` tokens (a one-token pass, or
-        a catch-up) at ``context`` tokens of context (the cost model's calibration)."""
-        ...
-
-    def release(self, sequence_id: str) -> None:
-        """The sequence finished or was preempted: drop whatever state the drafter keeps for it."""
-        ...
-
-    def recover(self) -> None:
-        """A step failed: leave the drafter ready for the next one (no inference left pending)."""
-        ...
+# The engine's drafter interface under its earlier name.
+DraftProposer = Drafter
+__all__ = [
+    "DraftModelProposer",
+    "DraftProposer",
+    "NgramDraftProposer",
+    "Proposal",
+    "TokenDraw",
+    "catch_up_chunk",
+]
 
 
 class NgramDraftProposer:
     """Prompt lookup: propose the tokens that followed the latest earlier match of the sequence's tail."""
+
+    caps = DrafterCaps()  # a chain drafter without a model: the engine offers it nothing more
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
@@ -59,6 +54,9 @@ class NgramDraftProposer:
 
     def recover(self) -> None:
         pass  # an index only reads tokens the sequence keeps; a changed sequence is re-indexed
+
+    def warm_up(self, max_model_len: int) -> None:
+        pass  # nothing to compile
 
     def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
         history = list(range(256)) * 2
@@ -90,20 +88,6 @@ class NgramDraftProposer:
         return proposals
 
 
-def catch_up_chunk(sequence: Sequence) -> SequenceChunk:
-    """The draft's pass over the tokens it has not computed yet (the accepted ones, and the bonus
-    token), with the logits of the last; marks them computed."""
-    start, end = sequence.num_draft_computed_tokens, sequence.num_tokens
-    sequence.num_draft_computed_tokens = end
-    return SequenceChunk(
-        token_ids=sequence.token_ids[start:end],
-        past_length=start,
-        block_table=sequence.block_table,
-        num_logits=1,
-        sequence_id=sequence.request_id,
-    )
-
-
 class DraftModelProposer:
     """A small model on its own KV cache proposes γ tokens by γ batched single-token steps.
 
@@ -115,7 +99,7 @@ class DraftModelProposer:
     ``num_computed_tokens``: the draft's KV of rejected tokens is simply overwritten later.
     """
 
-    def __init__(self, runner, target_vocab_size: int):
+    def __init__(self, runner: TargetExecutor, target_vocab_size: int):
         if runner.vocab_size > target_vocab_size:
             raise ValueError(
                 f"the draft's vocabulary ({runner.vocab_size}) is larger than the target's "
@@ -126,29 +110,44 @@ class DraftModelProposer:
         # cannot produce), so the rejection sampler compares rows of one size.
         self.target_vocab_size = target_vocab_size
         self.step_timings: list[tuple[int, float]] = []
+        runner_caps = runner.caps
+        self.caps = DrafterCaps(
+            drafts_trees=runner_caps.trees,  # tree chunks in the draft: it drafts trees itself
+            constraint_aware=True,
+            overlappable=True,
+            is_draft_model=True,
+            # A paged draft cache lives in the target's block tables; a stateful one keeps its own.
+            shares_block_tables=not runner_caps.owns_sequence_kv,
+        )
         # (request_id, tokens drafted so far this step, logits [1, draft vocab]) -> logits with the
-        # tokens the request's output constraint forbids at -inf; set by the engine.
-        self.constrain_logits: Callable[[str, list[int], np.ndarray], np.ndarray] | None = None
+        # tokens the request's output constraint forbids at -inf; set by the engine (set_draft_mask).
+        self._draft_mask: DraftMask | None = None
+
+    def set_draft_mask(self, mask: DraftMask) -> None:
+        self._draft_mask = mask
+
+    def tree_drafter(self) -> TreeDrafter:
+        """Trees drafted on this proposer's runner (only where ``caps.drafts_trees``)."""
+        return TreeDrafter(self.runner, self.target_vocab_size)
+
+    def warm_up(self, max_model_len: int) -> None:
+        self.runner.warm_up(max_model_len)
 
     def release(self, sequence_id: str) -> None:
-        # A paged draft cache is freed with the shared block table; a stateful one holds a request.
-        release = getattr(self.runner, "release", None)
-        if release is not None:
-            release(sequence_id)
+        # A paged draft cache is freed with the shared block table (a no-op); a stateful one holds a request.
+        self.runner.release(sequence_id)
 
     def recover(self) -> None:
         # A pass that failed between start and wait leaves the runner "busy"; wait() clears it.
-        wait = getattr(self.runner, "wait", None)
-        if wait is not None:
-            try:
-                wait()
-            except Exception:
-                logger.debug("no draft inference was pending", exc_info=True)
+        try:
+            self.runner.wait()
+        except Exception:
+            logger.debug("no draft inference was pending", exc_info=True)
 
     def measure_step_seconds(self, context: int = 1, tokens: int = 1) -> float:
         # Every position maps to block 0 (garbage KV, a true cost): callers time before requests.
         context = max(context, tokens)
-        blocks = -(-context // self.runner.block_size) if hasattr(self.runner, "block_size") else 1
+        blocks = -(-context // self.runner.block_size)
         chunk = SequenceChunk(
             token_ids=[0] * tokens, past_length=context - tokens, block_table=[0] * blocks, num_logits=1
         )
@@ -209,8 +208,8 @@ class DraftModelProposer:
                 request_id = chunk.sequence.request_id
                 try:
                     row_logits = logits[row : row + 1]  # [1, draft vocab]
-                    if self.constrain_logits is not None and chunk.sequence.params.constrained:
-                        row_logits = self.constrain_logits(request_id, token_ids[request_id], row_logits)
+                    if self._draft_mask is not None and chunk.sequence.params.constrained:
+                        row_logits = self._draft_mask(request_id, token_ids[request_id], row_logits)
                         if np.all(np.isneginf(row_logits)):
                             # Every id the grammar allows here lies outside the draft's vocabulary (a
                             # cut one): the chain ends, and the target alone decides this position.

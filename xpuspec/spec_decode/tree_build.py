@@ -16,29 +16,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
+from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.sample.sampler import probabilities
-from xpuspec.spec_decode.proposal import Proposal
 from xpuspec.spec_decode.tree import DraftTree, TreeShape
 
 logger = logging.getLogger(__name__)
-
-
-class TreeDrafting(Protocol):
-    """What the engine asks of a tree drafter (the draft model's, or the EAGLE-3 head's)."""
-
-    # (tokens computed, seconds) of each drafting pass of the last `propose`, for the cost model.
-    step_timings: list[tuple[int, float]]
-
-    def propose(
-        self,
-        requests: list[tuple[ScheduledChunk, TreeShape]],
-        rngs: dict[str, np.random.Generator] | None = None,
-    ) -> dict[str, Proposal]: ...
 
 
 @dataclass

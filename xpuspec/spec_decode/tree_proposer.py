@@ -38,8 +38,10 @@ import time
 import numpy as np
 
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.interfaces import TargetExecutor
+from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.spec_decode.proposal import Proposal, catch_up_chunk
+from xpuspec.spec_decode.catch_up import catch_up_chunk
 from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild
 
@@ -47,10 +49,11 @@ logger = logging.getLogger(__name__)
 
 
 class TreeDrafter:
-    """Drafts trees with a draft model's paged runner (which must support tree chunks)."""
+    """Drafts trees with a draft model's paged runner (which must support tree chunks); a
+    :class:`xpuspec.core.interfaces.TreeDrafting`, built by ``DraftModelProposer.tree_drafter``."""
 
-    def __init__(self, runner, target_vocab_size: int) -> None:
-        if not getattr(runner, "supports_tree_masks", False):
+    def __init__(self, runner: TargetExecutor, target_vocab_size: int) -> None:
+        if not runner.caps.trees:
             raise ValueError("the draft runner cannot run tree chunks (no qq_bias inputs)")
         self.runner = runner
         self.target_vocab_size = target_vocab_size

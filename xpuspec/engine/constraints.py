@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from xpuspec.spec_decode.proposal import Proposal
+from xpuspec.core.proposal import Proposal
 from xpuspec.structured.matcher import GuidedRequest
 
 

@@ -1,0 +1,83 @@
+"""The engine's plain types: its configuration, what a step reports per request, and the state it
+keeps per request beside the request's ``Sequence``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from xpuspec.core.request_stats import RequestStats
+from xpuspec.core.sequence import SequenceStatus
+from xpuspec.structured.matcher import GuidedRequest
+
+FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_ERROR: "error",
+}
+STATUS_OF_REASON = {reason: status for status, reason in FINISH_REASONS.items()}
+
+
+@dataclass
+class EngineConfig:
+    """Batching and speculation limits of one engine."""
+
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    max_draft_tokens: int = 8
+    # Reuse the KV of full blocks of earlier requests (xpuspec.core.prefix_cache); paged targets only.
+    enable_prefix_caching: bool = True
+    # Target-only decode bursts (xpuspec.engine.bursts): up to this many decode passes per step()
+    # while they fit in decode_burst_seconds. 1 turns bursts off.
+    decode_burst_steps: int = 16
+    decode_burst_seconds: float = 0.02
+    # Beside a draft model, adaptive γ also drafts by prompt lookup where the sequence repeats
+    # itself and that predicts more tokens per second (xpuspec.spec_decode.prompt_lookup).
+    prompt_lookup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must leave room for one decoding "
+                f"sequence with max_draft_tokens ({self.max_draft_tokens}) drafts"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0 <= self.max_draft_tokens <= 16:
+            raise ValueError(f"max_draft_tokens must be in [0, 16], got {self.max_draft_tokens}")
+        if self.decode_burst_steps < 1:
+            raise ValueError(f"decode_burst_steps must be >= 1 (1: no bursts), got {self.decode_burst_steps}")
+        if not self.decode_burst_seconds >= 0:
+            raise ValueError(f"decode_burst_seconds must be >= 0, got {self.decode_burst_seconds}")
+
+
+@dataclass
+class StepOutput:
+    """What one step did to one request: the tokens it appended and whether it finished.
+
+    ``finish_reason`` "error" comes with ``error``, the message of what ended the request, and
+    ``failed_constraint`` says whether that was the request's own output constraint (a client's
+    mistake, such as a grammar that can never be completed, rather than a failure of the engine).
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    stats: RequestStats
+    error: str | None = None
+    failed_constraint: bool = False
+
+
+@dataclass
+class RequestState:
+    """Engine-side state of a request beside its ``Sequence``."""
+
+    rng: np.random.Generator
+    stats: RequestStats
+    eos_token_ids: frozenset[int]
+    seed: int | None
+    guide: GuidedRequest | None = None  # the output constraint's matcher (xpuspec.structured)

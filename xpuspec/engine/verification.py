@@ -1,0 +1,266 @@
+"""The verify and accept phases: the target's chunks, its pass, and the verification rule of each
+sequence (greedy, coupled, sampled, or a tree's, whose accepted path's KV is then made consecutive).
+
+A failure while verifying one sequence (NaN rows, its sampling, its output constraint) ends that
+request alone; the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.proposal import Proposal
+from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.core.sequence import Sequence, SequenceStatus
+from xpuspec.engine import constraints as structured
+from xpuspec.engine.outputs import FINISH_REASONS, RequestState, StepOutput
+from xpuspec.sample.sampler import finite_argmax, position_exponentials, probabilities
+from xpuspec.spec_decode.rejection_sampler import VerificationResult
+from xpuspec.spec_decode.tree import DraftTree
+from xpuspec.spec_decode.tree_acceptance import TreeVerification
+from xpuspec.structured.matcher import GuidedRequest
+
+if TYPE_CHECKING:
+    from xpuspec.engine.engine import LLMEngine
+
+
+class Verifier:
+    """The engine's verify and accept phases, and the per-step state they keep."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        # The accepted path (node indices) of each tree verified this step: a drafter reading the
+        # target's states (EAGLE-3) keeps those of the path's rows only.
+        self.tree_paths: dict[str, list[int]] = {}
+        # Requests whose output constraint failed while the target ran (ended at acceptance).
+        self.constraint_failures: dict[str, str] = {}
+
+    def new_step(self) -> None:
+        self.tree_paths = {}
+        self.constraint_failures = {}
+
+    # ------------------------------------------------------------------ verify
+    def target_chunk(self, chunk: ScheduledChunk, proposal: Proposal | None) -> SequenceChunk:
+        """What the target runs for ``chunk``: its tokens, then the drafts (a chain, or a tree)."""
+        sequence = chunk.sequence
+        start = sequence.num_computed_tokens
+        token_ids = sequence.token_ids[start : start + chunk.num_tokens]
+        num_logits = 1 if chunk.samples else 0
+        tree_parents = None
+        if proposal is not None and proposal.token_ids:
+            token_ids = token_ids + proposal.token_ids
+            num_logits += len(proposal.token_ids)
+            if proposal.tree_parents is not None:
+                # The root (the last token) and every node; each node attends to its ancestors.
+                tree_parents = [-1] + [parent + 1 for parent in proposal.tree_parents]
+        return SequenceChunk(
+            token_ids=token_ids,
+            past_length=start,
+            block_table=sequence.block_table,
+            num_logits=num_logits,
+            sequence_id=sequence.request_id,
+            tree_parents=tree_parents,
+            padding=self.engine.step_shape.fixed_padding(chunk, len(token_ids)),
+        )
+
+    def forward(
+        self, chunks: list[ScheduledChunk], runner_chunks: list[SequenceChunk], proposals: dict[str, Proposal]
+    ) -> np.ndarray:
+        """The target's logits of ``runner_chunks``; constrained requests' masks are computed meanwhile."""
+        target = self.engine.target
+        guides = self.engine.guides(chunks)
+        if not guides:
+            return target.forward(runner_chunks)
+        target.start(runner_chunks)
+        self.prepare_masks(guides, proposals)
+        return target.wait()
+
+    def prepare_masks(self, guides: dict[str, GuidedRequest], proposals: dict[str, Proposal]) -> None:
+        """The verification masks, ahead; a request whose grammar fails is ended at acceptance."""
+        failures = structured.prepare_masks(
+            guides, {rid: proposals[rid].token_ids for rid in guides if rid in proposals}
+        )
+        self.constraint_failures.update(failures)
+
+    # ------------------------------------------------------------------ accept
+    def accept_all(
+        self,
+        chunks: list[ScheduledChunk],
+        runner_chunks: list[SequenceChunk],
+        logits: np.ndarray,  # [sum num_logits, vocab]
+        proposals: dict[str, Proposal],
+    ) -> None:
+        """Advance each chunk's sequence past the computed tokens and verify the ones that sample.
+
+        A failure while verifying one sequence (NaN rows, its sampling) ends that request alone.
+        """
+        engine = self.engine
+        row = 0
+        for chunk, runner_chunk in zip(chunks, runner_chunks, strict=True):
+            sequence = chunk.sequence
+            sequence.num_computed_tokens += chunk.num_tokens
+            if runner_chunk.num_logits == 0:
+                continue
+            rows = logits[row : row + runner_chunk.num_logits]  # [1 + γ, vocab]
+            row += runner_chunk.num_logits
+            failure = self.constraint_failures.get(sequence.request_id)
+            if failure is not None:
+                engine.fail_request(sequence, failure, failed_constraint=True)
+                continue
+            try:
+                output = self.accept(sequence, rows, proposals.get(sequence.request_id))
+            except structured.ConstraintFailure as error:
+                engine.fail_request(sequence, str(error), failed_constraint=True)
+                continue
+            except Exception as error:
+                engine.fail_request(sequence, f"sampling failed: {error}")
+                continue
+            engine.step_outputs.append(output)
+        for chunk in chunks:
+            if not chunk.sequence.is_finished:
+                # Verified: blocks now full of accepted tokens become reusable prefixes.
+                engine.block_manager.commit(chunk.sequence)
+
+    def accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
+        """Verify one sequence's rows ([1 + γ, vocab]) against its proposal; emit what it keeps."""
+        engine = self.engine
+        state = engine.states[sequence.request_id]
+        params = sequence.params
+        if proposal is None and params.greedy and state.guide is None:
+            # The commonest row (a greedy step without drafts, every pass of a decode burst) goes
+            # straight to its token: right after an inference each extra call costs several µs.
+            if engine.proposer is not None:
+                self._decay_acceptance(sequence.request_id)  # as below: decay toward the prior
+            return self._emit(sequence, state, finite_argmax(rows, "target's logits for this request"))
+        draft_ids = proposal.token_ids if proposal is not None else []
+        # Greedy verification (chain or tree) refuses NaN rows in its own argmax pass; a grammar's
+        # mask would hide NaN in the tokens it forbids, so guided rows are checked before it.
+        if (not params.greedy or state.guide is not None) and not np.all(
+            np.isfinite(rows.max(axis=-1))  # max propagates NaN
+        ):
+            raise ValueError("the target's logits for this request hold NaN or infinity")
+        if state.guide is not None:
+            rows = structured.mask_target_rows(rows, state.guide, draft_ids)
+        result, num_drafted = self._verify(sequence, rows, proposal, state)
+        sequence.num_computed_tokens += result.num_accepted
+        sequence.num_draft_computed_tokens = min(
+            sequence.num_draft_computed_tokens, sequence.num_computed_tokens
+        )
+        if draft_ids:
+            assert proposal is not None
+            prompt_lookup = engine.prompt_lookup
+            if proposal.lookup_ngram and prompt_lookup is not None:
+                prompt_lookup.update(
+                    sequence.request_id, proposal.lookup_ngram, num_drafted, result.num_accepted
+                )
+                state.stats.record_lookup(num_drafted, result.num_accepted)
+            else:
+                engine.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
+            state.stats.record_verification(num_drafted, result.num_accepted)
+        elif engine.proposer is not None:
+            # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
+            # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
+            self._decay_acceptance(sequence.request_id)
+        return self._emit(sequence, state, result.token_ids)
+
+    def _verify(
+        self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None, state: RequestState
+    ) -> tuple[VerificationResult | TreeVerification, int]:
+        """The verification rule of this sequence's step; returns its result and how many drafts it
+        counts as drafted (a tree's depth)."""
+        sampler = self.engine.rejection_sampler
+        params = sequence.params
+        draft_ids = proposal.token_ids if proposal is not None else []
+        if proposal is not None and proposal.tree_parents is not None and draft_ids:
+            return self._verify_tree(sequence, rows, proposal, state)
+        if params.greedy:
+            return sampler.verify_greedy(draft_ids, rows), len(draft_ids)
+        if state.seed is not None:
+            # Coupled verification: output independent of γ and of the batch (rejection_sampler).
+            seed, first_position = state.seed, sequence.num_tokens
+            vocab = rows.shape[1]
+            result = sampler.verify_coupled(
+                draft_ids,
+                probabilities(rows, params),  # [1 + γ, vocab]
+                lambda row: position_exponentials(seed, first_position + row, vocab),
+            )
+            return result, len(draft_ids)
+        target_probs = probabilities(rows, params)  # [1 + γ, vocab]
+        draft_probs = proposal.probs if proposal is not None else None
+        return sampler.verify_sampled(draft_ids, draft_probs, target_probs, state.rng), len(draft_ids)
+
+    def _verify_tree(
+        self, sequence: Sequence, rows: np.ndarray, proposal: Proposal, state: RequestState
+    ) -> tuple[TreeVerification, int]:
+        """Verify a tree, move the accepted path's KV to consecutive positions; return the result
+        and the tree's depth (what acceptance rates and stats count as drafted)."""
+        engine = self.engine
+        tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
+        if sequence.params.greedy:
+            result = engine.tree_acceptance.verify_greedy(tree, rows)
+            engine.tree_policy.record(*result.path_ranks(tree))
+        else:
+            result = engine.tree_acceptance.verify_sampled(
+                tree, probabilities(rows, sequence.params), state.rng
+            )
+        # Node i's KV sits at num_computed_tokens + i (the root is computed); the path's goes to
+        # num_computed_tokens + 0, 1, ... Rejected nodes stay beyond num_computed_tokens, unread.
+        first = sequence.num_computed_tokens
+        engine.target.move_kv(
+            sequence.block_table,
+            [first + node for node in result.accepted_nodes],
+            [first + index for index in range(result.num_accepted)],
+        )
+        state.stats.record_tree(len(tree), result.num_accepted)
+        self.tree_paths[sequence.request_id] = result.accepted_nodes
+        return result, tree.depth
+
+    def _decay_acceptance(self, request_id: str) -> None:
+        """A step without drafts for ``request_id``: its acceptance counts decay (see accept)."""
+        self.engine.acceptance.update(request_id, 0, 0)
+        prompt_lookup = self.engine.prompt_lookup
+        if prompt_lookup is not None:
+            prompt_lookup.update(request_id, 0, 0, 0)
+
+    def _emit(self, sequence: Sequence, state: RequestState, token_ids: list[int]) -> StepOutput:
+        """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""
+        engine = self.engine
+        new_tokens, status = _truncate(sequence, token_ids, state)
+        if state.guide is not None:
+            completed = structured.advance(state.guide, new_tokens)
+            if completed is not None:
+                # Complete, and nothing but end-of-sequence may follow: the output is whole, so the
+                # request stops here (with ignore_eos it would repeat that token until max_tokens).
+                new_tokens, status = new_tokens[:completed], SequenceStatus.FINISHED_STOPPED
+            if status is not None:  # whether the output satisfies its constraint (a cut one does not)
+                state.stats.constraint_complete = state.guide.is_accepting()
+        sequence.append_tokens(new_tokens)
+        state.stats.record_tokens(len(new_tokens), engine.clock())
+        if status is not None:
+            engine.scheduler.finish(sequence, status)
+            engine.retire(sequence)
+        return StepOutput(
+            request_id=sequence.request_id,
+            new_token_ids=new_tokens,
+            finished=status is not None,
+            finish_reason=FINISH_REASONS.get(status) if status is not None else None,
+            stats=state.stats,
+        )
+
+
+def _truncate(
+    sequence: Sequence, token_ids: list[int], state: RequestState
+) -> tuple[list[int], SequenceStatus | None]:
+    """Cut the verified tokens at end-of-sequence or at max_tokens."""
+    room = sequence.params.max_tokens - len(sequence.output_token_ids)
+    kept: list[int] = []
+    for token in token_ids[:room]:
+        kept.append(token)
+        if token in state.eos_token_ids:
+            return kept, SequenceStatus.FINISHED_STOPPED
+    if len(kept) >= room:
+        return kept, SequenceStatus.FINISHED_LENGTH
+    return kept, None
