@@ -54,16 +54,12 @@ def test_caps_say_what_the_engine_must_do_for_eagle3() -> None:
     proposer.warm_up(128)  # nothing to do, and says so by returning
 
 
-def test_the_draft_mask_is_set_by_method_or_by_its_former_name() -> None:
+def test_the_draft_mask_is_set_by_method() -> None:
     proposer = _proposer()
 
     def mask(request_id: str, drafted: list[int], logits: np.ndarray) -> np.ndarray:
         return logits
 
-    assert proposer.constrain_logits is None
+    assert not hasattr(proposer, "constrain_logits")  # the engine's old attribute hand-off is gone
     proposer.set_draft_mask(mask)
-    assert proposer.constrain_logits is mask
-    proposer.constrain_logits = None  # the engine of this branch assigns the attribute
-    assert proposer.constrain_logits is None
-    proposer.constrain_logits = mask
-    assert proposer.constrain_logits is mask
+    assert proposer._draft_mask is mask

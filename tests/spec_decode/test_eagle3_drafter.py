@@ -7,7 +7,6 @@ random heads name boundaries (0, 1, 2) explicitly. Their draft vocabulary is 96 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -113,10 +112,9 @@ def test_a_cached_prefix_restarts_the_head_after_it(eagle3, target_only, monkeyp
     the head has no states: it restarts there (shorter context, same output)."""
     import logging
 
-    proposer = eagle3.engine.proposer
-    monkeypatch.setattr(proposer, "caps", dataclasses.replace(proposer.caps, needs_every_target_state=False))
-    monkeypatch.setattr(proposer, "needs_every_target_state", False)  # the name the engine read before caps
-    eagle3.engine._build_scheduler()
+    # Prefix caching forced on: the head must still observe every state (its cap stays set).
+    monkeypatch.setattr(type(eagle3.engine), "prefix_caching", property(lambda engine: True))
+    eagle3.engine.build_scheduler()
     try:
         assert eagle3.engine.prefix_caching
         with caplog.at_level(logging.INFO, logger="xpuspec.spec_decode.eagle3"):
@@ -127,7 +125,7 @@ def test_a_cached_prefix_restarts_the_head_after_it(eagle3, target_only, monkeyp
         assert "not drafting" not in caplog.text
     finally:
         monkeypatch.undo()
-        eagle3.engine._build_scheduler()
+        eagle3.engine.build_scheduler()
 
 
 def test_draft_tree_drafts_a_tree(eagle3, target_only):

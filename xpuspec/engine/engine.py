@@ -230,8 +230,6 @@ class LLMEngine:
             self.block_manager,
         )
 
-    _build_scheduler = build_scheduler  # the name tests/spec_decode/test_eagle3_drafter.py calls
-
     def holds_shape(self) -> bool:
         """Whether this step pads up to the last step's shape: not while adaptive drafting is off at
         this batch (``DraftChoice.payoff``), whose steps would otherwise carry the padding of the

@@ -62,8 +62,6 @@ class Eagle3Proposer:
         is_draft_model=False,
         shares_block_tables=False,
     )
-    # The engine of this branch reads the cap by this name (getattr); the caps above say the same.
-    needs_every_target_state = True
 
     def __init__(
         self, head: HeadExecutor, target_states: Callable[[], np.ndarray], target_vocab_size: int
@@ -95,15 +93,6 @@ class Eagle3Proposer:
     def set_draft_mask(self, mask: DraftMask | None) -> None:
         """Mask each constrained request's draft rows by its output constraint (the engine's)."""
         self._draft_mask = mask
-
-    @property
-    def constrain_logits(self) -> DraftMask | None:
-        """The draft mask under the name the engine of this branch assigns (see :meth:`set_draft_mask`)."""
-        return self._draft_mask
-
-    @constrain_logits.setter
-    def constrain_logits(self, mask: DraftMask | None) -> None:
-        self.set_draft_mask(mask)
 
     # --- Drafter ---------------------------------------------------------------------------------
 
