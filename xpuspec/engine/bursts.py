@@ -21,10 +21,10 @@ from xpuspec.core.sequence import Sequence
 from xpuspec.core.step_shape import step_tokens
 
 if TYPE_CHECKING:
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 
-def burst(engine: LLMEngine, chunks: list[ScheduledChunk], pass_seconds: float) -> None:
+def burst(engine: EngineView, chunks: list[ScheduledChunk], pass_seconds: float) -> None:
     """After a step without drafts: more target-only decode passes of its sequences, while they pay."""
     config = engine.config
     sequences = [chunk.sequence for chunk in chunks]
@@ -51,7 +51,7 @@ def burst(engine: LLMEngine, chunks: list[ScheduledChunk], pass_seconds: float) 
                 engine.cost_model.record_target_step(num_tokens, seconds, num_sequences=len(sequences))
 
 
-def _may_continue(engine: LLMEngine, sequences: list[Sequence], elapsed: float, pass_seconds: float) -> bool:
+def _may_continue(engine: EngineView, sequences: list[Sequence], elapsed: float, pass_seconds: float) -> bool:
     """Whether the burst runs one more pass (and, if so, each sequence has a slot for its token)."""
     config = engine.config
     if elapsed + pass_seconds > config.decode_burst_seconds:
@@ -73,7 +73,7 @@ def _may_continue(engine: LLMEngine, sequences: list[Sequence], elapsed: float, 
 
 
 def _burst_passes(
-    engine: LLMEngine, sequences: list[Sequence], pass_seconds: float, passes: list[tuple[int, float]]
+    engine: EngineView, sequences: list[Sequence], pass_seconds: float, passes: list[tuple[int, float]]
 ) -> None:
     """The passes of :func:`burst`; appends each pass's tokens and seconds to ``passes``."""
     outputs = {output.request_id: output for output in engine.step_outputs}

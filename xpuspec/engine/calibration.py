@@ -9,12 +9,12 @@ from xpuspec.core.chunks import SequenceChunk
 
 if TYPE_CHECKING:
     from xpuspec.core.interfaces import Drafter
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the target
 
 
-def calibrate(engine: LLMEngine, repeats: int = 5) -> None:
+def calibrate(engine: EngineView, repeats: int = 5) -> None:
     """Time the target and the drafter on dummy steps so the cost model starts from measurements.
 
     Runs before any request holds blocks: the dummy tokens are written into the first blocks
@@ -55,7 +55,7 @@ def calibrate(engine: LLMEngine, repeats: int = 5) -> None:
     engine.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
 
 
-def _time_each_size(engine: LLMEngine, chunks: dict[int, SequenceChunk], past: int) -> None:
+def _time_each_size(engine: EngineView, chunks: dict[int, SequenceChunk], past: int) -> None:
     """One round over the sizes.
 
     Each size twice in a row: the first pass after another size pays the plugin's change of
@@ -79,7 +79,7 @@ def _time_each_size(engine: LLMEngine, chunks: dict[int, SequenceChunk], past: i
             cost_model.calibrate_shape_change(changed - steady)
 
 
-def _time_drafting(engine: LLMEngine, proposer: Drafter, gamma: int, past: int) -> None:
+def _time_drafting(engine: EngineView, proposer: Drafter, gamma: int, past: int) -> None:
     """Time a drafting phase of ``gamma`` drafts: a catch-up of 2 tokens, then one-token passes."""
     drafting = proposer.measure_step_seconds(past + 1, tokens=2)
     for _pass in range(gamma - 1):

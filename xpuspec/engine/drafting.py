@@ -22,13 +22,13 @@ from xpuspec.engine import constraints as structured
 from xpuspec.sample.sampler import position_exponentials, race, sample
 
 if TYPE_CHECKING:
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 
 class Drafting:
     """The engine's propose phase, and the per-step drafting state it keeps."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: EngineView) -> None:
         self.engine = engine
         self.seconds = 0.0  # wall time of the last drafting phase
         self.timings: list[tuple[int, float]] = []  # the drafting passes of this step

@@ -16,7 +16,9 @@ verification and acceptance (``xpuspec.engine.verification``), target-only decod
 (``xpuspec.engine.bursts``), recovery (``xpuspec.engine.recovery``) and calibration
 (``xpuspec.engine.calibration``). The order they run in is the engine's step strategy
 (``xpuspec.engine.strategy``): sequential, or overlapped (``xpuspec.engine.overlap``). The engine
-reads what its executor and drafter can do from their ``caps`` (``xpuspec.core.interfaces``).
+reads what its executor and drafter can do from their ``caps`` (``xpuspec.core.interfaces``). The
+phases see the engine through ``xpuspec.engine.view.EngineView``, the Protocol of what they use, so
+that none imports this module back.
 
 Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.request_text``) finds
 them and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``, dropping the tokens after the

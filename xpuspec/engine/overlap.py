@@ -41,7 +41,7 @@ from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 
 if TYPE_CHECKING:
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class OverlappedSteps:
 
     allows_trees = False  # a draft verified a step later is a chain
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: EngineView) -> None:
         if engine.proposer is None:
             raise ValueError("overlap needs a drafter: there is nothing to overlap the target with")
         if engine.proposer.caps.needs_every_target_state:

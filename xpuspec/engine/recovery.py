@@ -11,12 +11,12 @@ from xpuspec.core.sequence import SequenceStatus
 from xpuspec.engine.outputs import StepOutput
 
 if TYPE_CHECKING:
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 logger = logging.getLogger("xpuspec.engine.engine")  # the engine's failures are logged as the engine's
 
 
-def recover(engine: LLMEngine, error: BaseException) -> list[StepOutput]:
+def recover(engine: EngineView, error: BaseException) -> list[StepOutput]:
     """End every request in flight with "error".
 
     Frees every KV block by rebuilding the scheduler and its block manager (their state may be
@@ -54,7 +54,7 @@ def recover(engine: LLMEngine, error: BaseException) -> list[StepOutput]:
     return engine.step_outputs
 
 
-def settle_executors(engine: LLMEngine) -> None:
+def settle_executors(engine: EngineView) -> None:
     """Leave no inference pending in the target or the drafter after a failed step."""
     try:
         engine.target.wait()

@@ -24,7 +24,7 @@ from xpuspec.core.step_shape import decode_sequences
 from xpuspec.engine import bursts
 
 if TYPE_CHECKING:
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 
 class PhaseHooks(Protocol):
@@ -57,7 +57,7 @@ class SequentialSteps:
 
     allows_trees = True
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: EngineView) -> None:
         self.engine = engine
 
     def pending_draft_tokens(self, sequence: Sequence) -> int | None:

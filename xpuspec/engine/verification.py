@@ -24,13 +24,13 @@ from xpuspec.spec_decode.tree_acceptance import TreeVerification
 from xpuspec.structured.matcher import GuidedRequest
 
 if TYPE_CHECKING:
-    from xpuspec.engine.engine import LLMEngine
+    from xpuspec.engine.view import EngineView
 
 
 class Verifier:
     """The engine's verify and accept phases, and the per-step state they keep."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: EngineView) -> None:
         self.engine = engine
         # The accepted path (node indices) of each tree verified this step: a drafter reading the
         # target's states (EAGLE-3) keeps those of the path's rows only.
