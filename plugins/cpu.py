@@ -21,8 +21,9 @@ COMPRESSED_WEIGHTS = ("int8", "int4")
 # Defaults for int8/int4-weight models, from per-step measurements on an AVX-512 BF16 CPU
 # (OpenVINO 2026.4; /work/shared/notes/cpu-performance.md and the plan's own step timings):
 # dynamic int8 quantisation of activations applies only at f32 inference, and with groups of 128 a
-# decode step takes ~0.6x the time of the plugin's bf16 defaults, with higher greedy agreement with
-# the exact reference (6/8 vs 4/8 prompts x 96 tokens on a 269M model). At f32 the CPU's
+# decode step takes clearly less time than with the plugin's bf16 defaults, with higher greedy
+# agreement with the exact reference (figures: docs/experiments/benchmark-history.md and
+# docs/experiments/code-comment-figures.md). At f32 the CPU's
 # PagedAttention takes an f32, f16 or u8 cache (not bf16); u8 is the one of equal speed that keeps
 # four times the sequences in the same memory.
 COMPRESSED_DEFAULTS: dict[str, Any] = {
@@ -35,7 +36,8 @@ COMPRESSED_DEFAULTS: dict[str, Any] = {
 class CpuPlugin(OpenVINODevicePlugin):
     """CPU defaults: latency hint; for int8/int4 weights f32 compute with dynamic int8 activations
     (groups of 128) and a u8 KV cache; otherwise the plugin's own precisions (bf16 compute and a bf16
-    cache where the CPU has bf16: a u8 cache made the PagedAttention node ~36% costlier there).
+    cache where the CPU has bf16: a u8 cache made the PagedAttention node costlier there; figure in
+    docs/experiments/code-comment-figures.md).
     Thread counts per role only when asked for.
 
     Draft and target run one after the other on the same cores, so by default both get every core.

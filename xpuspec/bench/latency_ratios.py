@@ -64,7 +64,8 @@ def peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, Any
     the median of the paired runs' ratios (:func:`paired_ratios`), which a run slowed by the machine
     moves little; the best rows' tokens/s ratio where the runs cannot be paired. Per-prompt bests
     summed, the rows' tokens/s, let one round in which the peer happened to run on a quiet machine
-    decide the ratio: on the 110M target at stop 30 they gave 0.93 with rounds of 0.92, 1.01 and 1.00.
+    decide the ratio: on the 110M target they gave a ratio below most of its rounds' own
+    (docs/experiments/code-comment-figures.md).
     """
     rate = {(r.engine, r.draft_length): summaries[r.name].get("tokens_per_s") for r in results}
     rows = {(r.engine, r.draft_length): r for r in results if r.status == OK}
@@ -101,8 +102,9 @@ def peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, Any
         if ours and peer_row is not None and len(peer_row.requests) == len(result.requests):
             # Time per token depends on the text (a lookup accepts more on repetitive text), and at
             # bf16 a run's text departs from another's where their chunk sizes or KV precisions differ
-            # (GenAI's prompt lookup from xpuspec target-only on 5 of 8 demo prompts; the default rows,
-            # u8 against bf16 KV, on 3 of 8). So the ratio also over the prompts both wrote alike.
+            # (GenAI's prompt lookup from xpuspec target-only on most demo prompts; the default rows,
+            # u8 against bf16 KV, on some: docs/experiments/code-comment-figures.md). So the ratio
+            # also over the prompts both wrote alike.
             equal = [
                 index
                 for index, (mine, peer) in enumerate(zip(result.requests, peer_row.requests, strict=True))

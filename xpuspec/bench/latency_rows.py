@@ -244,12 +244,11 @@ def compile_order(engines: dict[str, BenchEngine], round_index: int) -> list[Ben
     peer (:func:`peer_engine`), which of the two goes first alternating from round to round; the
     engines without a peer after them.
 
-    In one process an engine compiled earlier in a round runs slower than one compiled later. On the
-    110M random target (2026-12-02) the bench compiled all of xpuspec's 9 engines, then GenAI's 5, or
-    GenAI's first: xpuspec target-only, compiled 1st in rounds 1 and 3 and 6th in round 2, ran at
-    0.84-0.98 of GenAI target-only (10th, or 1st) on 15 of those rounds' 16 prompts and at 1.03-1.16
-    on 7 of round 2's 8; the default rows (5th against 12th, or 10th against 3rd) swung ~5% the same
-    way. With 3 rounds that bias went 2:1 to one family; beside each other a pair differs by a place.
+    In one process an engine compiled earlier in a round runs slower than one compiled later. When the
+    bench compiled all of one family's engines before the other's, a row's ratio to its GenAI peer
+    flipped with the order from round to round (measured on the 110M random target:
+    docs/experiments/benchmark-history.md), and with an odd number of rounds that bias went to one
+    family; beside each other a pair differs by a place.
     """
     order: list[BenchEngine] = []
     placed: set[str] = set()
@@ -271,7 +270,7 @@ def adjacent_peers(entries: list[Row]) -> list[Row]:
     """``entries`` reordered so each row's peer (the row its ÷ GenAI divides by) runs right after it.
 
     A round runs every row on a prompt before the next prompt, so a row and its peer in the table's
-    order ran up to ~20 rows (seconds to tens of seconds) apart, and a slow spell of the machine fell
+    order ran many rows (seconds to tens of seconds) apart, and a slow spell of the machine fell
     on one of them; neighbours run within a request of each other. The adaptive and tree rows, whose
     peer is the best of the peer's rows (known only after the rounds), are followed by the peer rows
     not yet placed (GenAI's prompt lookup). Order within each group is kept.

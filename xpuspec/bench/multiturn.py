@@ -226,7 +226,8 @@ def _run_rounds(
         runners = _open_engines(config, properties, order)
         block_size = runners[ENGINES[0]].pipeline.target_runner.block_size
         # Warm-up: the first inference of a kind compiles kernels (a prefill that continues cached
-        # blocks cost ~600 ms the first time in both engines), so each kind runs once untimed.
+        # blocks cost far more the first time in both engines: docs/benchmarks.md, prefix caching),
+        # so each kind runs once untimed.
         for runner in runners.values():
             for prompt in [*warm["conversation"][:2], *warm["users"][:2]]:
                 runner.first_token_seconds(prompt)

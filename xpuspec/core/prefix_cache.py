@@ -33,8 +33,8 @@ Design (after vLLM v1's ``KVCacheManager`` / ``BlockPool``, written for this eng
   those tokens, in a namespace of their own). A sequence admitted after a full-block hit takes such a
   block whole for its longest matching length ``j`` and computes from ``j`` on, overwriting the rest.
   A conversation's next turn then recomputes only its new tokens, not up to a block of old ones
-  (turn 2 of the multi-turn bench: 60 tokens instead of 41, 1.35x GenAI's time). Draft KV in such a
-  block is not claimed: the draft recomputes the tail. Tails are evicted before any full block.
+  (before: docs/experiments/2026-12-01-prefix-caching.md). Draft KV in such a block is not claimed:
+  the draft recomputes the tail. Tails are evicted before any full block.
 """
 
 from __future__ import annotations

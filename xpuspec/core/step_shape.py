@@ -1,11 +1,11 @@
 """The shape of the target's steps: how many tokens a step runs, and padding that keeps it unchanged.
 
 The CPU plugin re-prepares every node when a step's token count changes (see ``PagedModelRunner``),
-which costs more than a few tokens' compute. Measured on the 2-layer demo target (alternating 1- and
-5-token steps): +1.9 ms a step, where a whole 5-token step costs ~1 ms. So fixed-γ steps are padded up
-to 1 + γ tokens when their drafter proposed fewer, and adaptive steps are padded up to the last
-step's count until shrinking pays (``CostModel.shrink_pays``). OpenVINO GenAI's prompt lookup pads
-its candidates for the same reason.
+which costs more than a few tokens' compute: on the 2-layer demo target, more than a whole 5-token
+step (measured: docs/experiments/code-comment-figures.md). So fixed-γ steps are padded up to 1 + γ
+tokens when their drafter proposed fewer, and adaptive steps are padded up to the last step's count
+until shrinking pays (``CostModel.shrink_pays``). OpenVINO GenAI's prompt lookup pads its candidates
+for the same reason.
 """
 
 from __future__ import annotations

@@ -60,8 +60,9 @@ def build_xpuspec_wheel(
 ) -> Path:
     """``pip wheel --no-deps`` of a copy of the source tree into ``output_dir``; returns the wheel.
 
-    The embedded demo bundle (package data, ~16 MB) is left out unless asked for: an edge archive
-    ships the bundle it serves under bundle/, and the launcher always names it.
+    The embedded demo bundle (package data: model weights, most of the wheel's size) is left out
+    unless asked for: an edge archive ships the bundle it serves under bundle/, and the launcher
+    always names it.
     """
     root = root or source_root()
     demo_folder = (root / "xpuspec" / "demo").resolve()

@@ -119,8 +119,8 @@ class _Weights:
     """Weight constants in f32, or matrices stored f16 or int8 behind their decompression.
 
     The head is small but runs γ times a round right after the target's pass has pushed it out of the
-    caches: at int8 its matrices are a quarter of their f32 size, and a round of four head passes ran
-    ~30% faster than at f32 weights (bf16 compute, SmolLM2-135M's head, caches flushed between rounds).
+    caches: at int8 its matrices are a quarter of their f32 size, and a round of head passes ran
+    clearly faster than at f32 weights (measured: docs/experiments/2026-12-03-eagle3-against-genai.md).
     """
 
     def __init__(self, weights: Eagle3HeadWeights, weight_type: str):

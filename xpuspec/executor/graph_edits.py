@@ -113,12 +113,13 @@ def cut_logits_vocab(model: ov.Model, vocab: int) -> ov.Model:
 
     A draft that proposes only the first ``vocab`` ids of a vocabulary it shares with its target
     (byte-level BPE ids run roughly from frequent to rare) reads a fraction of its largest matrix in
-    every pass: on SmolLM2's 3-layer draft the 49152 x 256 head is 12.6 of its 15.7 MB of int8
-    weights, and the target's weights evict it from the caches between drafting passes. The weight
-    is rebuilt from sliced constants, not sliced after decompression, so the plugin still sees the
-    compressed-weight pattern it fuses; constants shared with the input embedding stay whole (every
-    id still embeds). Exactness does not depend on it: ids the draft cannot propose get draft
-    probability 0 and the target still emits them (xpuspec.spec_decode.proposal pads q with zeros).
+    every pass: on SmolLM2's 3-layer draft the 49152 x 256 head is most of its int8 weights
+    (docs/experiments/2026-12-01-default-draft.md), and the target's weights evict it from the caches
+    between drafting passes. The weight is rebuilt from sliced constants, not sliced after
+    decompression, so the plugin still sees the compressed-weight pattern it fuses; constants shared
+    with the input embedding stay whole (every id still embeds). Exactness does not depend on it: ids
+    the draft cannot propose get draft probability 0 and the target still emits them
+    (xpuspec.spec_decode.proposal pads q with zeros).
     """
     matmul = find_logits_matmul(model)
     full = matmul.get_output_partial_shape(0)[-1]

@@ -66,7 +66,7 @@ class HostInput:
 
     def bind(self, size: int) -> None:
         """Expose the first ``size`` elements to the model."""
-        # Setting a shape is a ~2 us call; decode steps mostly repeat the last one.
+        # Setting a shape is a call into OpenVINO, not free; decode steps mostly repeat the last one.
         if size != self._bound_size:
             self._tensor.shape = [size]
             self._bound_size = size

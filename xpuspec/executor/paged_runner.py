@@ -53,10 +53,9 @@ class PagedModelRunner:
     """Runs one paged-attention model over mixed batches of :class:`SequenceChunk`.
 
     A step's token count is part of its input shapes. When it changes, the CPU plugin re-prepares
-    every node of the graph (measured on this machine's AVX-512 CPU, interleaved: alternating 1- and
-    5-token steps cost 1.9 ms a step more than either shape alone on the 2-layer demo target, ~3 ms
-    on a 12-layer 110M target whose 1-token step takes ~11 ms). ``SequenceChunk.padding`` lets the
-    engine keep a count instead.
+    every node of the graph: alternating two step shapes costs more per step than the few tokens
+    between them (measured: docs/experiments/code-comment-figures.md). ``SequenceChunk.padding`` lets
+    the engine keep a count instead.
 
     Attributes: ``block_size`` (tokens per KV block, chosen by the plugin: 32 on CPU), ``num_blocks``
     (physical blocks allocated per layer), ``vocab_size`` (logits width), ``hidden_state_layers`` (the
@@ -131,12 +130,13 @@ class PagedModelRunner:
             hidden_state_taps=self._hidden_states_index is not None,
         )
         self._lane = Lane(self.compiled_model, self.cache_tensors, self.supports_tree_masks)
-        # The CPU plugin re-prepares every node of the graph when an input's shape changes (measured
-        # ~0.2 ms per decoder layer: ~6 ms on a 30-layer 135M model, more than a 1-token step of its
-        # 2-layer draft), and one compiled model holds one graph whatever its infer requests. A draft
-        # alternates a multi-token catch-up pass with one-token passes every step: a second compiled
-        # copy, sharing the KV-cache tensors, runs the steps of one token per sequence, so neither
-        # copy changes shape within a step. It costs a second copy of the weights.
+        # The CPU plugin re-prepares every node of the graph when an input's shape changes (a cost that
+        # grows with the layers, on a 30-layer target more than a whole 1-token step of its small draft;
+        # measured: docs/experiments/2026-12-02-cost-model.md), and one compiled model holds one graph
+        # whatever its infer requests. A draft alternates a multi-token catch-up pass with one-token
+        # passes every step: a second compiled copy, sharing the KV-cache tensors, runs the steps of
+        # one token per sequence, so neither copy changes shape within a step. It costs a second copy
+        # of the weights.
         self._decode_lane = (
             Lane(
                 core.compile_model(model, device, dict(properties or {})),
@@ -252,9 +252,9 @@ class PagedModelRunner:
     def warm_up(self, max_context: int) -> None:
         """One pass per lane at a context of ``max_context`` tokens, so that buffers sized by the
         context grow now rather than during requests. (At f32 compute on CPU, the first step past each
-        new longest context, every block of tokens, cost ~5 ms on the 2-layer test models' 1-ms
-        steps, once per process.) The pass reads and writes block 0 only: callers run it before
-        any sequence holds KV there."""
+        new longest context, every block of tokens, cost several ordinary steps of a small model, once
+        per process: docs/experiments/2026-12-02-cost-model.md.) The pass reads and writes block 0
+        only: callers run it before any sequence holds KV there."""
         blocks = [0] * -(-max_context // self.block_size)
         self._finished = None
         for lane in (self._lane, self._decode_lane):

@@ -77,7 +77,8 @@ def finite_argmax(logits: np.ndarray, what: str = "logits") -> list[int]:
     (the check :func:`probabilities` makes), and greedy decoding pays for one reduction, not three.
     """
     # Method calls and .item(), not np.argmax and a fancy index: right after an inference the
-    # interpreter's and numpy's code is cold in the caches, and each numpy call then costs ~10-20 us.
+    # interpreter's and numpy's code is cold in the caches, and each numpy call then costs more than
+    # the work it does on a few rows (figure: docs/experiments/code-comment-figures.md).
     tokens = logits.argmax(axis=-1).tolist()  # num_rows
     for row, token in enumerate(tokens):
         if not math.isfinite(logits.item(row, token)):

@@ -8,15 +8,14 @@ DEMO_MODEL_NAME = "xpuspec-demo"
 # Text that arrives within this of a stream's previous text frame waits and shares the next frame.
 # A frame wakes three threads (the HTTP worker, the server's socket loop, the client), and when the
 # engine's OpenVINO threads hold every core, each wakeup preempts one of them and stalls its step:
-# on the 2-core test machine, one client streaming the demo pair (a ~1-ms step) reached 0.75x the
-# in-process tokens/s at 5 ms, 0.92-0.94x at 25 ms (``python -m xpuspec.bench.http_parity
-# --clients 1``). 25 ms is 40 frames a second, smoother than text needs; the first and last frames
-# are never held.
+# a few-ms interval cost one client a large share of its in-process tokens/s, and this one almost
+# none (measured with ``python -m xpuspec.bench.http_parity --clients 1``:
+# docs/experiments/2026-12-01-http-streaming.md). 25 ms is 40 frames a second, smoother than text
+# needs; the first and last frames are never held.
 DEFAULT_STREAM_INTERVAL_S = 0.025
 # With many streams open, each one's frames come further apart: this much per open stream, up to
-# MAX_STREAM_INTERVAL_S. 16 streams (a 5-ms step, a token per stream and step) reached 0.65x the
-# in-process tokens/s with a 5-ms interval, 0.77-0.81x at 30-32 ms and 0.83x at 48 ms (``--clients
-# 16``): 48 ms at 16 streams is still 20 frames a second.
+# MAX_STREAM_INTERVAL_S. With 16 streams the wider interval won back most of what a fixed few-ms one
+# lost (``--clients 16``, same doc): 48 ms at 16 streams is still 20 frames a second.
 DEFAULT_STREAM_INTERVAL_PER_STREAM_S = 0.003
 MAX_STREAM_INTERVAL_S = 0.05
 

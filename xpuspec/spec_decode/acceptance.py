@@ -5,13 +5,13 @@ from __future__ import annotations
 #: How many tested drafts the pool's acceptance rate is worth in a sequence's estimate: the
 #: per-sequence α is shrunk towards the pool's. A sequence's own evidence is a few decayed steps
 #: (decay 0.9: ~10 steps, ~13 tested drafts at γ = 1), so its α wanders by ±0.13 around the truth
-#: on a 0.3 draft, while the sequences' true rates differ far less (held-out chat, SmolLM2's draft:
-#: sd 0.08 between requests, of which 0.04 is the 128-token sampling). Maximising the predicted rate
-#: over a noisy α picks γ too large when α is high by chance, and γ = 0 when it is low, where it
-#: then stays, learning nothing: a winner's curse. With weight 2, adaptive γ replayed 2-4% below
-#: the best fixed γ (``python -m xpuspec.bench.policy_replay``); 4 came within 1% on both drafts and
-#: every cost curve tried, 6-8 within 1% on most, and 16-32 lost on the demo pair, whose requests'
-#: rates really differ (0.7-1.0).
+#: on a 0.3 draft, while the sequences' true rates differ far less (held-out chat, SmolLM2's draft).
+#: Maximising the predicted rate over a noisy α picks γ too large when α is high by chance, and
+#: γ = 0 when it is low, where it then stays, learning nothing: a winner's curse. Replayed with
+#: ``python -m xpuspec.bench.policy_replay``, a smaller weight left adaptive γ below the best fixed
+#: γ, 4 came close to it on both drafts and every cost curve tried, and much larger weights lost on
+#: the demo pair, whose requests' rates really differ (figures: docs/experiments/2026-12-02-cost-model.md
+#: and code-comment-figures.md).
 POOLED_PRIOR_WEIGHT = 4.0
 
 
@@ -28,9 +28,10 @@ class AcceptanceTracker:
     that pool's current rate. Steps without drafts (``update(0, 0)``) decay the counts by the slower
     ``idle_decay``, so a sequence that stopped speculating drifts back towards the prior and is
     retried later, but not every few steps: each retry changes the target's step shape twice and
-    catches the draft up, which on the demo pair cost ~2 steps' time per retry (with ``decay`` for
-    idle steps too and a fixed prior, retries came every ~15 steps and adaptive γ ran 4-7% below
-    target-only; a pooled prior is low when the draft does not pay, see :class:`AcceptanceRates`).
+    catches the draft up, which on the demo pair cost a few steps' time per retry (with ``decay`` for
+    idle steps too and a fixed prior, retries came often and adaptive γ ran below target-only:
+    docs/experiments/2026-12-02-cost-model.md; a pooled prior is low when the draft does not pay, see
+    :class:`AcceptanceRates`).
     """
 
     def __init__(
@@ -80,14 +81,15 @@ class AcceptanceRates:
     not its rate when the sequence began: the first request on a fresh engine would keep the fixed
     prior 0.6 as its anchor, and with a draft that is never accepted its estimate could not fall
     below 0.6·4 / (4 + 10) ≈ 0.17 (10: the most decayed tested drafts), and would take many steps to
-    cross γ = 1's break-even (0.22 on the default model). Steps without drafts decay such a
-    sequence's counts by ``pooled_idle_decay`` (0.95), so an estimate that fell below the pool by
-    chance, and took γ to 0 where it learns nothing, drifts back to the pool in ~20 steps rather than
-    ~70; a draft that never pays is not retried for it, as the pool is low too (replayed, 0.95
-    instead of 0.99 halved the loss on a curve without shape-change costs, and changed nothing
-    elsewhere). Seeded requests keep the fixed prior, so their drafting repeats run for run; as the
-    engine does not probe for them (their γ ignores timings), steps without drafts decay their
-    counts at the drafting rate ``decay``, which alone retries them after a bad stretch.
+    cross γ = 1's break-even on the default model. Steps without drafts decay such a sequence's counts
+    by ``pooled_idle_decay`` (0.95), so an estimate that fell below the pool by chance, and took γ to
+    0 where it learns nothing, drifts back to the pool in ~20 steps rather than ~70; a draft that
+    never pays is not retried for it, as the pool is low too (replayed, 0.95 instead of 0.99 cut the
+    loss on a curve without shape-change costs, and changed nothing elsewhere:
+    docs/experiments/2026-12-02-cost-model.md). Seeded requests keep the fixed prior, so their
+    drafting repeats run for run; as the engine does not probe for them (their γ ignores timings),
+    steps without drafts decay their counts at the drafting rate ``decay``, which alone retries them
+    after a bad stretch.
     """
 
     def __init__(

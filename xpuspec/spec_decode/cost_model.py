@@ -68,8 +68,8 @@ class LinearCostFit:
         self.prior_weight = prior_weight
         self.slope_prior_weight = prior_weight * slope_scale**2
         self.decay = decay
-        # Decayed sums: [Σw, Σw·x, Σw·x², Σw·y, Σw·x·y] as Python floats (numpy costs ~10 us per
-        # record on 5 numbers, and the engine records up to 1 + γ times per step).
+        # Decayed sums: [Σw, Σw·x, Σw·x², Σw·y, Σw·x·y] as Python floats (a numpy call costs more than
+        # the arithmetic on 5 numbers, and the engine records up to 1 + γ times per step).
         self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)
         self.intercept = prior_intercept
         self.slope = prior_slope
@@ -140,18 +140,20 @@ class CostModel:
       the loop's Python), per batch shape, calibrated and refreshed like ``verify``. It is what a γ
       really costs: the catch-up pass computes the tokens accepted last step and is dearer than a
       one-token pass, and the first pass after the target's runs colder. Counted per pass, drafting
-      was predicted at ~half its cost on the 2-layer test pair, and adaptive γ drafted at a loss;
+      was predicted far below its cost on the 2-layer test pair, and adaptive γ drafted at a loss
+      (docs/experiments/2026-12-02-cost-model.md);
     - ``shape_change``: what a target step costs beyond the curve when its shape (tokens in the
       step) differs from the previous step's. OpenVINO's CPU plugin re-prepares every node of the
-      graph then (~6 ms on a 30-layer 135M model whose one-token step takes ~9 ms), so a γ that
-      changes from step to step pays it every step. Steps that changed shape go here, not into the
+      graph then (on a 30-layer model, most of a one-token step:
+      docs/experiments/2026-12-02-cost-model.md), so a γ that changes from step to step pays it
+      every step. Steps that changed shape go here, not into the
       curve, which describes steady steps;
     - padding: where the target runs padding tokens (``SequenceChunk.padding``), the engine pads
       a decode step that needs fewer tokens than the last up to the last one's count, until a
       stretch of such steps makes shrinking pay (:meth:`shrink_pays`). γ is still priced as if
       every change of count were paid: priced as free, the padding's tokens drew lookups and
-      drafts that kept the count high for good (against no padding at all, SmolLM2 chat 0.94x and
-      the demo pair's code 1.00x; priced as here, 0.98x and 1.08x).
+      drafts that kept the count high for good, and padding gained nothing over no padding at all
+      (figures: docs/experiments/code-comment-figures.md and 2026-12-02-cost-model.md).
 
     The priors (before any measurement) describe a CPU-like regime: a target step of ~40 ms growing
     0.5 ms per token, a draft step ~15% of it. Real measurements replace them within a few steps.
@@ -260,9 +262,9 @@ class CostModel:
 
         A count between two multiples of ``num_sequences`` (sequences verifying different numbers of
         tokens, or padding) is interpolated between them on the curve. The straight line ``target``
-        is fitted over prefills too: on the demo pair at batch 4 it put 9 tokens at 2.38 ms where the
-        curve put 8 at 1.70, so padding one token looked dearer than a change of shapes, and
-        adaptive steps shrank and grew back every few steps (each change ~1.1 ms, a whole step)."""
+        is fitted over prefills too, and on the demo pair at batch 4 it priced one padding token above
+        a change of shapes (docs/experiments/2026-12-02-cost-model.md), so adaptive steps shrank and
+        grew back every few steps, each change costing about a whole step."""
         if num_sequences:
             per_sequence, remainder = divmod(num_tokens, num_sequences)
             slope = lambda: self.target.slope * num_sequences  # noqa: E731

@@ -56,10 +56,11 @@ class SpeculationLengthPolicy:
 
     with both costs measured (:class:`CostModel`). γ > 0 is chosen only if its predicted rate beats
     plain decoding by ``min_speedup``. It is 1.0 by default, no margin: on the default model (SmolLM2
-    135M and its draft, α ≈ 0.3) the best fixed γ (1) gains only 3-5% over plain decoding, so the
-    former 5% margin left adaptive γ at 0 for most steps, below γ = 1 (replayed: 2-4%). The noise the
-    margin guarded against is that of the acceptance estimate, which the pooled prior now damps
-    (:data:`POOLED_PRIOR_WEIGHT`); the costs are measured every step.
+    135M and its draft, a low α) the best fixed γ (1) gains only a little over plain decoding, less
+    than the former 5% margin, which left adaptive γ at 0 for most steps, below γ = 1 (measured and
+    replayed: docs/experiments/2026-12-02-cost-model.md). The noise the margin guarded against is that
+    of the acceptance estimate, which the pooled prior now damps (:data:`POOLED_PRIOR_WEIGHT`); the
+    costs are measured every step.
     """
 
     def __init__(
@@ -88,10 +89,10 @@ class SpeculationLengthPolicy:
     ) -> list[float]:
         """Predicted seconds of the step for γ = 0 .. max_draft_tokens.
 
-        Every step records a measurement, and computing the costs of every γ took ~90 us on the
-        2-layer test pair (9% of its 1-ms step): for the same step shape they are recomputed once
-        :data:`COSTS_REFRESH_RECORDS` measurements have come in (each moves the decayed estimates by
-        a few percent at most).
+        Every step records a measurement, and computing the costs of every γ took a noticeable share
+        of a small model's step (docs/experiments/code-comment-figures.md): for the same step shape
+        they are recomputed once :data:`COSTS_REFRESH_RECORDS` measurements have come in (each moves
+        the decayed estimates by a few percent at most).
         """
         model = self.cost_model
         key = (batch_tokens, num_sequences, previous_tokens_per_sequence, id(model), model.calibrations)

@@ -30,7 +30,8 @@ JSON numbers are finite too (:func:`finite_numbers`): a schema's numbers without
 I-JSON range (RFC 7493: integers within ±(2^53 - 1), what a double holds exactly), and numbers without
 ``multipleOf`` at most :data:`MAX_FRACTION_DIGITS` fraction digits. A JSON Schema number is otherwise a
 grammar loop: a small model sampling digits (``12.0767132112...``) never leaves it and writes until
-``max_tokens``, an unparseable reply (seen in 3 of 640 sampled SmolLM2 replies before this bound).
+``max_tokens``, an unparseable reply (seen in sampled SmolLM2 replies before this bound:
+docs/experiments/2026-12-04-readme-notes.md).
 Every reply still validates against the schema as given: the bound only narrows what is written.
 """
 

@@ -1,7 +1,8 @@
 """Decode token ids with a per-token byte table read out of the OpenVINO detokenizer IR.
 
-Calling the detokenizer model costs ~0.1-0.2 ms per call (input dispatch, a synchronous infer),
-and streaming calls it about twice per generated token. A detokenizer IR written by
+Calling the detokenizer model costs far more than the lookup it does (input dispatch, a synchronous
+infer; figure in docs/experiments/code-comment-figures.md), and streaming calls it about twice per
+generated token. A detokenizer IR written by
 openvino_tokenizers is a vocab lookup followed by a chain of string ops:
 
     Parameter -> Convert -> VocabDecoder(ids, begins, ends, chars, skip_ids)
