@@ -223,7 +223,7 @@ class Pipeline:
             head = read_head(eagle3_head, self.bundle.target.path)
             tap_layers = head.tap_layers
             # The head's fc runs inside the target's pass, as in GenAI: a call of its own after every
-            # step cost ~1 ms a round.
+            # step cost a noticeable part of a round (docs/experiments/code-comment-figures.md).
             tap_projection = eagle3_graph.fusion(head.weights, HEAD_WEIGHT_TYPE)
         self.target_runner = create_runner(
             self.target_device,

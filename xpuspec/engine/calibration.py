@@ -28,8 +28,8 @@ def calibrate(engine: EngineView, repeats: int = 5) -> None:
     # interleaved, so a busy moment of the machine does not land on one size alone.
     sizes = range(1, 2 + config.max_draft_tokens if engine.proposer is not None else 2)
     # At a typical context: verifying several tokens runs the plugin's multi-query attention,
-    # whose cost grows with the context (at an empty context, 3 tokens timed at half their
-    # cost at ~300 tokens on the 2-layer test pair). Every position maps to block 0: the
+    # whose cost grows with the context (timed at an empty context, several tokens looked far
+    # cheaper than they are; docs/experiments/code-comment-figures.md). Every position maps to block 0: the
     # timing needs no cache of that size, and block 0 is rewritten by the first request.
     past = max(0, min(CALIBRATION_CONTEXT, config.max_model_len) - len(sizes))
     chunks = {

@@ -201,8 +201,8 @@ class DraftChoice:
         """Whether adaptive requests may draft at this batch shape this step
         (:class:`~xpuspec.engine.drafting_payoff.DraftingPayoff`). Its steps without drafts also
         measure γ = 0 at that shape, the cost every γ is weighed against: at a shape never
-        calibrated it otherwise came from one odd step (on the demo pair at batch 4, 1.9 ms against
-        1.24 steady, which made verifying 1-3 tokens per sequence look as cheap as one)."""
+        calibrated it otherwise came from one odd step, which could make verifying several tokens
+        per sequence look as cheap as one (docs/experiments/code-comment-figures.md)."""
         allowed = self.payoff.pays(running)
         self.step_drafting_on = allowed
         return allowed

@@ -17,9 +17,8 @@ lookups it ran at 1.02x.
 ("on"), and not ("off"). For each it keeps the tokens and wall seconds of whole engine steps
 (drafting, verification, bursts and the engine's Python) as decayed sums. Steps with drafting on
 that happened to draft nothing count as "on": the padding and shape changes drafting leaves behind
-fall on them. Comparing steps that drafted with those that did not would miss that. In the
-SmolLM2 run above, the steps that drafted gave 283 tokens/s and the steps between them 222, while
-target-only gave ~340.
+fall on them. Comparing steps that drafted with those that did not would miss that: on SmolLM2 both
+kinds of step were slower than target-only decoding (docs/experiments/code-comment-figures.md).
 
 Each bucket runs in cycles:
 - most of a cycle runs in the way chosen, and its last steps in the other way

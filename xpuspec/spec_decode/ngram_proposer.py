@@ -8,10 +8,10 @@ model). The draft is deterministic, so verification treats q as one-hot
 Two implementations of one rule. :class:`NgramProposer` is stateless and vectorised: for each
 candidate end position e the match ``tokens[e-n+1 .. e] == tokens[L-n .. L-1]`` is built up from
 n = 1 to ``max_ngram`` by one array comparison per n (a match of length n is a match of length n-1
-plus one more equal token), so one call is O(L * max_ngram) numpy work: tens of microseconds at a
-few hundred tokens, ~160 µs at 3,000. :class:`NgramIndex` keeps one sequence's n-grams in
-dictionaries and adds only the new tokens' each call (a few µs); the engine, which looks every
-sequence up at every step, keeps one per sequence.
+plus one more equal token), so one call is O(L * max_ngram) numpy work, growing with the sequence.
+:class:`NgramIndex` keeps one sequence's n-grams in dictionaries and adds only the new tokens' each
+call; the engine, which looks every sequence up at every step, keeps one per sequence (timings:
+docs/experiments/code-comment-figures.md).
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class NgramIndex:
     """:meth:`NgramProposer.propose_with_match` for one growing sequence, in O(new tokens) a call.
 
     The engine looks a sequence up at every step and, in a decode burst, at every pass (to end the
-    burst when a lookup would pay); the stateless lookup rescans the whole sequence each time (~20 µs
-    at 300 tokens, ~70 µs at 1,000, warm; per sequence in flight). This keeps, for each n, the most
+    burst when a lookup would pay); the stateless lookup rescans the whole sequence each time, per
+    sequence in flight, at a cost that grows with its length. This keeps, for each n, the most
     recent end position of every n-gram seen, adding the n-grams that end at the new tokens; a
     lookup is then ``max_ngram`` dictionary reads. The proposals equal the stateless ones (a test
     compares them on random sequences).

@@ -2,12 +2,10 @@
 
 Code, summaries, retrieval answers and the greedy output of small models repeat spans of their own
 context. Where the tail of a sequence (an n-gram of at least ``min_ngram`` tokens) occurred before,
-the tokens that followed it are a draft that needs no draft-model pass. Measured offline on the
-target's own greedy output (`python -m xpuspec.bench.lookup_acceptance`): SmolLM2-135M's answers
-to 12 held-out instructions have a match of 2 or more tokens at 41% of positions, and its first token
-is accepted 81% of the time (2.7 tokens accepted of a 4-token lookup), against 31-36% for the shipped
-draft model; a 1-token match at 22% more, accepted less often; the 2-layer demo target on code, 57%
-and 86% for 2 or more tokens, 78% and 71% with 1-token matches.
+the tokens that followed it are a draft that needs no draft-model pass. On the target's own greedy
+output such matches are frequent and their first token is accepted more often than the shipped draft
+model's (`python -m research.bench.lookup_acceptance`; figures in
+docs/experiments/code-comment-figures.md).
 
 Each step, for a sequence whose γ is adaptive, :meth:`PromptLookup.choose` weighs the lookup's
 continuation against the draft model's best chain with the same cost model
@@ -37,11 +35,9 @@ from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationL
 
 MIN_NGRAM = 1
 MAX_NGRAM = 4
-# Matches of one token and of more are tracked apart: a 1-token match is accepted about half as often
-# as a longer one on chat (first token 58% against 81% on SmolLM2's held-out answers) but often
-# enough on code to pay (71% on the demo target). Pooled together, a chat request's many weak 1-token
-# matches pulled down the rate of its strong ones (SmolLM2 chat ran 11% slower with them in one pool
-# than with 2-token matches alone, code 10% faster).
+# Matches of one token and of more are tracked apart: on chat a 1-token match is accepted far less
+# often than a longer one, on code often enough to pay. Pooled together, a chat request's many weak
+# 1-token matches pulled down the rate of its strong ones (docs/experiments/code-comment-figures.md).
 LONG_MATCH = 2
 
 

@@ -84,13 +84,13 @@ class TreeShapePolicy:
         self.max_nodes = max_nodes
         self.min_speedup = min_speedup
         self.acceptance = RankAcceptance()
-        # choose() evaluates ~40 shapes (~1 ms); a batch asks it once per sequence per step. Answers
+        # choose() evaluates dozens of shapes; a batch asks it once per sequence per step. Answers
         # are reused for the same (α to 2 digits, batch) until new acceptance counts arrive or
         # REFRESH_CALLS calls have passed (the measured costs move slowly).
         self._cache: dict[tuple[float, int, int], tuple[TreeShape | None, float]] = {}
         # Per (batch tokens, sequences): whether no tree could win even with every draft accepted.
-        # Under load that holds for every α, and the per-α search above is skipped (its cost was ~4%
-        # of a 16-sequence step on the default model).
+        # Under load that holds for every α, and the per-α search above is skipped (its cost was a
+        # visible part of a 16-sequence step on the default model).
         self._hopeless: dict[tuple[int, int], bool] = {}
         self._calls = 0
         self._recorded = 0
