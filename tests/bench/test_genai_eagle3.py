@@ -7,7 +7,6 @@ GenAI's layers [0, 1, 2], and drafts over 96 of the target's ids.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,8 +19,8 @@ genai = pytest.importorskip("openvino_genai")
 
 import openvino as ov  # noqa: E402
 
-from research.training.eagle3_torch import Eagle3Head, random_head, save_head  # noqa: E402
-from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
+from research.training.eagle3_torch import Eagle3Head  # noqa: E402
+from tests.support.eagle3_bundles import tiny_eagle3_bundle  # noqa: E402
 from xpuspec.bench.config import BenchConfig  # noqa: E402
 from xpuspec.bench.figures import LatencyResult, RequestTiming  # noqa: E402
 from xpuspec.bench.genai_eagle3 import (  # noqa: E402
@@ -56,15 +55,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> ModelBundle:
-    from xpuspec.prepare import PrepareConfig, prepare_bundle
-
-    work = tmp_path_factory.mktemp("genai_eagle3")
-    target = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=4, seed=0)
-    config = json.loads((target / "config.json").read_text())
-    module, head_config = random_head(config, 96, seed=5, aux_layer_ids=TAPS)
-    head = save_head(module, head_config, work / "head")
-    prepared = PrepareConfig(target=str(target), eagle3=str(head), output=work / "b", weights="fp16")
-    return ModelBundle.open(prepare_bundle(prepared))
+    return ModelBundle.open(tiny_eagle3_bundle(tmp_path_factory.mktemp("genai_eagle3"), TAPS))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ Split from tests/bench/test_genai_eagle3.py (the conversion and the bench rows s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("optimum.exporters.openvino")
 pytest.importorskip("openvino_genai")
 
-from research.training.eagle3_torch import random_head, save_head  # noqa: E402
-from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
+from tests.support.eagle3_bundles import tiny_eagle3_bundle  # noqa: E402
 from xpuspec.model_bundle import ModelBundle  # noqa: E402
 
 TAPS = (1, 2, 3)
@@ -24,15 +22,7 @@ TAPS = (1, 2, 3)
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> ModelBundle:
-    from xpuspec.prepare import PrepareConfig, prepare_bundle
-
-    work = tmp_path_factory.mktemp("genai_eagle3")
-    target = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=4, seed=0)
-    config = json.loads((target / "config.json").read_text())
-    module, head_config = random_head(config, 96, seed=5, aux_layer_ids=TAPS)
-    head = save_head(module, head_config, work / "head")
-    prepared = PrepareConfig(target=str(target), eagle3=str(head), output=work / "b", weights="fp16")
-    return ModelBundle.open(prepare_bundle(prepared))
+    return ModelBundle.open(tiny_eagle3_bundle(tmp_path_factory.mktemp("genai_eagle3"), TAPS))
 
 
 def test_parity_runs_both_engines_with_the_head(bundle: ModelBundle, capsys) -> None:
