@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class PhaseHooks(Protocol):
-    """Told the wall time of each phase of a step (profiling, e.g. ``xpuspec.bench.profile``)."""
+    """Told the wall time of each phase of a step (profiling, e.g. ``research.bench.profile``)."""
 
     def on_phase(self, name: str, seconds: float) -> None: ...
 

@@ -1,4 +1,4 @@
-"""Where a step's time goes: ``python -m xpuspec.bench.profile [--bundle B] [--http] [--layers]``.
+"""Where a step's time goes: ``python -m research.bench.profile [--bundle B] [--http] [--layers]``.
 
 Runs greedy requests one at a time through ``Pipeline.generate`` (the real path: engine step, text,
 stop strings) with the engine's phase hooks set (``LLMEngine.phase_hooks``) and timers wrapped around
@@ -309,7 +309,7 @@ def http_profile(
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m xpuspec.bench.profile", description=__doc__.splitlines()[0]
+        prog="python -m research.bench.profile", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--bundle",
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         described = describe_error(error)
         if described is None:
             raise
-        print(f"python -m xpuspec.bench.profile: error: {described[0]}", file=sys.stderr)
+        print(f"python -m research.bench.profile: error: {described[0]}", file=sys.stderr)
         return described[1]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from xpuspec.bench import profile
-from xpuspec.bench.profile import ROWS, profile_configuration
+from research.bench import profile
+from research.bench.profile import ROWS, profile_configuration
 from xpuspec.pipeline import Pipeline
 
 PROMPTS = ["def add(a, b):\n", "import os\n"]
@@ -69,7 +69,7 @@ def test_profile_command_streams_through_a_real_server(capsys: pytest.CaptureFix
 
 
 def test_draft_lengths_take_integers_and_adaptive() -> None:
-    from xpuspec.bench.profile import _draft_length
+    from research.bench.profile import _draft_length
 
     assert [_draft_length(v) for v in ("0", "4", "a", " adaptive")] == [0, 4, None, None]
     with pytest.raises(SystemExit, match="'x'"):
