@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.bundles import resolve_bundle
+from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import create_runner
 from xpuspec.devices.placement import (
     DRAFTERS,
@@ -31,9 +32,9 @@ from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.request_text import RequestText, apply_output
+from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.proposal import DraftModelProposer, DraftProposer, NgramDraftProposer
-from xpuspec.spec_decode.tree import parse_draft_tree
+from xpuspec.spec_decode.proposal import DraftModelProposer, NgramDraftProposer
 from xpuspec.structured.matcher import grammar_compiler
 from xpuspec.text import ChatTemplate, Tokenizer
 
@@ -247,7 +248,7 @@ class Pipeline:
         properties: PropertiesArg,
         draft_vocab: int | None,
         runner_limits: dict[str, Any],
-    ) -> DraftProposer | None:
+    ) -> Drafter | None:
         """The drafter the placement chose: an EAGLE-3 head, a draft model, n-grams, or none."""
         if self.drafter == "eagle3":
             return self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
@@ -274,9 +275,7 @@ class Pipeline:
             )
         return DraftModelProposer(draft_runner, self.target_runner.vocab_size)
 
-    def _build_engine(
-        self, proposer: DraftProposer | None, config: EngineConfig, overlap: bool | None
-    ) -> None:
+    def _build_engine(self, proposer: Drafter | None, config: EngineConfig, overlap: bool | None) -> None:
         """The engine over the target and the drafter, with grammar support, calibrated."""
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
         draft_device_name = (

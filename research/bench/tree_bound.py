@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from xpuspec import Pipeline
-    from xpuspec.spec_decode.tree import TreeShape
+    from xpuspec.sample.draft_tree import TreeShape
 
     TreeShape(**args.tree)  # checks the shape with the engine's own message
     pipeline = Pipeline(args.bundle, drafter="draft")

@@ -55,8 +55,7 @@ from research.training.eagle3_torch import Eagle3Head, save_head
 from research.training.eagle3_ttt import collate, heldout_acceptance, ttt_loss
 from research.training.smollm2_data import read_records
 from research.training.train_smollm2 import batches, swap_in
-from xpuspec.executor.hidden_taps import eagle3_default_layers
-from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig
+from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig, eagle3_default_layers
 from xpuspec.spec_decode.eagle3.weights import SAFETENSORS_FILE
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.step_shape import StepShape, decode_sequences, step_tokens
-from xpuspec.spec_decode.speculation_length import CostModel
+from xpuspec.spec_decode.cost_model import CostModel
 
 
 def _cost_model() -> CostModel:

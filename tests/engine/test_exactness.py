@@ -150,7 +150,7 @@ def _make_drafting_hopeless(engine) -> None:
     """Pessimistic drafting costs (10 s a phase at every γ): γ = 0 from now on. A probe's phase is a
     long catch-up, which the drafting curve leaves out, so the probes do not undo it. Prompt lookup,
     whose drafts cost nothing, is turned off: these tiny models repeat themselves."""
-    from xpuspec.spec_decode.speculation_length import MAX_TOKENS_PER_SEQUENCE
+    from xpuspec.spec_decode.cost_model import MAX_TOKENS_PER_SEQUENCE
     from xpuspec.spec_decode.verify_costs import VerifyCostCurve
 
     engine.draft_choice.prompt_lookup = None

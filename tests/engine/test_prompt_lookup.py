@@ -100,7 +100,7 @@ def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(pair_bundle, targ
     """Where the "auto" policy picks a tree and a lookup exists, the cost model's prediction for each
     decides; either way the output stays target-only's. The tree policy is pinned to a tree with a
     chosen prediction, so the test does not depend on which shapes pay on this machine."""
-    from xpuspec.spec_decode.tree import TreeShape
+    from xpuspec.sample.draft_tree import TreeShape
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     assert pipe.engine.tree_drafter is not None
@@ -117,7 +117,7 @@ def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(pair_bundle, targ
 
 
 def test_a_tree_the_request_fixed_is_never_replaced_by_a_lookup(pipe):
-    from xpuspec.spec_decode.tree import TreeShape
+    from xpuspec.sample.draft_tree import TreeShape
 
     params = dataclasses.replace(ADAPTIVE, draft_tree=TreeShape(3, 2, 6))
     results = pipe.generate(PROMPTS[:4], params)
@@ -129,7 +129,7 @@ def test_lookups_do_not_keep_the_draft_models_probe_from_coming(pair_bundle):
     """With drafting priced hopeless, the draft model only drafts in probes. Lookup steps come often
     on these repetitive outputs; they must not count as the draft model drafting, or the probe that
     would re-measure a draft model estimated too low (on a busy moment) never comes."""
-    from xpuspec.spec_decode.speculation_length import MAX_TOKENS_PER_SEQUENCE
+    from xpuspec.spec_decode.cost_model import MAX_TOKENS_PER_SEQUENCE
     from xpuspec.spec_decode.verify_costs import VerifyCostCurve
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from xpuspec.cli import main
+from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree_text
 from xpuspec.server.choices import sampling_params
 from xpuspec.server.schemas import CompletionRequest
-from xpuspec.spec_decode.tree import TreeShape, parse_draft_tree_text
 
 pytestmark = pytest.mark.slow
 

@@ -13,13 +13,9 @@ from tests.conftest import F32
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.executor.graph_edits import make_paged_model
-from xpuspec.executor.hidden_taps import (
-    HIDDEN_STATES_OUTPUT,
-    add_hidden_state_taps,
-    eagle3_default_layers,
-    find_layer_boundaries,
-)
+from xpuspec.executor.hidden_taps import HIDDEN_STATES_OUTPUT, add_hidden_state_taps, find_layer_boundaries
 from xpuspec.executor.paged_runner import MODEL_FILE, PagedModelRunner
+from xpuspec.spec_decode.eagle3.config import eagle3_default_layers
 
 pytestmark = pytest.mark.slow
 

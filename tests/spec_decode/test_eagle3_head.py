@@ -16,10 +16,11 @@ from tests.conftest import F32  # noqa: E402
 from tests.engine.conftest import export_tiny_ir  # noqa: E402
 from xpuspec.executor import eagle3_graph as graph  # noqa: E402
 from xpuspec.executor.eagle3_embedding import table_embedding_model, target_embedding_model  # noqa: E402
-from xpuspec.executor.eagle3_head import CACHE_GRAIN, Eagle3Head, HeadStep  # noqa: E402
+from xpuspec.executor.eagle3_head import CACHE_GRAIN, Eagle3Head  # noqa: E402
 from xpuspec.prepare.config import PrepareError  # noqa: E402
 from xpuspec.prepare.eagle3 import read_source_tensors  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
+from xpuspec.spec_decode.eagle3.head import HeadStep  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import (  # noqa: E402
     check_head_tensors,
     load_head_weights,

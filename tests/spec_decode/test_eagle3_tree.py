@@ -32,8 +32,8 @@ from tests.spec_decode.test_eagle3_drafter import target_config as target_config
 from tests.spec_decode.test_eagle3_drafter import target_only as target_only  # noqa: E402, PLC0414
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
+from xpuspec.sample.draft_tree import TreeShape  # noqa: E402
 from xpuspec.spec_decode.eagle3.tree import Eagle3TreeDrafter  # noqa: E402
-from xpuspec.spec_decode.tree import TreeShape  # noqa: E402
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance  # noqa: E402
 from xpuspec.spec_decode.tree_build import TreeBuild  # noqa: E402
 

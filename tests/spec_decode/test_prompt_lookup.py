@@ -6,8 +6,9 @@ import pytest
 
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.cost_model import CostModel
 from xpuspec.spec_decode.prompt_lookup import LONG_MATCH, PromptLookup
-from xpuspec.spec_decode.speculation_length import CostModel, SpeculationLengthPolicy
+from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
 
 # A target whose verification grows 10% per extra token, a draft pass at 30% of a target step.
 VERIFY_MS = {n: 10.0 * (1 + 0.1 * (n - 1)) for n in range(1, 10)}

@@ -7,8 +7,9 @@ import pytest
 from scipy.stats import chisquare
 
 from xpuspec import SamplingParams
-from xpuspec.spec_decode.speculation_length import CostModel, LinearCostFit
-from xpuspec.spec_decode.tree import DraftTree, TreeShape, parse_draft_tree
+from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree
+from xpuspec.spec_decode.cost_model import CostModel, LinearCostFit
+from xpuspec.spec_decode.tree import DraftTree
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
 from xpuspec.spec_decode.tree_build import draw_without_replacement
 from xpuspec.spec_decode.tree_policy import RankAcceptance, TreeShapePolicy

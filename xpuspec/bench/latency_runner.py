@@ -10,7 +10,9 @@ from typing import Any
 from xpuspec.bench.figures import RequestTiming
 from xpuspec.bench.latency_labels import TREE_AUTO
 from xpuspec.core.chunks import SequenceChunk
+from xpuspec.executor.eagle3_head import Eagle3Head
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
 
 
 class XpuspecLatencyRunner:
@@ -22,8 +24,12 @@ class XpuspecLatencyRunner:
         self._ids = itertools.count()
         # An EAGLE-3 head compiles a graph per chain length on first use, in the background; compiled
         # here instead, untimed, as GenAI compiles its models before it is timed.
-        head = getattr(getattr(self.engine, "proposer", None), "head", None)
-        self._prepare_chains = getattr(head, "prepare_chains", None)
+        proposer = self.engine.proposer
+        self._prepare_chains = (
+            proposer.head.prepare_chains
+            if isinstance(proposer, Eagle3Proposer) and isinstance(proposer.head, Eagle3Head)
+            else None
+        )
 
     def generate(
         self, token_ids: list[int], max_tokens: int, draft_length: int | str | None

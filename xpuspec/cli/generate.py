@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.errors import CommandError
+from xpuspec.sample.draft_tree import parse_draft_tree_text
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.tree import parse_draft_tree_text
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline
@@ -177,7 +177,7 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
 
 def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
     """The cost model's case against drafting: measured step costs and the acceptance it used."""
-    from xpuspec.spec_decode.speculation_length import AcceptanceTracker
+    from xpuspec.spec_decode.acceptance import AcceptanceTracker
 
     policy = pipe.engine.length_policy
     costs = policy.cost_model

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
-from xpuspec.devices.plugin import DevicePlugin, OpenVINODevicePlugin, Role
+from xpuspec.devices.plugin import DevicePlugin, OpenVINODevicePlugin, Role, RunnerFactory
 from xpuspec.executor.properties import PropertiesArg, layer_tuned, resolve_properties
 from xpuspec.model_bundle import ModelInfo
 
@@ -79,10 +79,9 @@ def create_runner(
     if plugin.executor_kind == "stateful":
         return _stateful_runner(device, model, properties, max_sequences, max_context, core)
     if plugin.executor_kind == "reference":
-        factory = getattr(plugin, "create_runner", None)
-        if factory is None:
+        if not isinstance(plugin, RunnerFactory):
             raise ValueError(f"plugin {plugin.name} has executor_kind 'reference' but no create_runner()")
-        return factory(model.path, model.facts, properties, num_blocks, block_size)
+        return plugin.create_runner(model.path, model.facts, properties, num_blocks, block_size)
     raise ValueError(f"plugin {plugin.name}: unknown executor_kind {plugin.executor_kind!r}")
 
 

@@ -75,6 +75,7 @@ class DevicePlugin(Protocol):
         ...
 
 
+@runtime_checkable
 class RunnerFactory(Protocol):
     """Implemented by ``executor_kind == "reference"`` plugins, which build their own executor."""
 

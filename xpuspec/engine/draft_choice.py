@@ -16,9 +16,10 @@ from collections.abc import Callable
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 from xpuspec.engine.drafting_payoff import DraftingPayoff
+from xpuspec.sample.draft_tree import TreeShape
+from xpuspec.spec_decode.acceptance import AcceptanceRates
 from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
-from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
-from xpuspec.spec_decode.tree import TreeShape
+from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 
 logger = logging.getLogger(__name__)

@@ -53,6 +53,7 @@ from typing import cast
 
 from xpuspec.core.block_manager import BlockManager
 from xpuspec.core.interfaces import (
+    Drafter,
     DrafterCaps,
     TargetExecutor,
     TreeDrafterSource,
@@ -79,10 +80,11 @@ from xpuspec.engine.strategy import PhaseHooks, SequentialSteps, StepStrategy
 from xpuspec.engine.verification import Verifier
 from xpuspec.sample.sampler import make_generator
 from xpuspec.sample.sampling_params import SamplingParams
+from xpuspec.spec_decode.acceptance import AcceptanceRates
+from xpuspec.spec_decode.cost_model import CostModel
 from xpuspec.spec_decode.prompt_lookup import PromptLookup
-from xpuspec.spec_decode.proposal import DraftProposer
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
-from xpuspec.spec_decode.speculation_length import AcceptanceRates, CostModel, SpeculationLengthPolicy
+from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
 from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
@@ -107,7 +109,7 @@ class LLMEngine:
     def __init__(
         self,
         target: TargetExecutor,
-        proposer: DraftProposer | None,
+        proposer: Drafter | None,
         config: EngineConfig,
         eos_token_ids: list[int],
         clock: Callable[[], float] = time.perf_counter,

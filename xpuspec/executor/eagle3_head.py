@@ -44,8 +44,6 @@ __all__ = [
     "HEAD_WEIGHT_TYPE",
     "Eagle3Head",
     "HeadFolder",
-    "HeadStep",
-    "HeadStepResult",
     "read_head",
 ]
 

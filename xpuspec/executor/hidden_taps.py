@@ -55,7 +55,6 @@ import openvino.opset13 as opset
 from xpuspec.executor.graph_edits import find_logits_matmul, is_constant_like
 
 # EAGLE-3's default taps belong to the head's config (plain, below the executor); re-exported here.
-from xpuspec.spec_decode.eagle3.config import eagle3_default_layers as eagle3_default_layers
 
 logger = logging.getLogger(__name__)
 

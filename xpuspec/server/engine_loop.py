@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from xpuspec.core.prefix_cache import PrefixCachingBlockManager
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.sample.sampling_params import SamplingParams
 
@@ -447,5 +448,9 @@ class EngineLoop:
             num_waiting=engine.scheduler.num_waiting,
             engine_failures=engine.num_engine_failures,
             requests_failed=self._requests_failed,
-            prefix_cached_blocks=getattr(engine.block_manager, "num_cached_blocks", 0),
+            prefix_cached_blocks=(
+                block_manager.num_cached_blocks
+                if isinstance(block_manager := engine.block_manager, PrefixCachingBlockManager)
+                else 0
+            ),
         )

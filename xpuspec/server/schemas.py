@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
-from xpuspec.spec_decode.tree import parse_draft_tree
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16

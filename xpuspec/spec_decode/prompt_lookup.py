@@ -30,8 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xpuspec.core.sequence import Sequence
+from xpuspec.spec_decode.acceptance import AcceptanceRates
 from xpuspec.spec_decode.ngram_proposer import NgramIndexes, NgramProposer
-from xpuspec.spec_decode.speculation_length import AcceptanceRates, SpeculationLengthPolicy
+from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
 
 MIN_NGRAM = 1
 MAX_NGRAM = 4

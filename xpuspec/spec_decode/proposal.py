@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.core.interfaces import Drafter, DrafterCaps, DraftMask, TargetExecutor
+from xpuspec.core.interfaces import DrafterCaps, DraftMask, TargetExecutor
 from xpuspec.core.proposal import Proposal, TokenDraw
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.sample.sampler import finite_argmax, probabilities
@@ -27,16 +27,7 @@ from xpuspec.spec_decode.tree_proposer import TreeDrafter
 logger = logging.getLogger(__name__)
 
 
-# The engine's drafter interface under its earlier name.
-DraftProposer = Drafter
-__all__ = [
-    "DraftModelProposer",
-    "DraftProposer",
-    "NgramDraftProposer",
-    "Proposal",
-    "TokenDraw",
-    "catch_up_chunk",
-]
+__all__ = ["DraftModelProposer", "NgramDraftProposer"]
 
 
 class NgramDraftProposer:

@@ -17,29 +17,13 @@ Pieces:
 
 from __future__ import annotations
 
-from xpuspec.spec_decode.acceptance import POOLED_PRIOR_WEIGHT, AcceptanceRates, AcceptanceTracker
 from xpuspec.spec_decode.cost_model import (
-    MAX_TOKENS_PER_SEQUENCE,
-    SHAPE_CHANGE_HORIZON_STEPS,
     CostModel,
-    LinearCostFit,
-    expected_speedup,
     expected_tokens_per_step,
 )
 
 # The cost model and the acceptance rates, named here too: the policy's callers import them from here.
-__all__ = [
-    "MAX_TOKENS_PER_SEQUENCE",
-    "POOLED_PRIOR_WEIGHT",
-    "SHAPE_CHANGE_HORIZON_STEPS",
-    "AcceptanceRates",
-    "AcceptanceTracker",
-    "CostModel",
-    "LinearCostFit",
-    "SpeculationLengthPolicy",
-    "expected_speedup",
-    "expected_tokens_per_step",
-]
+__all__ = ["SpeculationLengthPolicy"]
 
 #: The policy reuses its step costs until this many new measurements have come in.
 COSTS_REFRESH_RECORDS = 16

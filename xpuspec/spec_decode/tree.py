@@ -18,29 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xpuspec.sample.draft_tree import (
-    AUTO,
-    MAX_TREE_DEPTH,
-    MAX_TREE_NODES,
-    MAX_TREE_WIDTH,
-    TreeShape,
-    parse_draft_tree,
-    parse_draft_tree_text,
-)
-
-# The shape a request asks for lives in xpuspec.sample.draft_tree (sample and core need it); named
-# here too, where the tree's callers above those layers import it from.
-__all__ = [
-    "AUTO",
-    "MAX_TREE_DEPTH",
-    "MAX_TREE_NODES",
-    "MAX_TREE_WIDTH",
-    "DraftTree",
-    "TreeShape",
-    "parse_draft_tree",
-    "parse_draft_tree_text",
-]
-
 
 @dataclass
 class DraftTree:

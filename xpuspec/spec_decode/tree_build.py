@@ -21,8 +21,9 @@ import numpy as np
 
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.sample.sampler import probabilities
-from xpuspec.spec_decode.tree import DraftTree, TreeShape
+from xpuspec.spec_decode.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 

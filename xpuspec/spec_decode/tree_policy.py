@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xpuspec.spec_decode.speculation_length import CostModel
-from xpuspec.spec_decode.tree import MAX_TREE_DEPTH, TreeShape
+from xpuspec.sample.draft_tree import MAX_TREE_DEPTH, TreeShape
+from xpuspec.spec_decode.cost_model import CostModel
 
 MAX_RANK = 4  # widths considered: 1 .. MAX_RANK
 # Before measurements: the chance that the target's token is the draft's rank-r candidate, given

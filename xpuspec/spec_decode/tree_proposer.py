@@ -41,8 +41,8 @@ from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import TargetExecutor
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.catch_up import catch_up_chunk
-from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,9 @@ from research.training.eagle3_ttt import collate, heldout_acceptance, rollout_lo
 from research.training.train_eagle3 import main  # noqa: E402
 from tests.conftest import F32  # noqa: E402
 from tests.support.tiny_checkpoints import make_tiny_checkpoint  # noqa: E402
-from xpuspec.executor.eagle3_head import Eagle3Head, HeadStep  # noqa: E402
+from xpuspec.executor.eagle3_head import Eagle3Head  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
+from xpuspec.spec_decode.eagle3.head import HeadStep  # noqa: E402
 from xpuspec.spec_decode.eagle3.weights import load_head_weights  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -35,9 +35,9 @@ import numpy as np
 
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.eagle3.head import HeadStep, HeadStepResult
 from xpuspec.spec_decode.eagle3.head_state import HeadStates
-from xpuspec.spec_decode.tree import TreeShape
 from xpuspec.spec_decode.tree_build import TreeBuild
 
 logger = logging.getLogger(__name__)
