@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import F32
+from tests.support.engine_runs import run_engine
 from xpuspec import SamplingParams
 from xpuspec.core.interfaces import Drafter, DrafterCaps
 from xpuspec.core.proposal import Proposal, TokenDraw
@@ -68,15 +69,7 @@ class ScriptedDrafter:
 
 def run(engine: LLMEngine) -> tuple[list[list[int]], list[RequestStats]]:
     """Every prompt at once, stepped until all finish; tokens and stats in prompt order."""
-    tokens: dict[str, list[int]] = {f"r{index}": [] for index in range(len(PROMPTS))}
-    stats: dict[str, RequestStats] = {}
-    for index, prompt in enumerate(PROMPTS):
-        engine.add_request(f"r{index}", prompt, GREEDY)
-    while engine.has_unfinished():
-        for output in engine.step():
-            tokens[output.request_id].extend(output.new_token_ids)
-            stats[output.request_id] = output.stats
-    return list(tokens.values()), [stats[request_id] for request_id in tokens]
+    return run_engine(engine, PROMPTS, GREEDY)
 
 
 def make_engine(pair_bundle: Path, drafter: Drafter | None) -> LLMEngine:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import F32
+from tests.support.engine_runs import run_engine
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.core.request_stats import RequestStats
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.executor.paged_runner import PagedModelRunner
 from xpuspec.executor.stateful_runner import Rollback, StatefulModelRunner
@@ -32,21 +32,6 @@ def greedy(num_draft_tokens: int | None = None) -> SamplingParams:
     return SamplingParams(
         max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens
     )
-
-
-def run_engine(
-    engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
-) -> tuple[list[list[int]], list[RequestStats]]:
-    """Submit every prompt at once and step until all finish; tokens and stats in prompt order."""
-    tokens: dict[str, list[int]] = {f"r{index}": [] for index in range(len(prompts))}
-    stats: dict[str, RequestStats] = {}
-    for index, prompt in enumerate(prompts):
-        engine.add_request(f"r{index}", prompt, params)
-    while engine.has_unfinished():
-        for output in engine.step():
-            tokens[output.request_id].extend(output.new_token_ids)
-            stats[output.request_id] = output.stats
-    return list(tokens.values()), [stats[request_id] for request_id in tokens]
 
 
 @pytest.fixture(scope="module")
