@@ -77,7 +77,11 @@ class OllamaContext(ResponseContext):
             "prompt_eval_duration": _ns(first - arrival),
             "eval_count": self.num_completion_tokens,
             "eval_duration": _ns(last - first),
-            **self.note(0, finish_reason),
+            # The note names the OpenAI parameter; here the limit is num_predict.
+            **{
+                k: v.replace("max_tokens", "options.num_predict")
+                for k, v in self.note(0, finish_reason).items()
+            },
         }
 
 
