@@ -42,10 +42,10 @@ def test_text_lines_then_the_final_line_with_counters_in_nanoseconds() -> None:
     writes = [
         chunk({"role": "assistant", "content": ""}),
         chunk({"content": "Hel"}) + chunk({"content": "lo"}),
-        chunk({"content": "!"}) + chunk({}, "length") + sse("[DONE]"),
+        chunk({"content": "!"}),
     ]
-    out = lines(writes, context())
-    assert [line["message"]["content"] for line in out] == ["Hello", "!", ""]
+    out = lines([*writes, chunk({}, "length") + sse("[DONE]")], context())
+    assert [line["message"]["content"] for line in out] == ["Hello", "!", ""]  # no line without text
     assert [line["done"] for line in out] == [False, False, True]
     final = out[-1]
     assert final["model"] == "m:latest" and final["done_reason"] == "length"

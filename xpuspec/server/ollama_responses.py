@@ -131,7 +131,8 @@ def ndjson(line: dict[str, Any]) -> str:
 
 
 def ollama_stream(frames: Generator[str, None, None], context: OllamaContext) -> Iterator[str]:
-    """The NDJSON lines of a reply from the SSE frames of its OpenAI stream.
+    """The NDJSON lines of a reply from the SSE frames of its OpenAI stream: per write, one line with
+    its text and calls (none when it has neither), then an error line or the final one.
 
     Closing this generator closes ``frames``, whose own ``finally`` aborts the engine request: a
     client that leaves is cancelled as on /v1/*.
@@ -139,20 +140,16 @@ def ollama_stream(frames: Generator[str, None, None], context: OllamaContext) ->
     finish_reason: str | None = None
     try:
         for write in frames:
+            out: list[str] = []
             text: list[str] = []
             calls: list[dict[str, Any]] = []
-            out: list[str] = []
             for event in write.split("\n\n"):
                 if not event.startswith("data: "):
                     continue
                 payload = event[len("data: ") :]
                 if payload == "[DONE]":
-                    if text or calls:
-                        out.append(ndjson(context.line("".join(text), tool_calls=calls)))
-                        text, calls = [], []
-                    final = {**context.line("", done=True), **context.counters(finish_reason)}
-                    out.append(ndjson(final))
-                    continue
+                    out.append(ndjson({**context.line("", done=True), **context.counters(finish_reason)}))
+                    break
                 chunk = json.loads(payload)
                 if "error" in chunk:  # the Ollama client raises on a line with "error"
                     out.append(ndjson({"error": chunk["error"]["message"]}))
@@ -163,7 +160,8 @@ def ollama_stream(frames: Generator[str, None, None], context: OllamaContext) ->
                     if delta is not None and delta.get("tool_calls"):
                         calls.extend(ollama_tool_calls(delta["tool_calls"]))
                     finish_reason = choice.get("finish_reason") or finish_reason
-            if (text and "".join(text)) or calls:
+            # Text and calls come before the error or final line that may end the write.
+            if "".join(text) or calls:
                 out.insert(0, ndjson(context.line("".join(text), tool_calls=calls)))
             if out:
                 yield "".join(out)
