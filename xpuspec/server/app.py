@@ -14,6 +14,7 @@ from xpuspec.server.config import ServerConfig
 from xpuspec.server.engine_loop import EngineLoop
 from xpuspec.server.errors import APIError, error_response, register_error_handlers
 from xpuspec.server.metrics import ServerMetrics
+from xpuspec.server.ollama_routes import ollama_api
 from xpuspec.server.openai_routes import openai_api
 from xpuspec.server.ops_routes import operations
 from xpuspec.server.state import EXTENSION_KEY, ServerState, server_state
@@ -57,6 +58,7 @@ def create_app(
     app.before_request(_authenticate)
     app.after_request(_count_request)
     app.register_blueprint(openai_api)
+    app.register_blueprint(ollama_api)
     app.register_blueprint(operations)
     app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]
     if start:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
-from xpuspec.server.engine_loop import NotAcceptingError, QueueFullError
+from xpuspec.server.engine_loop import Generation, NotAcceptingError, QueueFullError
 from xpuspec.server.errors import APIError
 from xpuspec.server.json_body import parse_json_object
 from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
@@ -65,9 +65,11 @@ class TrackedStream:
                 self._on_close = None
 
 
-def _generate(
-    kind: Kind, body: CompletionRequest | ChatCompletionRequest, prepared: PreparedRequest
-) -> Response:
+def start_generation(
+    kind: Kind, prepared: PreparedRequest, context_type: type[ResponseContext] = ResponseContext
+) -> tuple[Generation, ResponseContext]:
+    """Submit a prepared request to the engine loop (400 beyond the per-request bounds, 503 when full
+    or not accepting) and the context its response is built with; shared with the Ollama routes."""
     state = server_state()
     # Bounds one request can never get past: a 400, since retrying (a 503) could never succeed.
     limit = min(state.config.max_choices, state.loop.max_in_flight)
@@ -89,7 +91,7 @@ def _generate(
         ) from None
     except NotAcceptingError as error:
         raise APIError(503, f"not accepting requests: {error}", code="unavailable") from None
-    context = ResponseContext(
+    context = context_type(
         kind=kind,
         model=state.config.served_model_name,
         num_prompt_tokens=prepared.num_prompt_tokens,
@@ -100,6 +102,14 @@ def _generate(
         constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
     )
     request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
+    return generation, context
+
+
+def _generate(
+    kind: Kind, body: CompletionRequest | ChatCompletionRequest, prepared: PreparedRequest
+) -> Response:
+    generation, context = start_generation(kind, prepared)
+    state = server_state()
     state.response_opened(streamed=bool(body.stream))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

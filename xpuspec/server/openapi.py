@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from xpuspec.server import ollama_openapi
 from xpuspec.server.schemas import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -25,7 +26,11 @@ REF = "#/components/schemas/{model}"
 
 @lru_cache(maxsize=1)
 def _component_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
-    request_models: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest]
+    request_models: list[type[BaseModel]] = [
+        CompletionRequest,
+        ChatCompletionRequest,
+        *ollama_openapi.REQUEST_MODELS,
+    ]
     response_models: list[type[BaseModel]] = [
         CompletionResponse,
         ChatCompletionResponse,
@@ -33,6 +38,7 @@ def _component_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
         ModelCard,
         ErrorResponse,
         EngineState,
+        *ollama_openapi.RESPONSE_MODELS,
     ]
     keys, definitions = models_json_schema(
         [(model, "validation") for model in request_models]
@@ -86,7 +92,8 @@ def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
         "info": {
             "title": "xpuspec",
             "version": "1",
-            "description": f"OpenAI-compatible API over speculative decoding; serves {served_model_name!r}.",
+            "description": f"OpenAI-compatible API over speculative decoding, and Ollama's (/api/*); "
+            f"serves {served_model_name!r}.",
         },
         "paths": {
             "/v1/completions": {
@@ -133,6 +140,7 @@ def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
                     },
                 }
             },
+            **ollama_openapi.ollama_paths(refs),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",

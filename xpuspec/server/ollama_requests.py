@@ -1,0 +1,212 @@
+"""Ollama request bodies into the OpenAI request models the server already prepares and runs.
+
+/api/chat becomes a ``ChatCompletionRequest``; /api/generate becomes one too (the prompt as the user
+message, ``system`` before it), or a ``CompletionRequest`` with ``raw: true`` or for a model without
+a chat template. Everything after that (templating, tools, structured output, limits, the engine
+loop) is the OpenAI routes' code. The functions here take no Flask request: a Ray Serve ingress can
+call them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from xpuspec.server.choices import PreparedRequest
+from xpuspec.server.errors import APIError
+from xpuspec.server.ollama_schemas import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    UNLIMITED_PREDICT,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaGenerationFields,
+    OllamaMessage,
+    OllamaOptions,
+)
+from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
+
+# Ollama's tag for "the one version there is": `name:latest` names the same model as `name`.
+LATEST_TAG = ":latest"
+
+
+def _neutral(*values: Any) -> Callable[[Any], bool]:
+    return lambda value: value is None or any(value == v and type(value) is not bool for v in values)
+
+
+def _off(value: Any) -> bool:
+    return value is None or value is False
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value in ("", [], {})
+
+
+# field -> (is it at its neutral value?, what the client may send instead); see unsupported.py.
+Check = tuple[Callable[[Any], bool], str]
+SHARED: dict[str, Check] = {
+    "think": (_off, "omit it or send false: this model does not think"),
+    "logprobs": (_off, "omit it or send false"),
+    "top_logprobs": (_neutral(0), "omit it or send 0"),
+}
+GENERATE: dict[str, Check] = {
+    **SHARED,
+    "suffix": (_empty, "omit it: fill-in-the-middle is not supported"),
+    "images": (_empty, "omit it: this model reads text only"),
+    "context": (_empty, "omit it: send the conversation to /api/chat instead"),
+    "template": (_empty, "omit it: the model's own chat template is used (or raw: true)"),
+}
+# Sampling options xpuspec does not implement; load-time options are ignored (nothing to load).
+OPTIONS: dict[str, Check] = {
+    "options.repeat_penalty": (_neutral(1), "omit it or send 1"),
+    "options.presence_penalty": (_neutral(0), "omit it or send 0"),
+    "options.frequency_penalty": (_neutral(0), "omit it or send 0"),
+    "options.min_p": (_neutral(0), "omit it or send 0"),
+    "options.typical_p": (_neutral(1), "omit it or send 1"),
+    "options.tfs_z": (_neutral(1), "omit it or send 1"),
+    "options.mirostat": (_neutral(0), "omit it or send 0"),
+}
+
+
+def check_supported(body: Mapping[str, Any], checks: Mapping[str, Check]) -> None:
+    """A 400 naming the first field sent with a value this server does not implement."""
+    options = body.get("options")
+    fields = {
+        **body,
+        **({f"options.{k}": v for k, v in options.items()} if isinstance(options, dict) else {}),
+    }
+    for name, (neutral, instead) in {**checks, **OPTIONS}.items():
+        if name in fields and not neutral(fields[name]):
+            raise APIError(
+                400,
+                f"{name} is not supported by this server: {instead}",
+                param=name,
+                code="unsupported_parameter",
+            )
+
+
+def resolve_model(name: str, model_names: tuple[str, ...]) -> str:
+    """The served name ``name`` means (itself, or with Ollama's ``:latest`` tag); else Ollama's 404."""
+    for candidate in (name, name.removesuffix(LATEST_TAG)):
+        if candidate in model_names:
+            return candidate
+    served = ", ".join(repr(n) for n in model_names)
+    raise APIError(
+        404, f"model {name!r} not found; this server serves {served}", param="model", code="model_not_found"
+    )
+
+
+def _response_format(format_: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    if not format_:
+        return None
+    if format_ == "json":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": "format", "schema": format_}}
+
+
+def _common(body: OllamaGenerationFields, served: str) -> dict[str, Any]:
+    """The OpenAI fields of an Ollama request: sampling with Ollama's defaults, format, streaming."""
+    options = body.options or OllamaOptions()
+    seed = options.seed if options.seed is not None and options.seed >= 0 else None
+    fields: dict[str, Any] = {
+        "model": served,
+        "stream": body.stream is not False,
+        "temperature": DEFAULT_TEMPERATURE if options.temperature is None else options.temperature,
+        "top_p": DEFAULT_TOP_P if options.top_p is None else options.top_p,
+        "top_k": DEFAULT_TOP_K if options.top_k is None else options.top_k,
+        "seed": seed,
+        "stop": options.stop or None,
+        "response_format": _response_format(body.format),
+        "drafter": options.drafter,
+        "num_draft_tokens": options.num_draft_tokens,
+    }
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _validated(model: type[ChatCompletionRequest] | type[CompletionRequest], fields: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(fields, strict=True)
+    except ValidationError as error:
+        message, param = first_error(error)
+        raise APIError(400, message, param=param, code="invalid_value") from None
+
+
+def _message(message: OllamaMessage, index: int) -> dict[str, Any]:
+    """An Ollama message as an OpenAI one: calls get ids and JSON-text arguments, results their tool."""
+    if message.images:
+        raise APIError(
+            400, "images are not supported: this model reads text only", param=f"messages.{index}.images"
+        )
+    converted: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+    if message.tool_calls:
+        converted["tool_calls"] = [
+            {
+                "id": call.id or f"call_{index}_{number}",
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": json.dumps(call.function.arguments)},
+            }
+            for number, call in enumerate(message.tool_calls)
+        ]
+    if message.role == "tool" and message.tool_name:
+        converted["name"] = message.tool_name
+    return converted
+
+
+def chat_request(body: OllamaChatRequest, served: str) -> ChatCompletionRequest:
+    fields = _common(body, served)
+    fields["messages"] = [_message(message, index) for index, message in enumerate(body.messages)]
+    if body.tools:
+        fields["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    return _validated(ChatCompletionRequest, fields)  # type: ignore[no-any-return]
+
+
+def generate_request(
+    body: OllamaGenerateRequest, served: str, templated: bool
+) -> ChatCompletionRequest | CompletionRequest:
+    """``templated``: the model has a chat template and the request is not raw."""
+    fields = _common(body, served)
+    if not templated:
+        # A placeholder the prepared request's max_tokens replaces (apply_limits): the room left is
+        # known only once the prompt is encoded.
+        return _validated(CompletionRequest, {**fields, "prompt": body.prompt or "", "max_tokens": 1})
+    messages = [{"role": "system", "content": body.system}] if body.system else []
+    messages.append({"role": "user", "content": body.prompt or ""})
+    return _validated(ChatCompletionRequest, {**fields, "messages": messages})
+
+
+def check_num_ctx(options: OllamaOptions | None, model_context: int) -> None:
+    num_ctx = options.num_ctx if options is not None else None
+    if num_ctx is not None and num_ctx > model_context:
+        raise APIError(
+            400,
+            f"num_ctx {num_ctx} exceeds this model's context of {model_context} tokens: "
+            f"send at most {model_context}, or leave it out",
+            param="options.num_ctx",
+            code="context_length_exceeded",
+        )
+
+
+def apply_limits(prepared: PreparedRequest, options: OllamaOptions | None, model_context: int) -> None:
+    """Each choice's max_tokens: num_predict, at most what is left of num_ctx (or the model's context).
+
+    As in Ollama, num_predict is a cap: a reply that fills the context ends with done_reason "length".
+    """
+    options = options or OllamaOptions()
+    context = options.num_ctx or model_context
+    room = context - prepared.num_prompt_tokens
+    if room < 1:
+        raise APIError(
+            400,
+            f"the prompt has {prepared.num_prompt_tokens} tokens, which leaves no room in a context of "
+            f"{context} tokens: shorten it, or raise options.num_ctx (at most {model_context})",
+            param="options.num_ctx",
+            code="context_length_exceeded",
+        )
+    predict = options.num_predict
+    max_tokens = room if predict is None or predict in UNLIMITED_PREDICT else min(predict, room)
+    for choice in prepared.choices:
+        choice.params.max_tokens = max_tokens
