@@ -1,0 +1,118 @@
+"""Every command block of the README and the docs pages runs as a reader would run it, so they cannot drift.
+
+Shell blocks run in bash (`set -euo pipefail`) and Python blocks in this interpreter, each in an empty
+folder, with `xpuspec` and `.venv/bin/xpuspec` meaning this checkout's CLI. A block marked
+`server=NAME` runs against one shared `xpuspec serve` of that model: its own `xpuspec serve ... &` line
+must be the command the fixture runs (tests/docs/conftest.py), and port 8000 becomes the server's port.
+A block passes when it exits 0, prints something on stdout (and `expect`, when given), writes no
+traceback, and the server logged no 4xx/5xx answer to it. Identical blocks on two pages run once.
+A skipped block prints its marker's reason (`pytest -ra`).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.docs.blocks import DocBlock, all_blocks
+from tests.docs.conftest import DOC_PORT, SERVE_COMMANDS, DocServer, DocServers, doc_environment
+
+BLOCK_TIMEOUT_S = 600
+VENV_BIN = re.compile(r"(?<![\w./-])\.venv/bin/")
+SERVE_LINE = re.compile(r"^\s*(?P<command>xpuspec serve\b[^&#]*?)\s*&\s*(?:#.*)?$")
+ERROR_ANSWER = re.compile(r"\b(?:GET|POST|PUT|DELETE|HEAD) (?P<route>/\S*) (?P<status>[45]\d\d)\b")
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    server_log: str
+
+
+_runs: dict[tuple[str, str, object], BlockRun] = {}  # identical blocks (README and a page) run once
+
+
+def runnable_text(block: DocBlock) -> str:
+    """The block as it runs here: the checkout's CLI, the shared server's start line taken out."""
+    text = VENV_BIN.sub("", block.text)
+    lines = []
+    for line in text.splitlines():
+        match = SERVE_LINE.match(line)
+        if match is None:
+            lines.append(line)
+            continue
+        assert block.marker.server is not None, f"{block.id} starts a server: mark it server=default or demo"
+        command = " ".join(match["command"].split())
+        assert command == SERVE_COMMANDS[block.marker.server], (
+            f"{block.id} starts `{command}`, but server={block.marker.server} runs "
+            f"`{SERVE_COMMANDS[block.marker.server]}` (tests/docs/conftest.py): make them agree"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def with_port(text: str, server: DocServer | None) -> str:
+    return text if server is None else re.sub(rf"\b{DOC_PORT}\b", str(server.port), text)
+
+
+def run_block(block: DocBlock, folder: Path, bin_dir: Path, server: DocServer | None) -> BlockRun:
+    text = with_port(runnable_text(block), server)
+    if block.is_shell:
+        command = ["bash", "-c", "set -euo pipefail\n" + text]
+    else:
+        script = folder / "block.py"
+        script.write_text(text)
+        command = [sys.executable, str(script)]
+    offset = server.log_size() if server is not None else 0
+    result = subprocess.run(
+        command,
+        cwd=folder,
+        env=doc_environment(bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    server_log = server.log_since(offset) if server is not None else ""
+    return BlockRun(result.returncode, result.stdout, result.stderr, server_log)
+
+
+def block_params() -> list[object]:
+    params = []
+    for block in all_blocks():
+        marks = [pytest.mark.slow, pytest.mark.smollm2] if block.needs_default_model else []
+        params.append(pytest.param(block, id=block.id, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("block", block_params())
+def test_doc_block_runs(
+    block: DocBlock,
+    tmp_path: Path,
+    doc_bin: Path,
+    doc_servers: DocServers,
+    request: pytest.FixtureRequest,
+) -> None:
+    if not block.marker.run:
+        pytest.skip(f"{block.id}: {block.marker.skip_reason}")
+    if block.needs_default_model:
+        request.getfixturevalue("smollm2_gguf")  # skips without the default model's GGUF
+    key = (block.language, block.text, block.marker)
+    if key not in _runs:
+        server = doc_servers.get(block.marker.server) if block.marker.server else None
+        _runs[key] = run_block(block, tmp_path, doc_bin, server)
+    run = _runs[key]
+    shown = f"{block.id} ({block.language}):\n{block.text}\nstdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, f"exit {run.returncode}: {shown}"
+    assert "Traceback" not in run.stderr, shown
+    assert run.stdout.strip(), f"printed nothing on stdout: {shown}"
+    if block.marker.expect is not None:
+        assert block.marker.expect in run.stdout, f"no {block.marker.expect!r} on stdout: {shown}"
+    errors = [match.group(0) for match in ERROR_ANSWER.finditer(run.server_log)]
+    assert not errors, f"the server answered {errors}: {shown}\nserver log:\n{run.server_log[-3000:]}"
