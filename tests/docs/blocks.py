@@ -134,4 +134,6 @@ def doc_pages(root: Path = REPO_ROOT) -> list[Path]:
 
 
 def all_blocks(root: Path = REPO_ROOT) -> list[DocBlock]:
-    return [block for path in doc_pages(root) for block in read_blocks(path, path.relative_to(root).as_posix())]
+    return [
+        block for path in doc_pages(root) for block in read_blocks(path, path.relative_to(root).as_posix())
+    ]

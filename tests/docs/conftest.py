@@ -28,6 +28,7 @@ DOC_PORT = "8000"
 # A first use converts the default model before serving it; on a loaded CI machine that takes minutes.
 READY_TIMEOUT_S = 600.0
 READY_LINE = "xpuspec serve: ready on "
+LOG_SETTLE_S, LOG_SETTLE_MAX_S = 0.5, 5.0
 
 
 def free_port() -> int:
@@ -73,6 +74,12 @@ class DocServer:
         return self.stderr_path.stat().st_size
 
     def log_since(self, offset: int) -> str:
+        """The log written after `offset`, once it has settled: a request's access line is written when
+        its response closes, which can be just after the client has read the whole response."""
+        deadline, size = time.monotonic() + LOG_SETTLE_MAX_S, -1
+        while size != self.log_size() and time.monotonic() < deadline:
+            size = self.log_size()
+            time.sleep(LOG_SETTLE_S)
         with self.stderr_path.open("rb") as log:
             log.seek(offset)
             return log.read().decode(errors="replace")

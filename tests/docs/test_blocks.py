@@ -47,7 +47,8 @@ def test_a_marker_that_says_nothing_clear_is_refused(body: str) -> None:
 def test_a_block_is_found_with_its_marker_language_and_line(tmp_path: Path) -> None:
     (block,) = blocks_of(
         tmp_path,
-        "# Page\n\n<!-- doc-test: run server=demo -->\n```bash\ncurl localhost:8000/health\n```\n\n```\ndiagram\n```\n",
+        "# Page\n\n<!-- doc-test: run server=demo -->\n```bash\ncurl localhost:8000/health\n```\n"
+        "\n```\ndiagram\n```\n",
     )
     assert (block.line, block.language, block.text) == (4, "bash", "curl localhost:8000/health\n")
     assert block.marker.server == "demo" and block.id == "page.md:4"

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.blocks import DocBlock, all_blocks
+from tests.docs.blocks import DocBlock, Marker, all_blocks
 from tests.docs.conftest import DOC_PORT, SERVE_COMMANDS, DocServer, DocServers, doc_environment
 
-BLOCK_TIMEOUT_S = 600
+BLOCK_TIMEOUT_S = 300  # a hang guard: every block here ends in well under a minute
 VENV_BIN = re.compile(r"(?<![\w./-])\.venv/bin/")
 SERVE_LINE = re.compile(r"^\s*(?P<command>xpuspec serve\b[^&#]*?)\s*&\s*(?:#.*)?$")
 ERROR_ANSWER = re.compile(r"\b(?:GET|POST|PUT|DELETE|HEAD) (?P<route>/\S*) (?P<status>[45]\d\d)\b")
@@ -108,11 +108,44 @@ def test_doc_block_runs(
         server = doc_servers.get(block.marker.server) if block.marker.server else None
         _runs[key] = run_block(block, tmp_path, doc_bin, server)
     run = _runs[key]
-    shown = f"{block.id} ({block.language}):\n{block.text}\nstdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
-    assert run.returncode == 0, f"exit {run.returncode}: {shown}"
-    assert "Traceback" not in run.stderr, shown
-    assert run.stdout.strip(), f"printed nothing on stdout: {shown}"
-    if block.marker.expect is not None:
-        assert block.marker.expect in run.stdout, f"no {block.marker.expect!r} on stdout: {shown}"
+    found = problems(block, run)
+    assert not found, "; ".join(found) + f"\n{block.id} ({block.language}):\n{block.text}\n{shown(run)}"
+
+
+def problems(block: DocBlock, run: BlockRun) -> list[str]:
+    """What a reader would see go wrong: an exit code, a traceback, no output, an error answer."""
+    found = []
+    if run.returncode != 0:
+        found.append(f"exit {run.returncode}")
+    if "Traceback" in run.stderr:
+        found.append("a traceback on stderr")
+    if not run.stdout.strip():
+        found.append("nothing on stdout")
+    if block.marker.expect is not None and block.marker.expect not in run.stdout:
+        found.append(f"no {block.marker.expect!r} on stdout")
     errors = [match.group(0) for match in ERROR_ANSWER.finditer(run.server_log)]
-    assert not errors, f"the server answered {errors}: {shown}\nserver log:\n{run.server_log[-3000:]}"
+    if errors:
+        found.append(f"the server answered {errors}")
+    return found
+
+
+def shown(run: BlockRun) -> str:
+    return (
+        f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}\nserver log:\n{run.server_log[-3000:]}"
+    )
+
+
+def test_a_block_the_server_answers_with_an_error_fails(
+    tmp_path: Path, doc_bin: Path, doc_servers: DocServers
+) -> None:
+    """curl -s exits 0 on a 404; the access log still tells the test (as with a wrong model name)."""
+    block = DocBlock(
+        "page.md",
+        1,
+        "bash",
+        "curl -s localhost:8000/v1/models/no-such-model\n",
+        Marker(run=True, server="demo"),
+    )
+    run = run_block(block, tmp_path, doc_bin, doc_servers.get("demo"))
+    assert run.returncode == 0 and run.stdout.strip(), shown(run)
+    assert problems(block, run) == [f"the server answered {['GET /v1/models/no-such-model 404']}"], shown(run)
