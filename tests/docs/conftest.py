@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import stat
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.blocks import REPO_ROOT
+from tests.server.conftest import free_port
 
 # The serve command each server= marker stands for, as the docs write it; a block's serve line must be
 # this command, which the fixture then runs (on a free port in place of 8000).
@@ -29,12 +29,6 @@ DOC_PORT = "8000"
 READY_TIMEOUT_S = 600.0
 READY_LINE = "xpuspec serve: ready on "
 LOG_SETTLE_S, LOG_SETTLE_MAX_S = 0.5, 5.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def doc_environment(bin_dir: Path) -> dict[str, str]:
