@@ -25,6 +25,7 @@ from tests.docs.conftest import DOC_PORT, SERVE_COMMANDS, DocServer, DocServers,
 BLOCK_TIMEOUT_S = 300  # a hang guard: every block here ends in well under a minute
 VENV_BIN = re.compile(r"(?<![\w./-])\.venv/bin/")
 SERVE_LINE = re.compile(r"^\s*(?P<command>xpuspec serve\b[^&#]*?)\s*&\s*(?:#.*)?$")
+PORT_OPTION = re.compile(r"--port[ =](?P<port>\d+)")
 ERROR_ANSWER = re.compile(r"\b(?:GET|POST|PUT|DELETE|HEAD) (?P<route>/\S*) (?P<status>[45]\d\d)\b")
 
 
@@ -39,10 +40,11 @@ class BlockRun:
 _runs: dict[tuple[str, str, object], BlockRun] = {}  # identical blocks (README and a page) run once
 
 
-def runnable_text(block: DocBlock) -> str:
-    """The block as it runs here: the checkout's CLI, the shared server's start line taken out."""
+def runnable_text(block: DocBlock) -> tuple[str, set[str]]:
+    """The block as it runs here (the checkout's CLI, the shared server's start line taken out), and the
+    ports it names for that server: 8000, or the `--port` of its serve line (Ollama's 11434, say)."""
     text = VENV_BIN.sub("", block.text)
-    lines = []
+    lines, ports = [], {DOC_PORT}
     for line in text.splitlines():
         match = SERVE_LINE.match(line)
         if match is None:
@@ -50,19 +52,25 @@ def runnable_text(block: DocBlock) -> str:
             continue
         assert block.marker.server is not None, f"{block.id} starts a server: mark it server=default or demo"
         command = " ".join(match["command"].split())
+        port = PORT_OPTION.search(command)
+        if port is not None:
+            ports.add(port["port"])
+            command = PORT_OPTION.sub(f"--port {DOC_PORT}", command)
         assert command == SERVE_COMMANDS[block.marker.server], (
             f"{block.id} starts `{command}`, but server={block.marker.server} runs "
             f"`{SERVE_COMMANDS[block.marker.server]}` (tests/docs/conftest.py): make them agree"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", ports
 
 
-def with_port(text: str, server: DocServer | None) -> str:
-    return text if server is None else re.sub(rf"\b{DOC_PORT}\b", str(server.port), text)
+def with_port(text: str, ports: set[str], server: DocServer | None) -> str:
+    if server is None:
+        return text
+    return re.sub(rf"\b(?:{'|'.join(sorted(ports))})\b", str(server.port), text)
 
 
 def run_block(block: DocBlock, folder: Path, bin_dir: Path, server: DocServer | None) -> BlockRun:
-    text = with_port(runnable_text(block), server)
+    text = with_port(*runnable_text(block), server)
     if block.is_shell:
         command = ["bash", "-c", "set -euo pipefail\n" + text]
     else:
@@ -149,3 +157,29 @@ def test_a_block_the_server_answers_with_an_error_fails(
     run = run_block(block, tmp_path, doc_bin, doc_servers.get("demo"))
     assert run.returncode == 0 and run.stdout.strip(), shown(run)
     assert problems(block, run) == [f"the server answered {['GET /v1/models/no-such-model 404']}"], shown(run)
+
+
+def test_a_serve_line_on_another_port_is_the_shared_server_on_its_port(
+    tmp_path: Path, doc_bin: Path, doc_servers: DocServers
+) -> None:
+    block = DocBlock(
+        "page.md",
+        1,
+        "bash",
+        ".venv/bin/xpuspec serve --bundle demo --port 11434 &  # note\ncurl -s localhost:11434/v1/models\n",
+        Marker(run=True, server="demo"),
+    )
+    assert runnable_text(block) == ("curl -s localhost:11434/v1/models\n", {"8000", "11434"})
+    run = run_block(block, tmp_path, doc_bin, doc_servers.get("demo"))
+    assert problems(block, run) == [] and "xpuspec-demo" in run.stdout, shown(run)
+
+
+def test_a_serve_line_that_is_not_the_servers_command_is_refused() -> None:
+    block = DocBlock(
+        "page.md", 1, "bash", "xpuspec serve --api-key k &\n", Marker(run=True, server="default")
+    )
+    with pytest.raises(AssertionError, match="make them agree"):
+        runnable_text(block)
+    unmarked = DocBlock("page.md", 1, "bash", "xpuspec serve &\n", Marker(run=True))
+    with pytest.raises(AssertionError, match="starts a server"):
+        runnable_text(unmarked)
