@@ -101,7 +101,9 @@ def estimate(config: Any, bundle: Any, engine_groups: list[list[tuple[str, str]]
     seconds += rows * config.num_prompts * config.rounds * config.max_tokens * token_s
     if config.runs_load:
         levels = sum(config.concurrency) * config.requests_per_client
-        seconds += 2 * SERVER_START_S + 5 * levels * config.max_tokens * token_s
+        servers = 1 if config.quick else 2  # and as many GenAI CB pipelines (xpuspec.bench.load)
+        compiles = COMPILE_FIXED_S + COMPILE_S_PER_GIB * (target + draft) / GIB
+        seconds += servers * (SERVER_START_S + 2 * compiles) + 5 * levels * config.max_tokens * token_s
     return Estimate(seconds, peak, engines)
 
 

@@ -170,7 +170,13 @@ def run_load(config: BenchConfig, bundle: ModelBundle, prompts: list[list[int]])
     servers = {"none": {f"{XPUSPEC} server target-only": {}}, "draft": speculative}
     genai = {f"{GENAI} CB target-only": False, f"{GENAI} CB speculative (γ={GENAI_DRAFT_LENGTH})": True}
     no_draft = "the bundle has no draft model"
-    progress = Progress("load", (len(speculative) + 1 + len(genai)) * len(config.concurrency))
+    if config.quick:
+        # A quick look: one server (xpuspec speculative as it serves by default, and at GenAI's γ) and
+        # GenAI's speculative CB at that γ; target-only where the bundle has no draft.
+        kind = "draft" if bundle.draft is not None else "none"
+        servers = {kind: servers[kind]}
+        genai = {name: with_draft for name, with_draft in genai.items() if with_draft == (kind == "draft")}
+    progress = Progress("load", (sum(map(len, servers.values())) + len(genai)) * len(config.concurrency))
     results: list[LoadResult] = []
 
     def skip(name: str, engine: str, reason: str) -> None:

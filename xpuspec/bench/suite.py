@@ -32,11 +32,13 @@ def run_estimate(config: BenchConfig, bundle: ModelBundle) -> Estimate:
     return estimate(config, bundle, pairs, sum(1 for row in configs if row.engine_key is not None))
 
 
-def check_budget(config: BenchConfig, bundle: ModelBundle, ignore_memory: bool = False) -> Estimate:
+def check_budget(
+    config: BenchConfig, bundle: ModelBundle, ignore_memory: bool = False, available: int | None = None
+) -> Estimate:
     """State the run's estimate on stderr; refuse (CommandError) when the machine's available memory
-    cannot hold its peak, unless ``ignore_memory``."""
+    (``available`` bytes, default MemAvailable) cannot hold its peak, unless ``ignore_memory``."""
     cost = run_estimate(config, bundle)
-    available = mem_available()
+    available = mem_available() if available is None else available
     free = f"; {available / GIB:.1f} GB available" if available is not None else ""
     print(f"xpuspec bench: this run takes {cost.describe()} (a rough estimate){free}", file=sys.stderr)
     if available is not None and cost.peak_bytes > available and not ignore_memory:
