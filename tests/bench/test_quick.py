@@ -34,7 +34,7 @@ QUICK_LOAD_NAMES = [
 ]
 # Peak resident memory of any one process of `bench --quick --bundle demo` (the bench, its server).
 # Every engine of a round held at once took the bench past 900 MB on the demo pair; a pair at a time
-# stays far below (figures: docs/benchmarks.md, "What the bench costs").
+# stays far below (figures: docs/bench-cost.md).
 PEAK_RSS_BOUND_MB = 512
 # Runs the bench as a child and prints the largest resident set of its waited-for processes (KiB).
 MEASURE = (

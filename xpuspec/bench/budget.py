@@ -5,7 +5,7 @@ The estimate counts the engines the run compiles (every engine of a round at onc
 a pair at a time with --quick) and prices each from the size of its model files: a compiled engine
 holds its weights decompressed (int4 and int8 files grow to bf16 or f32) plus its KV cache. The
 coefficients are upper bounds fitted to engines measured one at a time on the default model and the
-demo pair (docs/benchmarks.md, "What the bench costs"); tracemalloc sees none of OpenVINO's memory,
+demo pair (docs/bench-cost.md); tracemalloc sees none of OpenVINO's memory,
 so they come from VmRSS.
 """
 

@@ -3,7 +3,9 @@
 Modes: latency (batch 1: target-only and speculative at each draft length and adaptive, beside
 OpenVINO GenAI's LLMPipeline, transformers' assisted generation and llama.cpp where available),
 load (a concurrency sweep against a real `xpuspec serve`, beside GenAI's continuous batching),
-all (both). Writes report.json, report.md and PNG plots into --out.
+all (both). Writes report.json, report.md and PNG plots into --out. Every run first states its rough
+time and memory estimate, and refuses to start when the machine's available memory cannot hold it
+(--ignore-memory starts it anyway).
 """
 
 from __future__ import annotations
@@ -58,9 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a quick look: xpuspec beside GenAI at the same properties (target-only, fixed and adaptive γ, "
-        "the exact reference), few short prompts, one round, engines freed pair by pair; about a minute "
-        "on a small CPU with the default model, well under 4 GB",
+        help="a quick look: xpuspec beside GenAI at the same properties (target-only, fixed and adaptive "
+        "γ, the exact reference; one server), 3 short prompts, one round, engines compiled a pair at a "
+        "time; about a minute on an idle 2-core CPU with the default model, under 2 GB (docs/bench-cost.md)",
     )
     parser.add_argument(
         "--ignore-memory",
