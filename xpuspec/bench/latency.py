@@ -52,6 +52,7 @@ from xpuspec.bench.latency_runner import XpuspecLatencyRunner, measure_step_cost
 from xpuspec.bench.peers import why_failed
 from xpuspec.bench.progress import Progress
 from xpuspec.bench.quick import engine_groups, quick_rows
+from xpuspec.bench.report import not_run
 from xpuspec.model_bundle import ModelBundle
 
 __all__ = ["GENAI", "XPUSPEC", "XpuspecLatencyRunner", "genai_default_properties", "run_latency"]
@@ -87,6 +88,7 @@ def run_latency(
     configs, engines = configurations(config, bundle, build_pipeline, same_properties, default_properties)
     if config.quick:
         configs, engines = quick_rows(configs, engines)
+    _say_not_run(configs)
     active = adjacent_peers([c for c in configs if c.engine_key is not None])
     engine_of = {id(row): row.engine_key for row in active}  # as listed: a failure clears engine_key
     progress = Progress("latency", config.rounds * (len(engines) + len(active) * len(prompts)))
@@ -126,6 +128,16 @@ def run_latency(
             gc.collect()
         _add_curves(curves, cost_models, config.draft_lengths)
     return _section(configs, curves, costs, compiled, same_properties, default_properties)
+
+
+def _say_not_run(configs: list[Row]) -> None:
+    """One line on stderr per reason rows cannot run here, naming its rows (the report has a row each)."""
+    reasons: dict[str, list[str]] = {}
+    for row in configs:
+        if row.engine_key is None:
+            reasons.setdefault(not_run(row.result.reason), []).append(row.result.name)
+    for reason, names in reasons.items():
+        logger.info("%s (%s)", reason, ", ".join(names))
 
 
 def _compile_round(
