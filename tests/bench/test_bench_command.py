@@ -1,4 +1,6 @@
-"""`xpuspec bench --quick` on the tiny pair: the report's structure, never its timings."""
+"""The full bench's rows at the quick sizes on the tiny pair: the report's structure, never its timings.
+
+(`--quick` itself, which runs fewer rows, is tested in test_quick.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from xpuspec.cli import main
+from xpuspec.bench.config import QUICK, BenchConfig
+from xpuspec.bench.report import write_report
+from xpuspec.bench.suite import run_bench
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LATENCY_NAMES = [
@@ -51,12 +55,17 @@ LOAD_NAMES = [
 @pytest.fixture(scope="module")
 def bench_out(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bench")
-    argv = ["bench", "--bundle", str(pair_bundle), "--quick", "--out", str(out)]
     # The pair's Hugging Face checkpoints sit beside the bundle: transformers runs as a peer too.
     hf_target, hf_draft = pair_bundle.parent / "target", pair_bundle.parent / "draft"
-    if (hf_target / "config.json").is_file() and (hf_draft / "config.json").is_file():
-        argv += ["--hf-target", str(hf_target), "--hf-draft", str(hf_draft)]
-    assert main(argv) == 0
+    hf = (hf_target / "config.json").is_file() and (hf_draft / "config.json").is_file()
+    config = BenchConfig(
+        out=out,
+        bundle=pair_bundle,
+        hf_target=hf_target if hf else None,
+        hf_draft=hf_draft if hf else None,
+        **QUICK,  # the quick sizes, every row of the full bench
+    )
+    write_report(run_bench(config), out)
     return out
 
 
@@ -161,7 +170,7 @@ def test_markdown_has_a_row_for_every_configuration(bench_out: Path, report: dic
         assert any(line.startswith(f"| {name} |") for line in lines), name
     for row in report["latency"]["configurations"]:
         if row["status"] == "skipped":
-            assert f"| {row['name']} | skipped: {row['reason']} |" in markdown
+            assert f"| {row['name']} | not run: {row['reason']} |" in markdown
 
 
 def test_plots_are_png_files(bench_out: Path, report: dict[str, Any]) -> None:

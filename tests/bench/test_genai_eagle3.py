@@ -87,11 +87,16 @@ def test_layer_ids_are_boundaries_minus_one() -> None:
 
 
 def test_a_head_genai_cannot_run_says_why() -> None:
-    def bundle_with(taps: tuple[int, ...], norm_before_residual: bool = False) -> SimpleNamespace:
+    def bundle_with(
+        taps: tuple[int, ...], norm_before_residual: bool = False, gguf: bool = False
+    ) -> SimpleNamespace:
         config = SimpleNamespace(norm_before_residual=norm_before_residual)
-        return SimpleNamespace(eagle3=SimpleNamespace(tap_layers=taps, config=lambda: config))
+        target = SimpleNamespace(facts={"gguf": {"file_type": "MOSTLY_Q4_1"}} if gguf else {})
+        return SimpleNamespace(target=target, eagle3=SimpleNamespace(tap_layers=taps, config=lambda: config))
 
     assert genai_eagle3_unavailable(bundle_with((1, 2, 3))) is None
+    # Before any conversion: GenAI fails on such a target with a multi-line C++ exception.
+    assert "converted from GGUF" in str(genai_eagle3_unavailable(bundle_with((1, 2, 3), gguf=True)))
     assert "boundary 0" in str(genai_eagle3_unavailable(bundle_with((0, 1, 2))))
     assert "norm_before_residual" in str(genai_eagle3_unavailable(bundle_with((1, 2, 3), True)))
     assert genai_eagle3_unavailable(SimpleNamespace(eagle3=None)) == "the bundle has no EAGLE-3 head"

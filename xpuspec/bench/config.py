@@ -1,4 +1,4 @@
-"""Settings of one `xpuspec bench` run, with the quick preset the tests use."""
+"""Settings of one `xpuspec bench` run, with the sizes of the ``--quick`` run."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ MIN_ROUNDS = 3  # the methodology's minimum for figures to compare engines by (-
 
 @dataclass
 class BenchConfig:
-    """What to run and how much of it. ``quick()`` gives the about-a-minute preset."""
+    """What to run and how much of it. ``quick``: a quick look (:data:`QUICK` sizes with it): only the rows
+    of :mod:`xpuspec.bench.quick`, engines compiled a pair at a time and freed between pairs."""
 
     out: Path
     bundle: Path | None = None  # None: the default model (SmolLM2 + draft); "demo": the demo pair
@@ -35,6 +36,7 @@ class BenchConfig:
     exact: bool = False  # the same-properties rows (and the load mode) run in exact mode
     server_timeout_s: float = 300.0
     properties: dict[str, Any] = field(default_factory=dict)
+    quick: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -66,6 +68,7 @@ class BenchConfig:
         """The settings as the report records them."""
         return {
             "bundle": str(self.bundle) if self.bundle else "default model (SmolLM2-135M-Instruct + draft)",
+            "quick": self.quick,
             "workload": self.workload,
             "mode": self.mode,
             "draft_lengths": list(self.draft_lengths),

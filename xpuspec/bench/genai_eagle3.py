@@ -85,6 +85,12 @@ def genai_eagle3_unavailable(bundle: Any) -> str | None:
             "the head has norm_before_residual (vLLM's variant); optimum-intel's EAGLE-3 export, which GenAI "
             "loads, keeps the raw hidden state as the residual"
         )
+    if bundle.target.facts.get("gguf"):
+        # GenAI looks for its taps by the layout optimum-intel exports; a target read from GGUF has
+        # another, and GenAI fails with a multi-line C++ exception (docs/benchmarks.md).
+        return (
+            "GenAI's EAGLE-3 cannot tap a target converted from GGUF (export the target with optimum-intel)"
+        )
     return None
 
 

@@ -49,7 +49,10 @@ from xpuspec.bench.latency_labels import (
 from xpuspec.bench.latency_ratios import compare_tokens, peer_ratios
 from xpuspec.bench.latency_rows import BenchEngine, Row, adjacent_peers, compile_order, configurations
 from xpuspec.bench.latency_runner import XpuspecLatencyRunner, measure_step_costs
+from xpuspec.bench.peers import why_failed
 from xpuspec.bench.progress import Progress
+from xpuspec.bench.quick import engine_groups, quick_rows
+from xpuspec.bench.report import not_run
 from xpuspec.model_bundle import ModelBundle
 
 __all__ = ["GENAI", "XPUSPEC", "XpuspecLatencyRunner", "genai_default_properties", "run_latency"]
@@ -83,31 +86,58 @@ def run_latency(
 ) -> dict[str, Any]:
     """Every configuration over ``prompts`` (token ids); returns the report's ``latency`` section."""
     configs, engines = configurations(config, bundle, build_pipeline, same_properties, default_properties)
+    if config.quick:
+        configs, engines = quick_rows(configs, engines)
+    _say_not_run(configs)
     active = adjacent_peers([c for c in configs if c.engine_key is not None])
+    engine_of = {id(row): row.engine_key for row in active}  # as listed: a failure clears engine_key
     progress = Progress("latency", config.rounds * (len(engines) + len(active) * len(prompts)))
     costs: dict[str, float] | None = None
     curves: dict[str, list[dict[str, Any]]] = {}  # engine -> its cost curve, one per round
     kept: dict[str, Any] = {}  # engines built once (fresh_per_round False)
     compiled: list[list[str]] = []
     for round_index in range(config.rounds):
-        # Compile every engine afresh, each xpuspec engine beside its GenAI peer, first in turn.
-        order = compile_order(engines, round_index)
-        built, failed = _compile_round(
-            order, active, kept, prompts[0], config.max_tokens, round_index, progress
+        # The full bench compiles every engine of the round before it runs any (a round's rows run
+        # interleaved); --quick compiles a pair at a time and frees it before the next.
+        groups = (
+            engine_groups(engines, round_index) if config.quick else [compile_order(engines, round_index)]
         )
-        compiled.append([e.key for e in order if e.key in built])
-        if costs is None and f"{XPUSPEC}/draft" in built:
-            costs = measure_step_costs(built[f"{XPUSPEC}/draft"].pipeline)
-        running = _running(active, failed, round_index, len(prompts), progress)
-        _run_round(running, built, prompts, config, round_index, progress)
-        _add_curves(curves, built, config.draft_lengths)
-        # Free this round's engines before the next round compiles its own: pipelines hold reference
-        # cycles, which wait for a full collection, and a round of the default model's engines takes
-        # much of a small machine's memory (without this a third round was killed for memory; figures:
-        # docs/experiments/code-comment-figures.md).
-        del built
-        gc.collect()
+        compiled.append([])
+        cost_models: dict[str, Any] = {}
+        for group in groups:
+            keys = {engine.key for engine in group}
+            rows = [row for row in active if engine_of[id(row)] in keys]
+            built, failed = _compile_round(
+                group, rows, kept, prompts[0], config.max_tokens, round_index, progress
+            )
+            compiled[-1] += [e.key for e in group if e.key in built]
+            if costs is None and f"{XPUSPEC}/draft" in built:
+                costs = measure_step_costs(built[f"{XPUSPEC}/draft"].pipeline)
+            running = _running(rows, failed, round_index, len(prompts), progress)
+            _run_round(running, built, prompts, config, round_index, progress)
+            cost_models.update(
+                (key, runner.pipeline.engine.cost_model)
+                for key, runner in built.items()
+                if isinstance(runner, XpuspecLatencyRunner)
+            )
+            # Free these engines before the next compile: pipelines hold reference cycles, which
+            # wait for a full collection, and a round of the default model's engines takes much of
+            # a small machine's memory (without this a third round was killed for memory; figures:
+            # docs/experiments/code-comment-figures.md).
+            del built
+            gc.collect()
+        _add_curves(curves, cost_models, config.draft_lengths)
     return _section(configs, curves, costs, compiled, same_properties, default_properties)
+
+
+def _say_not_run(configs: list[Row]) -> None:
+    """One line on stderr per reason rows cannot run here, naming its rows (the report has a row each)."""
+    reasons: dict[str, list[str]] = {}
+    for row in configs:
+        if row.engine_key is None:
+            reasons.setdefault(not_run(row.result.reason), []).append(row.result.name)
+    for reason, names in reasons.items():
+        logger.info("%s (%s)", reason, ", ".join(names))
 
 
 def _compile_round(
@@ -136,11 +166,14 @@ def _compile_round(
         except Exception as error:  # a peer that fails to load is reported, not fatal
             if engine.family == XPUSPEC:
                 raise
-            logger.warning("%s failed to load: %s", engine.key, error)
-            failed[engine.key] = f"failed to load: {error}"
+            built.pop(engine.key, None)  # built, but its warm-up failed
+            failed[engine.key] = f"failed to load: {why_failed(error)}"
+            logger.warning("%s not run: %s", engine.key, failed[engine.key])
+            logger.debug("%s failed to load", engine.key, exc_info=error)
         if not engine.fresh_per_round and engine.key in built:
             kept[engine.key] = built[engine.key]
-        progress.advance(f"round {round_index + 1}: compiled {engine.key}")
+        done = "compiled" if engine.key in built else "could not compile"
+        progress.advance(f"round {round_index + 1}: {done} {engine.key}")
     return built, failed
 
 
@@ -156,7 +189,7 @@ def _running(
             progress.advance(f"{entry.result.name}: skipped", units=num_prompts)
         elif key in failed:
             entry.result.status, entry.result.reason, entry.engine_key = SKIPPED, failed[key], None
-            progress.advance(f"{entry.result.name}: {failed[key]}", units=num_prompts)
+            progress.advance(f"{entry.result.name}: not run ({key} failed to load)", units=num_prompts)
         else:
             running.append(entry)
     return running
@@ -182,7 +215,7 @@ def _run_round(
     round_timings = _interleaved_round(running, built, prompts, config.max_tokens, prompt_done)
     for entry, timings in zip(running, round_timings, strict=True):
         if entry.engine_key is None:  # failed during the round
-            progress.advance(f"{entry.result.name}: {entry.result.reason}", units=0)
+            progress.advance(f"{entry.result.name}: not run (see above)", units=0)
             continue
         entry.result.record_round(timings)
         seconds = entry.result.round_seconds[-1]
@@ -192,22 +225,20 @@ def _run_round(
 
 
 def _add_curves(
-    curves: dict[str, list[dict[str, Any]]], built: dict[str, Any], draft_lengths: tuple[int, ...]
+    curves: dict[str, list[dict[str, Any]]], cost_models: dict[str, Any], draft_lengths: tuple[int, ...]
 ) -> None:
-    """Append the round's cost curve of each speculative xpuspec engine to ``curves`` (by row group)."""
+    """Append the round's cost curve of each speculative xpuspec engine to ``curves`` (by row group),
+    from the cost models of the round's engines (by engine key)."""
     for label, key in (
         (XPUSPEC, f"{XPUSPEC}/draft"),
         (XPUSPEC_DEFAULT, f"{XPUSPEC_DEFAULT}/draft"),
         (XPUSPEC_EAGLE3, EAGLE3_KEY),
     ):
-        if key in built:
-            plain = built.get(f"{BASELINE_OF.get(label, label)}/none")
-            curve = cost_curve(
-                built[key].pipeline.engine.cost_model,
-                max(draft_lengths, default=0),
-                plain.pipeline.engine.cost_model if plain is not None else None,
+        if key in cost_models:
+            plain = cost_models.get(f"{BASELINE_OF.get(label, label)}/none")
+            curves.setdefault(label, []).append(
+                cost_curve(cost_models[key], max(draft_lengths, default=0), plain)
             )
-            curves.setdefault(label, []).append(curve)
 
 
 def _section(
@@ -302,5 +333,9 @@ def _guarded(entry: Row, action: Callable[[Row], None]) -> None:
     except Exception as error:
         if entry.result.engine == XPUSPEC:
             raise
-        logger.warning("%s failed: %s", entry.result.name, error)
-        entry.result.status, entry.result.reason, entry.engine_key = SKIPPED, f"failed: {error}", None
+        entry.result.status, entry.result.reason, entry.engine_key = (
+            SKIPPED,
+            f"failed: {why_failed(error)}",
+            None,
+        )
+        logger.warning("%s not run: %s", entry.result.name, entry.result.reason)

@@ -19,7 +19,7 @@ import httpx
 from xpuspec.bench.config import BenchConfig
 from xpuspec.bench.figures import SKIPPED, LoadLevel, LoadResult
 from xpuspec.bench.latency import GENAI, XPUSPEC
-from xpuspec.bench.peers import GenaiBatchRunner, genai_unavailable
+from xpuspec.bench.peers import GenaiBatchRunner, genai_unavailable, why_failed
 from xpuspec.bench.progress import Progress
 from xpuspec.bench.server_process import ServerProcess, StreamedCompletion, stream_completion
 from xpuspec.model_bundle import ModelBundle
@@ -170,12 +170,18 @@ def run_load(config: BenchConfig, bundle: ModelBundle, prompts: list[list[int]])
     servers = {"none": {f"{XPUSPEC} server target-only": {}}, "draft": speculative}
     genai = {f"{GENAI} CB target-only": False, f"{GENAI} CB speculative (γ={GENAI_DRAFT_LENGTH})": True}
     no_draft = "the bundle has no draft model"
-    progress = Progress("load", (len(speculative) + 1 + len(genai)) * len(config.concurrency))
+    if config.quick:
+        # A quick look: one server (xpuspec speculative as it serves by default, and at GenAI's γ) and
+        # GenAI's speculative CB at that γ; target-only where the bundle has no draft.
+        kind = "draft" if bundle.draft is not None else "none"
+        servers = {kind: servers[kind]}
+        genai = {name: with_draft for name, with_draft in genai.items() if with_draft == (kind == "draft")}
+    progress = Progress("load", (sum(map(len, servers.values())) + len(genai)) * len(config.concurrency))
     results: list[LoadResult] = []
 
     def skip(name: str, engine: str, reason: str) -> None:
         results.append(LoadResult(name, engine, SKIPPED, reason))
-        progress.advance(f"{name}: skipped ({reason})", units=len(config.concurrency))
+        progress.advance(f"{name}: not run: {reason}", units=len(config.concurrency))
 
     for drafter, variants in servers.items():
         if drafter == "draft" and bundle.draft is None:
@@ -190,7 +196,6 @@ def run_load(config: BenchConfig, bundle: ModelBundle, prompts: list[list[int]])
                 results.append(_sweep_genai(config, bundle, name, with_draft, prompts, progress))
                 continue
             except Exception as error:  # a peer that fails is reported, not fatal
-                logger.warning("%s failed: %s", name, error)
-                reason = f"failed: {error}"
+                reason = f"failed: {why_failed(error)}"  # said once, by skip's line
         skip(name, GENAI, reason)
     return {"configurations": [r.as_dict() for r in results]}

@@ -16,8 +16,18 @@ from typing import Any
 import numpy as np
 
 from xpuspec.bench.figures import RequestTiming
+from xpuspec.errors import one_line, openvino_message
 
 logger = logging.getLogger(__name__)
+
+
+def why_failed(error: BaseException, limit: int = 300) -> str:
+    """A peer's failure as one line for the report and the log: OpenVINO's C++ exceptions span lines
+    of source locations ("Exception from src/...") around the message, which would break a table cell
+    and bury the reason; the meaningful part, joined, and cut at ``limit`` characters."""
+    text = openvino_message(error) or one_line(str(error) or type(error).__name__)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def genai_unavailable() -> str | None:

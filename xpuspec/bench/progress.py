@@ -1,9 +1,12 @@
-"""Progress of a long benchmark on stderr (through logging): which part, which round, time left."""
+"""Progress of a long benchmark on stderr (through logging): which part, which round, time left, and
+the bench process's resident memory (so what holds memory shows row by row)."""
 
 from __future__ import annotations
 
 import logging
 import time
+
+from xpuspec.bench.budget import GIB, rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -21,12 +24,14 @@ class Progress:
         self.done_units += units
         elapsed = time.monotonic() - self.started
         left = elapsed / self.done_units * (self.total_units - self.done_units)
+        rss = rss_bytes()
         logger.info(
-            "[%s %d/%d, %.0f s, ~%.0f s left] %s",
+            "[%s %d/%d, %.0f s, ~%.0f s left%s] %s",
             self.section,
             self.done_units,
             self.total_units,
             elapsed,
             left,
+            f", RSS {rss / GIB:.2f} GB" if rss is not None else "",
             message,
         )

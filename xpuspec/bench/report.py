@@ -58,16 +58,27 @@ def _same_text(row: dict[str, Any]) -> str:
     return f"{_number(ratio, 2)} ({equal})" if ratio is not None else f"({equal})"
 
 
+def _cell(text: str) -> str:
+    """A Markdown table cell: on one line, its pipes escaped (an error message may hold either)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
 
 
 def _header(columns: tuple[str, ...]) -> list[str]:
     return [_row(list(columns)), _row(["---"] + ["---:"] * (len(columns) - 1))]
 
 
+def not_run(reason: str | None) -> str:
+    """A row that did not run, as its one cell says it: ``not run: <reason>``."""
+    text = (reason or "no reason given").strip()
+    return text if text.startswith("not run: ") else f"not run: {text}"
+
+
 def _skipped_row(name: str, reason: str | None, width: int) -> str:
-    return _row([name, f"skipped: {reason}"] + [""] * (width - 2))
+    return _row([name, not_run(reason)] + [""] * (width - 2))
 
 
 def latency_table(section: dict[str, Any]) -> list[str]:
@@ -194,6 +205,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"- workload: {settings['workload']}, {settings['prompts']} prompts, {settings['max_tokens']} new "
         f"tokens each, greedy, end-of-sequence ignored; properties: {settings['properties']}",
     ]
+    if settings.get("quick"):
+        lines.append(
+            "- --quick: a quick look (xpuspec and GenAI at the same properties, the exact reference, one "
+            "round); the full bench adds the default-properties rows, tree drafting, EAGLE-3, GenAI's "
+            "prompt lookup, structured output and more rounds"
+        )
     if "latency" in report:
         lines += _latency_lines(report["latency"], settings["rounds"])
     if "structured" in report:

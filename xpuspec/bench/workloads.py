@@ -7,12 +7,12 @@ import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from xpuspec.demo.heldout import HELDOUT_FILES
 
 if TYPE_CHECKING:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.model_bundle import ModelBundle
 
 WORKLOADS = ("code", "chat")  # or the path of a JSONL file
 
@@ -96,12 +96,40 @@ def load_workload(workload: str, count: int, prompt_chars: int = 600) -> list[Pr
     return [prompts[i % len(prompts)] for i in range(count)]
 
 
-def encode_prompts(pipeline: Pipeline, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
+class Encoder(Protocol):
+    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]: ...
+
+
+class PromptEncoder:
+    """A bundle's prompts to token ids as :meth:`Pipeline.encode` gives them (text as is, chat messages
+    through the chat template), loading only the tokenizer: compiling a model to encode a few prompts
+    cost the bench seconds and memory."""
+
+    def __init__(self, bundle: ModelBundle) -> None:
+        from xpuspec.text.chat_template import ChatTemplate
+        from xpuspec.text.tokenizer import Tokenizer
+
+        self.root = bundle.root
+        self.tokenizer = Tokenizer(bundle.target.path)
+        facts, template = bundle.tokenizer_facts, bundle.chat_template
+        self.chat = (
+            ChatTemplate(template, facts.get("bos_token"), facts.get("eos_token")) if template else None
+        )
+
+    def encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt))
+        if self.chat is None:
+            raise ValueError(f"{self.root} has no chat template; give plain text prompts")
+        # A rendered chat template carries its own special tokens.
+        text = self.chat.render(prompt, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_prompts(encoder: Encoder, prompts: list[Prompt], max_prompt_tokens: int) -> list[list[int]]:
     """Token ids of each prompt (chat through the chat template), keeping the last ``max_prompt_tokens``.
 
-    Every engine of a benchmark gets these same ids, so none tokenizes differently.
+    Every engine of a benchmark gets these same ids, so none tokenizes differently. ``encoder``: a
+    :class:`PromptEncoder` or a Pipeline.
     """
-    encoded = []
-    for prompt in prompts:
-        encoded.append(pipeline.encode(prompt.text)[-max_prompt_tokens:])
-    return encoded
+    return [encoder.encode(prompt.text)[-max_prompt_tokens:] for prompt in prompts]

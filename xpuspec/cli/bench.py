@@ -3,20 +3,21 @@
 Modes: latency (batch 1: target-only and speculative at each draft length and adaptive, beside
 OpenVINO GenAI's LLMPipeline, transformers' assisted generation and llama.cpp where available),
 load (a concurrency sweep against a real `xpuspec serve`, beside GenAI's continuous batching),
-all (both). Writes report.json, report.md and PNG plots into --out.
+all (both). Writes report.json, report.md and PNG plots into --out. Every run first states its rough
+time and memory estimate, and refuses to start when the machine's available memory cannot hold it
+(--ignore-memory starts it anyway).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from xpuspec.bench.config import QUICK, BenchConfig
 from xpuspec.bench.report import write_report
-from xpuspec.bench.suite import run_bench
+from xpuspec.bench.suite import check_budget, quiet_third_parties, run_bench
 from xpuspec.bundles import resolve_bundle
 from xpuspec.errors import CommandError
 
@@ -56,7 +57,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="multiturn: TTFT per turn with and without prefix caching, beside GenAI's (not in all)",
     )
     parser.add_argument("--turns", type=int, default=4, help="multiturn: turns of the conversation")
-    parser.add_argument("--quick", action="store_true", help="a short run (about a minute on the demo pair)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a quick look: xpuspec beside GenAI at the same properties (target-only, fixed and adaptive "
+        "γ, the exact reference; one server), 3 short prompts, one round, engines compiled a pair at a "
+        "time; about a minute on an idle 2-core CPU with the default model, under 2 GB (docs/bench-cost.md)",
+    )
+    parser.add_argument(
+        "--ignore-memory",
+        action="store_true",
+        help="start even when the run's memory estimate exceeds the machine's available memory",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder")
     parser.add_argument(
         "--draft-lengths",
@@ -113,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         hf_draft=args.hf_draft,
         f32=args.f32,
         exact=args.exact,
+        quick=args.quick,
         **values,
     )
 
@@ -124,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as error:
         raise CommandError(f"{error}; see `xpuspec bench --help`") from error
-    resolve_bundle(config.bundle)  # a missing or damaged bundle fails here, in one line
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
+    bundle = resolve_bundle(config.bundle)  # a missing or damaged bundle fails here, in one line
+    check_budget(config, bundle, args.ignore_memory)
+    quiet_third_parties()
     report = run_bench(config)
     json_path, markdown_path = write_report(report, config.out)
     print(markdown_path.read_text(encoding="utf-8"))
