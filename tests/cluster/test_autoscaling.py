@@ -1,0 +1,74 @@
+"""Autoscaling on ongoing requests: a burst scales the engine replicas 1 -> 2, idling back to 1.
+
+Lives in its own module (it redeploys the application with an autoscaling config) and reads
+Serve's own view of the replica states; the delays are short so that it takes seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.cluster.conftest import RayCluster, wait_for
+from xpuspec.cluster.application import ROUTER_CLASS
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecatedSince20"),
+]
+
+MODEL = "xpuspec-demo"
+BURST = 8
+
+
+def autoscaling_replicas() -> dict:
+    return {
+        "ray_actor_options": {"num_cpus": 1},
+        "autoscaling_config": {
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_ongoing_requests": 2,
+            "look_back_period_s": 1.0,
+            "upscale_delay_s": 0.5,
+            "downscale_delay_s": 2.0,
+        },
+        "request_router_config": {"request_router_class": ROUTER_CLASS, "request_routing_stats_period_s": 0.5},
+        "graceful_shutdown_timeout_s": 60,
+    }
+
+
+def test_a_burst_scales_up_and_idling_scales_back_down(ray_cluster: RayCluster) -> None:
+    ray_cluster.deploy(autoscaling_replicas())
+    wait_for(lambda: ray_cluster.running_replicas() == 1, 120, "one replica at rest")
+    client = ray_cluster.openai(timeout=300)
+    stop = threading.Event()
+    finishes: list[str | None] = []
+    lock = threading.Lock()
+
+    def keep_busy(index: int) -> None:
+        # Back-to-back long requests until the second replica runs, so the load outlasts its start.
+        turn = 0
+        while not stop.is_set():
+            reply = client.completions.create(
+                model=MODEL, prompt=f"Burst {index}.{turn}:", max_tokens=256, temperature=0.0,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            with lock:
+                finishes.append(reply.choices[0].finish_reason)
+            turn += 1
+
+    threads = [threading.Thread(target=keep_busy, args=(index,), daemon=True) for index in range(BURST)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: ray_cluster.running_replicas() == 2, 180, "a second replica under the burst")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(300)
+    assert not any(thread.is_alive() for thread in threads), "a request hangs"
+    assert finishes and all(finish == "length" for finish in finishes), finishes
+    wait_for(lambda: ray_cluster.running_replicas() == 1, 120, "back to one replica when idle")
+    reply = client.completions.create(model=MODEL, prompt="Still there?", max_tokens=8, temperature=0.0)
+    assert reply.choices[0].finish_reason == "length"
