@@ -43,7 +43,9 @@ class RayCluster:
 
         app = application({**SETTINGS, **settings}, replica_options)
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
-        assert wait_until(self.healthy, DEPLOY_TIMEOUT_S, interval=0.5), "the application did not become healthy"
+        assert wait_until(self.healthy, DEPLOY_TIMEOUT_S, interval=0.5), (
+            "the application did not become healthy"
+        )
 
     def healthy(self) -> bool:
         try:

@@ -39,7 +39,9 @@ def test_official_client_gets_the_same_greedy_text_as_xpuspec_serve(
     import openai
 
     cluster = two_replicas.openai()
-    local = openai.OpenAI(base_url=f"{demo_live_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    local = openai.OpenAI(
+        base_url=f"{demo_live_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
     prompt = "def fibonacci(n):"
     request = {"prompt": prompt, "max_tokens": 24, "temperature": 0.0}
     expected = local.completions.create(model=demo_live_server.model, **request).choices[0].text
@@ -138,7 +140,9 @@ def test_each_replicas_metrics_are_labelled_by_replica(two_replicas: RayCluster)
     wait_for(lambda: len(labelled()) == 2, 30, "both replicas' metrics at the ingress")
 
 
-def test_a_replica_killed_under_load_fails_its_requests_clearly_and_is_replaced(two_replicas: RayCluster) -> None:
+def test_a_replica_killed_under_load_fails_its_requests_clearly_and_is_replaced(
+    two_replicas: RayCluster,
+) -> None:
     import openai
     import ray
 
@@ -191,5 +195,7 @@ def test_a_replica_killed_under_load_fails_its_requests_clearly_and_is_replaced(
     wait_for(lambda: two_replicas.running_replicas() == 2, 180, "Serve to replace the replica")
     time.sleep(2)  # the router learns of the new replica set
     for index in range(4):
-        reply = client.completions.create(model=MODEL, prompt=f"After {index}:", max_tokens=8, temperature=0.0)
+        reply = client.completions.create(
+            model=MODEL, prompt=f"After {index}:", max_tokens=8, temperature=0.0
+        )
         assert reply.choices[0].finish_reason in ("length", "stop")

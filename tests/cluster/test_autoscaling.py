@@ -33,7 +33,10 @@ def autoscaling_replicas() -> dict:
             "upscale_delay_s": 0.5,
             "downscale_delay_s": 2.0,
         },
-        "request_router_config": {"request_router_class": ROUTER_CLASS, "request_routing_stats_period_s": 0.5},
+        "request_router_config": {
+            "request_router_class": ROUTER_CLASS,
+            "request_routing_stats_period_s": 0.5,
+        },
         "graceful_shutdown_timeout_s": 60,
     }
 

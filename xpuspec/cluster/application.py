@@ -22,8 +22,8 @@ from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from xpuspec.cluster.forwarding import ForwardingLoop
-from xpuspec.cluster.reports import ReplicaMetricsCollector
 from xpuspec.cluster.replica import EngineReplica
+from xpuspec.cluster.reports import ReplicaMetricsCollector
 from xpuspec.cluster.settings import ClusterSettings
 from xpuspec.server.app import create_app
 from xpuspec.server.state import server_state
@@ -60,7 +60,9 @@ class IngressServer:
 
     def check_health(self) -> None:
         if self._app is not None and server_state(self._app).loop.load_error is not None:
-            raise RuntimeError(f"the ingress could not load the model: {server_state(self._app).loop.load_error}")
+            raise RuntimeError(
+                f"the ingress could not load the model: {server_state(self._app).loop.load_error}"
+            )
 
 
 def device_resources(settings: ClusterSettings) -> dict[str, float]:
@@ -80,7 +82,11 @@ def replica_deployment(settings: ClusterSettings) -> Any:
         ray_actor_options={"num_cpus": 1, "resources": device_resources(settings)},
         max_ongoing_requests=32,
         autoscaling_config=AutoscalingConfig(
-            min_replicas=1, max_replicas=4, target_ongoing_requests=8, upscale_delay_s=10, downscale_delay_s=120
+            min_replicas=1,
+            max_replicas=4,
+            target_ongoing_requests=8,
+            upscale_delay_s=10,
+            downscale_delay_s=120,
         ),
         health_check_period_s=5,
         health_check_timeout_s=30,

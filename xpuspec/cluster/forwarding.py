@@ -112,7 +112,10 @@ class ForwardingLoop(EngineLoop):
                 logger.warning("forwarded request failed: %s", _first_line(error))
                 message = f"the engine replica failed: {_first_line(error)}"
                 generation.deliver(
-                    [ChoiceEvent(index, "", 0, finish_reason="error", error=message) for index in sorted(unfinished)]
+                    [
+                        ChoiceEvent(index, "", 0, finish_reason="error", error=message)
+                        for index in sorted(unfinished)
+                    ]
                 )
         finally:
             with self._forward_lock:

@@ -41,7 +41,9 @@ class CacheGeometry:
     block_size: int
 
 
-def prompt_digests(token_ids: Sequence[int], geometry: CacheGeometry, limit: int = MAX_MATCH_BLOCKS) -> list[bytes]:
+def prompt_digests(
+    token_ids: Sequence[int], geometry: CacheGeometry, limit: int = MAX_MATCH_BLOCKS
+) -> list[bytes]:
     """The short digests of the prompt's leading full blocks, in order (at most ``limit``)."""
     digests: list[bytes] = []
     parent = geometry.root

@@ -58,7 +58,9 @@ class EngineReplica:
             # Serve reports the replica as failed to start, with this message.
             raise RuntimeError(f"the engine did not load: {self.loop.load_error or 'timed out'}")
         # The threads that wait for events, one per stream: a Condition wait each, no CPU.
-        self._waiters = ThreadPoolExecutor(max_workers=max(64, os.cpu_count() or 1), thread_name_prefix="events")
+        self._waiters = ThreadPoolExecutor(
+            max_workers=max(64, os.cpu_count() or 1), thread_name_prefix="events"
+        )
         self._reports = itertools.count()
 
     async def generate(self, choices: list[ChoiceRequest]) -> AsyncIterator[list[ChoiceEvent]]:

@@ -118,7 +118,9 @@ class ReplicaMetricsCollector(Collector):
         merged: dict[str, Metric] = {}
         for report in self._board.reports():
             for family in text_string_to_metric_families(report.metrics_text):
-                target = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                target = merged.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type)
+                )
                 for sample in family.samples:
                     labels = {**sample.labels, REPLICA_LABEL: report.replica}
                     target.add_sample(sample.name, labels, sample.value, sample.timestamp, sample.exemplar)

@@ -24,8 +24,8 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from xpuspec.cluster.prefix_index import CacheGeometry, PrefixIndex, prompt_digests
 from xpuspec.cluster import reports
+from xpuspec.cluster.prefix_index import CacheGeometry, PrefixIndex, prompt_digests
 from xpuspec.cluster.routing import Decision, decide
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,9 @@ class PrefixAffinityRouter(RequestRouter):
             self._index.routed(key, digests)
 
     # ------------------------------------------------------------------ helpers
-    def _remember(self, pending_request: PendingRequest | None, decision: Decision, digests: list[bytes]) -> None:
+    def _remember(
+        self, pending_request: PendingRequest | None, decision: Decision, digests: list[bytes]
+    ) -> None:
         if pending_request is not None:
             self._decisions[_request_id(pending_request)] = (decision, digests)
 

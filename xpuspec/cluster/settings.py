@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.server.config import DEMO_MODEL_NAME, ServerConfig
+
+# The bundle when the config's args name none: a container image says where its bundle lies (the
+# Serve config stays the same on a laptop and in Kubernetes); unset, the default model.
+BUNDLE_ENV = "XPUSPEC_BUNDLE"
 
 if TYPE_CHECKING:
     from xpuspec.pipeline import Pipeline
@@ -17,7 +22,8 @@ if TYPE_CHECKING:
 class ClusterSettings:
     """What every replica loads and what the ingress serves.
 
-    ``bundle``: None (the default model), ``"demo"`` or a bundle folder present on every node.
+    ``bundle``: None (``$XPUSPEC_BUNDLE``, else the default model), ``"demo"`` or a bundle folder
+    present on every node.
     ``properties``: OpenVINO properties of both models (``{"INFERENCE_PRECISION_HINT": "f32"}``).
     ``replica_max_in_flight``: the engine loop's bound inside one replica; Serve's
     ``max_ongoing_requests`` bounds the HTTP requests a replica gets, and each may hold several choices.
@@ -39,6 +45,8 @@ class ClusterSettings:
     def from_args(cls, args: Mapping[str, Any] | None) -> ClusterSettings:
         """From a Serve config's ``args``; an unknown key is a ValueError naming it."""
         args = dict(args or {})
+        if args.get("bundle") is None and os.environ.get(BUNDLE_ENV):
+            args["bundle"] = os.environ[BUNDLE_ENV]
         known = {item.name for item in fields(cls)}
         unknown = sorted(set(args) - known)
         if unknown:
@@ -72,8 +80,6 @@ class ClusterSettings:
 
 def _bundle_name(bundle: str | None) -> str:
     """The name ``xpuspec serve`` gives the same bundle: the default model's, or the folder's."""
-    import os
-
     if bundle is None:
         from xpuspec.default_model import SMOLLM2
 
