@@ -2,7 +2,8 @@
 `xpuspec cluster load --url URL` (two-turn conversations against an ingress or a server).
 
 Both need the ``cluster`` extra (``pip install xpuspec[cluster]``); ``up`` hands the config to Serve's
-own ``serve run --non-blocking`` (the application outlives the command) and waits for ``/health``.
+own ``serve run --non-blocking`` (the application outlives the command), then waits until Serve
+reports every application RUNNING and the ingress answers ``/health``.
 """
 
 from __future__ import annotations
@@ -82,12 +83,33 @@ def run_up(args: argparse.Namespace) -> int:
         raise CommandError(
             f"`serve run` failed with exit code {done.returncode} (its output is above)", EXIT_FAILED
         )
-    if not _wait_healthy(url, args.timeout):
+    names = [app.get("name", "default") for app in config["applications"]]
+    if not _wait_running(args.address, names, args.timeout) or not _wait_healthy(url, args.timeout):
         raise CommandError(
             f"the application did not answer {url}/health within {args.timeout:.0f} s", EXIT_FAILED
         )
     print(f"xpuspec cluster: ready on {url}")
     return 0
+
+
+def _wait_running(address: str | None, names: list[str], timeout: float) -> bool:
+    """Serve reports every application of the config RUNNING (an update replaces replicas first)."""
+    import ray
+    from ray import serve
+
+    ray.init(
+        address=address or os.environ.get("RAY_ADDRESS", "auto"), logging_level="warning", log_to_driver=False
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            applications = serve.status().applications
+            if all(name in applications and applications[name].status == "RUNNING" for name in names):
+                return True
+            time.sleep(1.0)
+        return False
+    finally:
+        ray.shutdown()
 
 
 def _wait_healthy(url: str, timeout: float) -> bool:
@@ -105,8 +127,11 @@ def _wait_healthy(url: str, timeout: float) -> bool:
 
 
 def run_load_command(args: argparse.Namespace) -> int:
+    import logging
+
     from xpuspec.cluster.load import LoadConfig, run_load
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the results
     try:
         counts = [int(part) for part in args.clients.split(",") if part.strip()]
     except ValueError:

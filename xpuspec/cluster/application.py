@@ -79,7 +79,7 @@ def replica_deployment(settings: ClusterSettings) -> Any:
     """The engine replicas' deployment with its defaults (a config's ``deployments`` override them)."""
     return serve.deployment(
         name=REPLICA_NAME,
-        ray_actor_options={"num_cpus": 1, "resources": device_resources(settings)},
+        ray_actor_options={"num_cpus": 2, "resources": device_resources(settings)},
         max_ongoing_requests=32,
         autoscaling_config=AutoscalingConfig(
             min_replicas=1,
@@ -105,7 +105,7 @@ def ingress_deployment() -> Any:
     return serve.deployment(
         name=INGRESS_NAME,
         num_replicas=1,
-        ray_actor_options={"num_cpus": 0.5},
+        ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=WSGI_THREADS,
         health_check_period_s=5,
         graceful_shutdown_timeout_s=120,
