@@ -38,7 +38,7 @@ for round in $(seq 1 "$rounds"); do
         config "$1" "$2" >"$out/$name.yaml"
         "$python" -m xpuspec.cli cluster up "$out/$name.yaml" --address "127.0.0.1:$gcs" >>"$out/up.log" 2>&1
         sleep 5  # every replica reports before the load starts
-        "$python" -m xpuspec.cli cluster load --url "http://127.0.0.1:$port" --clients 1,4,8 \
-            --conversations 4 --max-tokens 32 --json "$out/$name.json" | tee "$out/$name.txt"
+        "$python" -m xpuspec.cli cluster load --url "http://127.0.0.1:$port" --clients "${CLIENTS:-1,4,8}" \
+            --conversations "${CONVERSATIONS:-8}" --max-tokens "${MAX_TOKENS:-64}" --json "$out/$name.json" | tee "$out/$name.txt"
     done
 done

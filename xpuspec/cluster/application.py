@@ -3,9 +3,9 @@
 ``build_app(args)`` is the application builder a Serve config names
 (``import_path: xpuspec.cluster.application:build_app``); ``args`` are
 :class:`~xpuspec.cluster.settings.ClusterSettings` fields. The deployments' defaults below (replica
-resources, autoscaling on ongoing requests, health checks, drain, the prefix-affinity router) are
-what a config's ``deployments:`` entries override, by the names :data:`INGRESS_NAME` and
-:data:`REPLICA_NAME`.
+resources, health checks, drain, the prefix-affinity router) are what a config's ``deployments:``
+entries override, by the names :data:`INGRESS_NAME` and :data:`REPLICA_NAME`. Autoscaling on ongoing
+requests is the config's (deploy/ray/serve_config.yaml); without it, one replica.
 
 The ingress wraps the WSGI app in ASGI (a2wsgi) for Serve's HTTP proxy; its engine loop forwards
 every prepared request to a replica through a streaming deployment handle
@@ -18,7 +18,7 @@ import functools
 from typing import Any
 
 from ray import serve
-from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from xpuspec.cluster.forwarding import ForwardingLoop
@@ -80,14 +80,10 @@ def replica_deployment(settings: ClusterSettings) -> Any:
     return serve.deployment(
         name=REPLICA_NAME,
         ray_actor_options={"num_cpus": 2, "resources": device_resources(settings)},
+        # One replica unless the config scales (deploy/ray/serve_config.yaml's autoscaling_config): a
+        # default autoscaling_config here would override a config's num_replicas.
+        num_replicas=1,
         max_ongoing_requests=32,
-        autoscaling_config=AutoscalingConfig(
-            min_replicas=1,
-            max_replicas=4,
-            target_ongoing_requests=8,
-            upscale_delay_s=10,
-            downscale_delay_s=120,
-        ),
         health_check_period_s=5,
         health_check_timeout_s=30,
         graceful_shutdown_wait_loop_s=1,
