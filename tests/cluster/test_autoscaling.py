@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.cluster.conftest import RayCluster, wait_for
+from tests.cluster.conftest import RayCluster, fixed_replicas, wait_for
 from xpuspec.cluster.application import ROUTER_CLASS
 
 pytestmark = [
@@ -75,3 +75,42 @@ def test_a_burst_scales_up_and_idling_scales_back_down(ray_cluster: RayCluster) 
     wait_for(lambda: ray_cluster.running_replicas() == 1, 120, "back to one replica when idle")
     reply = client.completions.create(model=MODEL, prompt="Still there?", max_tokens=8, temperature=0.0)
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_scaling_down_drains_the_requests_of_the_replica_it_stops(ray_cluster: RayCluster) -> None:
+    """Streams running on both replicas when the config drops to one replica all finish normally:
+    the stopped replica gets no new requests and finishes its own first."""
+    ray_cluster.deploy(fixed_replicas(2))
+    wait_for(lambda: ray_cluster.running_replicas() == 2, 120, "two running replicas")
+    client = ray_cluster.openai(timeout=300)
+    started = threading.Semaphore(0)
+    finishes: list[str | None] = []
+    lock = threading.Lock()
+
+    def stream(index: int) -> None:
+        chunks = client.completions.create(
+            model=MODEL, prompt=f"Drain {index}:", max_tokens=400, temperature=0.0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        finish = None
+        for number, chunk in enumerate(chunks):
+            if number == 0:
+                started.release()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        with lock:
+            finishes.append(finish)
+
+    threads = [threading.Thread(target=stream, args=(index,), daemon=True) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert started.acquire(timeout=120), "a stream never started"
+    # Streams still running when the scale-down starts, spread over both replicas by load.
+    assert sum(thread.is_alive() for thread in threads) >= 4
+    ray_cluster.deploy(fixed_replicas(1))
+    for thread in threads:
+        thread.join(300)
+    assert not any(thread.is_alive() for thread in threads), "a request hangs"
+    assert finishes == ["length"] * 6
+    wait_for(lambda: ray_cluster.running_replicas() == 1, 120, "one replica after the drain")
