@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import OrderedDict
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -31,6 +32,7 @@ from xpuspec.cluster.routing import Decision, decide
 logger = logging.getLogger(__name__)
 
 DEFAULT_IMBALANCE_THRESHOLD = 4
+MAX_PENDING_DECISIONS = 10000
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -50,8 +52,9 @@ class PrefixAffinityRouter(RequestRouter):
         self._index = PrefixIndex(recent_ttl_s=recent_ttl_s)
         self._geometry: CacheGeometry | None = None
         self._seen_reports: dict[str, int] = {}
-        # The decision taken for each request being routed (counted once it is sent).
-        self._decisions: dict[str, tuple[Decision, list[bytes]]] = {}
+        # The decision taken for each request being routed (counted once it is sent). A request
+        # cancelled before it was sent leaves its entry: the oldest go beyond MAX_PENDING_DECISIONS.
+        self._decisions: OrderedDict[str, tuple[Decision, list[bytes]]] = OrderedDict()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -94,6 +97,8 @@ class PrefixAffinityRouter(RequestRouter):
     ) -> None:
         if pending_request is not None:
             self._decisions[_request_id(pending_request)] = (decision, digests)
+            while len(self._decisions) > MAX_PENDING_DECISIONS:
+                self._decisions.popitem(last=False)
 
     def _digests(self, pending_request: PendingRequest | None) -> list[bytes]:
         if pending_request is None or self._geometry is None or not pending_request.args:
