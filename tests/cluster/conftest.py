@@ -24,6 +24,7 @@ SETTINGS: dict[str, Any] = {"bundle": "demo", "properties": F32, "num_kv_blocks"
 @dataclass
 class RayCluster:
     http_port: int
+    address: str  # the head's GCS, for `ray.init` / `serve run --address`
 
     @property
     def base_url(self) -> str:
@@ -75,7 +76,7 @@ def ray_cluster() -> Iterator[RayCluster]:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        yield RayCluster(port)
+        yield RayCluster(port, cluster.address)
     finally:
         serve.shutdown()
         ray.shutdown()
