@@ -19,14 +19,14 @@ import sys
 import traceback
 from types import ModuleType
 
-from xpuspec.cli import bench, devices, edge, generate, inspect, plan, prepare, serve
+from xpuspec.cli import bench, cluster, devices, edge, generate, inspect, plan, prepare, serve
 from xpuspec.cli.parser import DEBUG_ENV, ArgumentParser, finish_subparsers
 from xpuspec.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, describe_error, report_error
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Each module's `register(subparsers)` adds its subcommands (in this order) and sets `func`.
-COMMANDS: tuple[ModuleType, ...] = (prepare, inspect, generate, devices, plan, serve, bench, edge)
+COMMANDS: tuple[ModuleType, ...] = (prepare, inspect, generate, devices, plan, serve, bench, edge, cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:

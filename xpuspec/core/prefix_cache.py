@@ -129,6 +129,12 @@ class PrefixCachingBlockManager(BlockGeometry):
         """Blocks holding a reusable prefix (held by a sequence or free)."""
         return len(self._cached)
 
+    def cached_digests(self) -> list[bytes]:
+        """The digests of the blocks holding a reusable prefix, for a router that matches prompts
+        against them (``xpuspec.cluster``). Safe from another thread than the engine's: one copy of
+        a dict of bytes keys, which runs under the GIL without calling back into Python code."""
+        return list(self._cached.copy())
+
     # --- admission -----------------------------------------------------------------------------
     def lookup(self, token_ids: list[int]) -> list[int]:
         """Blocks of the longest cached prefix of ``token_ids`` that leaves at least one token."""

@@ -32,10 +32,12 @@ def create_app(
     config: ServerConfig | None = None,
     *,
     start: bool = True,
+    make_loop: Callable[..., EngineLoop] = EngineLoop,
 ) -> Flask:
     """A Flask app serving ``pipeline``; a factory is called in the engine thread (the app answers
     /health with 503 until it returns). ``start=False`` leaves ``server_state(app).loop.start()``
-    to the caller.
+    to the caller. ``make_loop`` builds the engine loop from :class:`EngineLoop`'s arguments: a
+    subclass may run the engine elsewhere (``xpuspec.cluster`` forwards each submission to a replica).
     """
     config = config or ServerConfig()
     factory = pipeline if callable(pipeline) and not hasattr(pipeline, "engine") else (lambda: pipeline)
@@ -46,7 +48,7 @@ def create_app(
 
     # The gauges read the loop lazily (at scrape time), so the metrics can exist before the loop.
     metrics = ServerMetrics(lambda: loop.snapshot, lambda: loop.num_in_flight)
-    loop = EngineLoop(
+    loop = make_loop(
         factory,  # type: ignore[arg-type]
         max_in_flight=config.max_queue,
         on_finish=metrics.record_finished,
