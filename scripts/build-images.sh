@@ -94,6 +94,7 @@ make_offline_base() {
         cleanup+=("$rootfs" "$rootfs.log" "$tarball.partial")
         chmod 755 "$rootfs"  # the image's / (mktemp made it private: no other user could run anything)
         say "debootstrap bookworm (minbase + $debootstrap_packages) into $rootfs"
+        local started=$SECONDS
         debootstrap --variant=minbase --include="$debootstrap_packages" bookworm "$rootfs" \
             ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} >"$rootfs.log" 2>&1 \
             || { tail -20 "$rootfs.log" >&2; die "debootstrap failed (the log's end is above)"; }
@@ -102,6 +103,7 @@ make_offline_base() {
             "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/tmp/*
         tar -C "$rootfs" --numeric-owner -cf "$tarball.partial" .
         mv "$tarball.partial" "$tarball"
+        say "cached the base as $tarball ($((SECONDS - started)) s)"
     else
         say "cached base $tarball"
     fi
@@ -124,8 +126,10 @@ else
     [[ -x $python ]] || die "$python not found: run scripts/install.sh, or set XPUSPEC_PYTHON"
     platform=${XPUSPEC_WHEEL_PLATFORM:-manylinux_2_36_$(uname -m)}
     say "xpuspec bundle ${bundle[*]:-(default model)} --wheels --platform $platform"
+    started=$SECONDS
     (cd "$repo" && "$python" -m xpuspec.cli bundle "${bundle[@]}" -o "$context/edge.tar.gz" --wheels \
         --platform "$platform" --python-version "${XPUSPEC_WHEEL_PYTHON:-3.11}") >&2
+    say "made the edge archive ($((SECONDS - started)) s)"
 fi
 cp "$repo"/docker/Dockerfile.cpu "$repo"/docker/Dockerfile.gpu "$context/"
 

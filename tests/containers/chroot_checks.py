@@ -224,9 +224,7 @@ def main(argv: list[str]) -> int:
             print(f"{image}: generated {check_generate(chroot)!r}")
             chat = check_serve(chroot, Path(scratch) / "serve.log")
             print(f"{image}: served {chat.model!r}, answered {chat.content!r}, exit {chat.exit_code}")
-        print(
-            f"{image}: {image_size(podman, image) / 1e6:.0f} MB; no torch, test tools or research code"
-        )
+        print(f"{image}: {image_size(podman, image) / 1e6:.0f} MB; no torch, test tools or research code")
     except ImageCheckError as error:
         print(f"{image}: FAILED: {error}", file=sys.stderr)
         return 1
