@@ -8,6 +8,7 @@
 #                        package mirror is the only download), cache its tarball and import it
 #     --archive FILE     an edge archive to build from (default: made here with `xpuspec bundle --wheels`)
 #     --bundle B         the bundle that archive packs (default: the default model; `demo` is the demo pair)
+#     --extras E,F       xpuspec extras to add from the package index (e.g. cluster: Ray Serve for KubeRay)
 #     --name NAME        image name (default xpuspec): the images are NAME:cpu and NAME:gpu
 #     --refresh-base     debootstrap again even when a cached base tarball exists
 #     --check            after building, check each image without running a container (podman, root):
@@ -16,6 +17,8 @@
 #   XPUSPEC_CONTAINER_ENGINE  podman or docker (default: podman when installed, else a reachable docker)
 #   XPUSPEC_PODMAN_OPTS       podman's global options, e.g. "--root DIR --runroot DIR --storage-driver vfs"
 #   XPUSPEC_BUILD_ISOLATION   podman build --isolation (default chroot: RUN steps need no OCI runtime)
+#   XPUSPEC_PIP_CA            a CA bundle for pip inside the build, for --extras behind a TLS-intercepting
+#                             proxy (default: $PIP_CERT when set); passed as a build secret, not kept
 #   XPUSPEC_PYTHON            the Python that runs `xpuspec bundle` (default .venv/bin/python)
 #   XPUSPEC_WHEEL_PLATFORM, XPUSPEC_WHEEL_PYTHON  the wheelhouse's target (default
 #                             manylinux_2_36_<machine> and 3.11: Debian bookworm's glibc and Python)
@@ -35,6 +38,7 @@ refresh_base=0
 archive=""
 bundle=()
 name=xpuspec
+extras=""
 check=0
 targets=()
 while [[ $# -gt 0 ]]; do
@@ -44,6 +48,7 @@ while [[ $# -gt 0 ]]; do
         --refresh-base) refresh_base=1; shift ;;
         --archive) archive=${2:?--archive needs a file}; shift 2 ;;
         --bundle) bundle=("${2:?--bundle needs a bundle}"); shift 2 ;;
+        --extras) extras=${2:?--extras needs extra names}; shift 2 ;;
         --name) name=${2:?--name needs a name}; shift 2 ;;
         --check) check=1; shift ;;
         cpu|gpu) targets+=("$1"); shift ;;
@@ -138,12 +143,16 @@ if [[ $offline_base == 1 ]]; then
     make_offline_base
     base=$offline_base_image
 fi
+pip_ca=${XPUSPEC_PIP_CA:-${PIP_CERT:-}}
+if [[ -n $extras && -n $pip_ca ]]; then
+    build_flags+=(--secret "id=pip-ca,src=$pip_ca")
+fi
 for target in "${targets[@]}"; do
     image=$name:$target
     say "$engine build $image from $base"
     started=$SECONDS
     run_engine build "${build_flags[@]}" -f "$context/Dockerfile.$target" --build-arg "BASE_IMAGE=$base" \
-        -t "$image" "$context" >&2
+        --build-arg "XPUSPEC_EXTRAS=$extras" -t "$image" "$context" >&2
     size=$(run_engine image inspect --format '{{.Size}}' "$image")
     say "built $image: $((size / 1000000)) MB ($((SECONDS - started)) s)"
     echo "$image $size"
