@@ -149,7 +149,10 @@ class ServedChat:
 def check_serve(chroot: Chroot, log: Path) -> ServedChat:
     """The image's entrypoint on a loopback port (appended arguments, as `docker run IMAGE ARGS` would);
     a chat completion through the openai client; then SIGTERM, after which the server must exit 0."""
-    from openai import OpenAI
+    try:
+        from openai import OpenAI
+    except ImportError as error:  # a runtime-only install: the client comes with the test extra
+        raise ImageCheckError("the served check needs the openai client: scripts/install.sh --dev") from error
 
     port = _free_port()
     server = chroot.start([*chroot.config.entrypoint, "--host", "127.0.0.1", "--port", str(port)], log)
