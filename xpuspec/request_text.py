@@ -78,6 +78,8 @@ class RequestText:
                 self.marked_chars = sum(len(piece) for piece in pieces)
             if self.stopped:
                 break
+        if 0 < used < mark:  # stopped within the drafts: all of the text is theirs
+            self.marked_chars = sum(len(piece) for piece in pieces)
         if finished and not self.stopped:
             piece, self.stopped = self.stops.push(self.detokenizer.flush())
             pieces.append(piece)
