@@ -275,7 +275,12 @@ function renderCompare(node, message) {
     const same = message.on.content === message.off.content;
     const speedup = message.off.stats.wall_s / message.on.stats.wall_s;
     const verdict = element("div", `verdict ${same ? "same" : "differ"}`);
-    verdict.textContent = `${same ? "identical" : "different"} · speculation ${speedup.toFixed(2)}× the speed of the target alone (wall time)`;
+    const why = same
+      ? ""
+      : " (the server's default arithmetic is approximate, so a near-tie can break differently: " +
+        "`xpuspec serve --exact` gives token-identical greedy text)";
+    verdict.textContent =
+      `${same ? "identical" : "different"}${why} · speculation ${speedup.toFixed(2)}× the speed of the target alone (wall time)`;
     node.append(verdict);
   }
   if (message.error) node.append(element("div", "error", message.error));
