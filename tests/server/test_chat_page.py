@@ -12,14 +12,18 @@ import json
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from flask import Flask
+from flask.testing import FlaskClient
 
 from tests.server.conftest import LiveServer, start_server, stop_server, wait_until
+from xpuspec.server import ServerConfig, create_app, server_state
 
 CHROMIUM = os.environ.get("XPUSPEC_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -37,15 +41,74 @@ SCREENSHOT_ENV = "XPUSPEC_CHAT_SCREENSHOT"
 TIMEOUT_MS = 60_000
 PROMPT = "Write a short Python function that adds two numbers."
 
-pytestmark = pytest.mark.slow
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="the browser tests need playwright (the test extra)"
-)
-if shutil.which(CHROMIUM) is None:
-    pytest.skip(
-        f"no Chromium at {CHROMIUM}: apt-get install chromium (.ci/run installs it)", allow_module_level=True
+def browser_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the browser tests need playwright (pip install -e '.[test]')"
+    if shutil.which(CHROMIUM) is None:
+        return f"no Chromium at {CHROMIUM}: apt-get install chromium (.ci/run installs it when missing)"
+    return None
+
+
+# ------------------------------------------------------------------ the routes, in-process
+
+
+def test_the_page_and_its_files_are_served_under_a_same_origin_policy(client: FlaskClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.mimetype == "text/html"
+    assert "default-src 'none'" in page.headers["Content-Security-Policy"]
+    assert "connect-src 'self'" in page.headers["Content-Security-Policy"]
+    html = page.get_data(as_text=True)
+    # Every file the page names is the server's own, and is there.
+    for url in re.findall(r'(?:src|href)="([^"]+)"', html):
+        if url.startswith("data:"):
+            continue
+        assert url.startswith("/chat/"), url
+        assert client.get(url).status_code == 200, url
+    assert client.get("/chat/chat.js").mimetype in ("text/javascript", "application/javascript")
+    assert client.get("/chat/../chat_page.py").status_code == 404
+    assert client.get("/chat/nothing.js").status_code == 404
+
+
+def test_defaults_name_the_server_drafter_and_the_request_defaults(
+    client: FlaskClient, served_app: Flask
+) -> None:
+    defaults = client.get("/v1/xpuspec/defaults").get_json()
+    assert defaults["model"] == server_state(served_app).config.served_model_name
+    assert defaults["drafter"] == "draft" and defaults["drafters"] == ["auto", "draft", "none"]
+    assert (defaults["temperature"], defaults["top_p"], defaults["seed"], defaults["max_tokens"]) == (
+        1.0,
+        1.0,
+        None,
+        None,
     )
+    assert defaults["ready"] is True and defaults["max_model_len"] == 128
+
+
+def test_with_an_api_key_the_page_is_open_and_its_api_calls_are_not() -> None:
+    release = threading.Event()
+
+    def never_loads():  # type: ignore[no-untyped-def]
+        release.wait(60)
+        raise RuntimeError("test model")
+
+    app = create_app(never_loads, ServerConfig(served_model_name="m", api_key="sekret"))
+    try:
+        client = app.test_client()
+        assert client.get("/").status_code == 200
+        assert client.get("/chat/chat.js").status_code == 200
+        assert client.get("/v1/xpuspec/defaults").status_code == 401
+        assert (
+            client.get("/v1/xpuspec/defaults", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        )
+    finally:
+        release.set()
+
+
+# ------------------------------------------------------------------ in the browser
 
 
 class Recorder:
@@ -67,8 +130,13 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    missing = browser_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    with sync_api.sync_playwright() as playwright:
+    with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield browser
         browser.close()
@@ -132,6 +200,7 @@ def cancelled_count(server: LiveServer) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_a_reply_streams_in_and_its_accepted_drafts_are_marked(
     page: Any, demo_live_server: LiveServer, tmp_path: Path
 ) -> None:
@@ -183,6 +252,7 @@ def test_a_reply_streams_in_and_its_accepted_drafts_are_marked(
     assert screenshot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_stop_ends_the_reply_and_the_server_cancels_the_request(
     page: Any, demo_live_server: LiveServer
 ) -> None:
@@ -210,6 +280,7 @@ def test_stop_ends_the_reply_and_the_server_cancels_the_request(
     assert wait_until(lambda: demo_live_server.state()["num_in_flight"] == 0, timeout=15)
 
 
+@pytest.mark.slow
 def test_regenerate_and_edit_and_resend(page: Any) -> None:
     set_field(page, "max_tokens", "24")
     page.click("#messages .assistant:last-of-type >> text=Regenerate")
@@ -227,6 +298,7 @@ def test_regenerate_and_edit_and_resend(page: Any) -> None:
     assert len(messages) == count and messages[-2]["content"] == "Say hello." and messages[-1]["content"]
 
 
+@pytest.mark.slow
 def test_compare_shows_two_identical_greedy_answers(page: Any) -> None:
     set_field(page, "max_tokens", "48")
     set_field(page, "input", PROMPT)
@@ -241,6 +313,7 @@ def test_compare_shows_two_identical_greedy_answers(page: Any) -> None:
     assert "drafter none" in page.text_content("#messages .compare .column.off .stats")
 
 
+@pytest.mark.slow
 def test_a_reload_keeps_the_conversation_and_a_rename(page: Any, demo_live_server: LiveServer) -> None:
     before = page.inner_text("#messages")
     page.click("#conversations li.active >> text=✎")
@@ -252,6 +325,7 @@ def test_a_reload_keeps_the_conversation_and_a_rename(page: Any, demo_live_serve
     assert page.text_content("#conversations li.active .title") == "Renamed chat"
 
 
+@pytest.mark.slow
 def test_export_then_import_restores_the_conversations(page: Any, tmp_path: Path) -> None:
     messages = stored_messages(page)
     with page.expect_download() as download:
@@ -273,6 +347,7 @@ def test_export_then_import_restores_the_conversations(page: Any, tmp_path: Path
     assert stored_messages(page) == messages
 
 
+@pytest.mark.slow
 def test_the_page_logged_no_error_and_fetched_only_from_its_server(
     page: Any, recorder: Recorder, demo_live_server: LiveServer
 ) -> None:
@@ -281,6 +356,7 @@ def test_the_page_logged_no_error_and_fetched_only_from_its_server(
     assert not recorder.errors
 
 
+@pytest.mark.slow
 def test_the_api_key_prompt_works_and_a_wrong_key_is_refused(
     browser: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
