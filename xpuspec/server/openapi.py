@@ -127,6 +127,30 @@ def _with_served_model(definitions: dict[str, Any], served_model_name: str) -> d
     return schemas
 
 
+def _chat_page_paths() -> dict[str, Any]:
+    """The chat page and the defaults it starts from (xpuspec.server.chat_page)."""
+    return {
+        "/v1/xpuspec/defaults": {
+            "get": {
+                "summary": "Request defaults and drafters (what the chat page starts from)",
+                "responses": {"200": {"description": "defaults", "content": _json(DEFAULTS_SCHEMA)}},
+            }
+        },
+        "/": {
+            "get": {
+                "summary": "The chat page (no authentication; its API calls need the key)",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "HTML",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
 def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
     refs, definitions = _component_schemas()
     document: dict[str, Any] = {
@@ -171,24 +195,6 @@ def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
                     "responses": {"200": {"description": "state", "content": _json(refs["EngineState"])}},
                 }
             },
-            "/v1/xpuspec/defaults": {
-                "get": {
-                    "summary": "Request defaults and drafters (what the chat page starts from)",
-                    "responses": {"200": {"description": "defaults", "content": _json(DEFAULTS_SCHEMA)}},
-                }
-            },
-            "/": {
-                "get": {
-                    "summary": "The chat page (no authentication; its API calls need the key)",
-                    "security": [],
-                    "responses": {
-                        "200": {
-                            "description": "HTML",
-                            "content": {"text/html": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
             "/health": {
                 "get": {
                     "summary": "Readiness (no authentication)",
@@ -218,6 +224,7 @@ def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
             }
         },
     }
+    document["paths"].update(_chat_page_paths())
     if with_auth:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
