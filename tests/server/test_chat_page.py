@@ -348,6 +348,36 @@ def test_export_then_import_restores_the_conversations(page: Any, tmp_path: Path
 
 
 @pytest.mark.slow
+def test_markdown_renders_code_escapes_html_and_marks_the_drafts_characters(page: Any) -> None:
+    source = (
+        "# Title\n\nSome **bold**, `code` and <b>raw</b>\n\n```python\ndef f():\n    return 1  # one\n```\n"
+    )
+    drafted = "# Title\n\nSome **bo"  # the first run: accepted drafts, across the markup
+    runs = [
+        {"text": drafted, "tokens": 6, "accepted_draft": True},
+        {"text": source[len(drafted) :], "tokens": 20, "accepted_draft": False},
+    ]
+    rendered = page.evaluate(
+        """([source, runs]) => {
+            const box = document.createElement('div');
+            box.innerHTML = Markdown.render(source, runs);
+            return {
+                html: box.innerHTML,
+                drafts: [...box.querySelectorAll('.draft')].map((n) => n.textContent).join(''),
+                tags: [...box.querySelectorAll('h1, strong, code, pre, b, script')].map((n) => n.tagName),
+                keywords: [...box.querySelectorAll('.hl-kw')].map((n) => n.textContent),
+                comments: [...box.querySelectorAll('.hl-com')].map((n) => n.textContent),
+            };
+        }""",
+        [source, runs],
+    )
+    assert rendered["tags"] == ["H1", "STRONG", "CODE", "PRE", "CODE"]  # no <b>: raw HTML stays text
+    assert "&lt;b&gt;raw&lt;/b&gt;" in rendered["html"]
+    assert rendered["drafts"] == "TitleSome bo"  # the drafts' characters that show (not the markup)
+    assert rendered["keywords"] == ["def", "return"] and rendered["comments"] == ["# one"]
+
+
+@pytest.mark.slow
 def test_the_page_logged_no_error_and_fetched_only_from_its_server(
     page: Any, recorder: Recorder, demo_live_server: LiveServer
 ) -> None:

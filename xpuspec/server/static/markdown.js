@@ -28,44 +28,31 @@ const Markdown = (() => {
   );
 
   // The runs of a reply as a per-character mask: mask[i] is the index of the accepted-draft run that
-  // character i came from, or -1. Accepted runs without text become markers at their offset.
+  // character i came from, or -1.
   function provenance(runs, length) {
     const mask = new Int32Array(length).fill(-1);
-    const markers = [];
     let offset = 0;
     (runs || []).forEach((run, index) => {
-      const size = run.text.length;
-      if (run.accepted_draft) {
-        if (size === 0) markers.push({ at: offset, index, tokens: run.tokens });
-        else mask.fill(index, offset, Math.min(offset + size, length));
-      }
-      offset += size;
+      if (run.accepted_draft) mask.fill(index, offset, Math.min(offset + run.text.length, length));
+      offset += run.text.length;
     });
-    return { mask, markers, runs: runs || [] };
+    return mask;
   }
 
   function render(src, runs) {
-    const { mask, markers, runs: allRuns } = provenance(runs, src.length);
-    let nextMarker = 0;
-    const draftSpan = (index, inner, extra) =>
-      `<span class="draft${extra || ""}" data-run="${index}" data-tokens="${allRuns[index].tokens}">${inner}</span>`;
-    const emitMarkers = (upTo) => {
-      let out = "";
-      while (nextMarker < markers.length && markers[nextMarker].at <= upTo) {
-        out += draftSpan(markers[nextMarker].index, "", " empty");
-        nextMarker += 1;
-      }
-      return out;
+    const mask = provenance(runs, src.length);
+    const shown = new Set();
+    const draftSpan = (index, inner, extra) => {
+      shown.add(index);
+      return `<span class="draft${extra || ""}" data-run="${index}" data-tokens="${runs[index].tokens}">${inner}</span>`;
     };
     // Source characters [start, end) as HTML, accepted drafts wrapped.
     const text = (start, end) => {
       let out = "";
-      let i = start;
-      while (i < end) {
-        out += emitMarkers(i);
+      for (let i = start; i < end; ) {
         const run = mask[i];
         let j = i + 1;
-        while (j < end && mask[j] === run && !(nextMarker < markers.length && markers[nextMarker].at === j)) j += 1;
+        while (j < end && mask[j] === run) j += 1;
         const piece = escape(src.slice(i, j));
         out += run < 0 ? piece : draftSpan(run, piece);
         i = j;
@@ -186,7 +173,6 @@ const Markdown = (() => {
         continue;
       }
       if (!line.text.trim()) {
-        html += emitMarkers(line.end);
         k += 1;
         continue;
       }
@@ -201,8 +187,11 @@ const Markdown = (() => {
       }
       html += `<p>${parts.join("<br>")}</p>`;
     }
-    // Markers the markup skipped over (they sat on a fence or list marker) still show, at the end.
-    html += emitMarkers(Infinity);
+    // Accepted drafts nothing of which shows (no text yet, or only newlines and markup) still count:
+    // an empty span each, so the page's marks add up to the reply's accepted-draft tokens.
+    (runs || []).forEach((run, index) => {
+      if (run.accepted_draft && !shown.has(index)) html += draftSpan(index, "", " empty");
+    });
     return html;
   }
 
