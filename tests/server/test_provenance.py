@@ -12,8 +12,9 @@ import pytest
 
 from tests.server.conftest import LiveServer
 from tests.server.test_streaming import data_lines, generation
+from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server.engine_loop import ChoiceEvent
-from xpuspec.server.provenance import Speculation
+from xpuspec.server.provenance import Speculation, speculation_of
 from xpuspec.server.responses import ResponseContext, stream
 
 PROMPT = "one two three four one two three four one two"
@@ -38,6 +39,14 @@ def test_runs_cut_each_chunk_at_its_accepted_drafts_and_count_them() -> None:
     assert runs[0] == {"text": "abcd", "tokens": 2, "accepted_draft": True}
     final = chunks[-1]["xpuspec"]["speculation"]
     assert final["accepted_tokens"] == 3 and final["drafter"] == "draft"
+
+
+def test_the_gamma_policy_names_what_the_request_runs_under() -> None:
+    assert speculation_of(SamplingParams(), "draft") == Speculation("draft", "adaptive γ")
+    assert speculation_of(SamplingParams(num_draft_tokens=3), "ngram") == Speculation("ngram", "fixed γ=3")
+    assert speculation_of(SamplingParams(num_draft_tokens=0), "draft") == Speculation("none", "off")
+    tree = speculation_of(SamplingParams(draft_tree={"depth": 3, "width": 2, "nodes": 6}), "draft")
+    assert tree.gamma_policy == "tree depth 3, width 2, 6 nodes"
 
 
 def test_chunks_carry_no_provenance_unless_asked() -> None:
@@ -67,7 +76,14 @@ def test_a_speculating_server_marks_accepted_drafts_and_the_text_is_unchanged(
     live_server: LiveServer, kind: str
 ) -> None:
     client = openai.OpenAI(base_url=f"{live_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
-    common: dict[str, Any] = {"model": live_server.model, "max_tokens": 40, "temperature": 0, "stream": True}
+    # A fixed γ drafts at every step; an adaptive one may, on a busy machine, choose not to.
+    common: dict[str, Any] = {
+        "model": live_server.model,
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+        "extra_body": {"num_draft_tokens": 4},
+    }
     if kind == "chat":
         create: Any = client.chat.completions.create
         common["messages"] = [{"role": "user", "content": PROMPT}]
@@ -103,7 +119,7 @@ def test_a_speculating_server_marks_accepted_drafts_and_the_text_is_unchanged(
     accepted_tokens = sum(run["tokens"] for run in runs if run["accepted_draft"])
     assert summary["accepted_tokens"] == accepted_tokens > 0
     assert accepted_tokens <= summary["accepted"] <= summary["drafted"]
-    assert summary["drafter"] == "draft" and summary["gamma_policy"] == "adaptive γ"
+    assert summary["drafter"] == "draft" and summary["gamma_policy"] == "fixed γ=4"
     assert summary["output_tokens"] == marked[-1].usage.completion_tokens
     assert summary["tokens_per_target_pass"] > 1
 

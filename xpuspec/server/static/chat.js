@@ -124,6 +124,7 @@ function resetParams() {
   $("max_tokens").value = d.max_tokens ?? "";
   $("seed").value = d.seed ?? "";
   $("drafter").value = "auto";
+  $("num_draft_tokens").value = d.num_draft_tokens ?? "";
   const tree = d.draft_tree;
   $("draft_tree").value = tree == null ? "" : typeof tree === "string" ? tree : `${tree.depth},${tree.width},${tree.nodes}`;
 }
@@ -151,6 +152,7 @@ function requestBody(messages, overrides = {}) {
   if ($("max_tokens").value) body.max_tokens = Number($("max_tokens").value);
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("drafter").value && $("drafter").value !== "auto") body.drafter = $("drafter").value;
+  if ($("num_draft_tokens").value !== "") body.num_draft_tokens = Number($("num_draft_tokens").value);
   const tree = draftTree($("draft_tree").value);
   if (tree !== null) body.draft_tree = tree;
   return Object.assign(body, overrides);
@@ -456,7 +458,10 @@ async function compare() {
       message[key] = { content: "", runs: [], stats: null };
       const body = requestBody(history, { temperature: 0, drafter });
       delete body.seed;
-      if (drafter === "none") delete body.draft_tree;
+      if (drafter === "none") {
+        delete body.draft_tree;
+        delete body.num_draft_tokens;
+      }
       await streamReply(body, message[key], state.controller.signal, liveUpdater(index));
     }
   } catch (error) {
