@@ -81,6 +81,9 @@ def test_wheel_contents(tmp_path: Path) -> None:
         assert f"{folder}/training_metrics.json" in names and f"{folder}/draft_stamp.json" in names
     assert any(n.startswith("xpuspec/demo/bundle/target/") for n in names)
     assert "xpuspec/demo/smollm2_heldout.jsonl" in names
+    # The chat page served at / (and so the edge bundle, which installs this wheel).
+    static = {p.relative_to(ROOT).as_posix() for p in (ROOT / "xpuspec/server/static").iterdir()}
+    assert static and static <= set(names), sorted(static - set(names))
 
     # The lab stays in research/: none of its modules where they used to ship.
     lab = {p.stem for p in (ROOT / "research").rglob("*.py") if p.stem not in ("__init__", "conftest")}

@@ -38,17 +38,29 @@ class RequestText:
         self.token_ids: list[int] = []
         self.text = ""
         self.stopped = False
+        # Of the latest delta: how many characters the first ``mark`` tokens of its push released.
+        self.marked_chars = 0
 
-    def push(self, token_ids: list[int], finished: bool) -> tuple[str, int]:
+    def push(self, token_ids: list[int], finished: bool, mark: int = 0) -> tuple[str, int]:
         """Add the tokens of one step; return (new text that may be shown, tokens used).
 
         Fewer tokens than given are used when a stop string completes before the last of them
         (``stopped`` is then set); the rest belong after the stop and are not part of the output.
+        ``mark`` > 0: the first ``mark`` tokens are detokenized apart, and ``marked_chars`` says how
+        much of the delta they released (text held back, an unfinished character or a possible stop
+        string, counts with the token that releases it).
         """
+        self.marked_chars = 0
         if self.stopped:
             return "", 0
         if self.stops is None:
-            delta = self.detokenizer.push(token_ids) if token_ids else ""
+            if 0 < mark < len(token_ids):
+                marked = self.detokenizer.push(token_ids[:mark])
+                self.marked_chars = len(marked)
+                delta = marked + self.detokenizer.push(token_ids[mark:])
+            else:
+                delta = self.detokenizer.push(token_ids) if token_ids else ""
+                self.marked_chars = len(delta) if mark and token_ids else 0
             if finished:
                 delta += self.detokenizer.flush()  # a character cut short by the end still shows
             self.token_ids.extend(token_ids)
@@ -62,8 +74,12 @@ class RequestText:
             used += 1
             piece, self.stopped = self.stops.push(self.detokenizer.push([token]))
             pieces.append(piece)
+            if used == mark:
+                self.marked_chars = sum(len(piece) for piece in pieces)
             if self.stopped:
                 break
+        if 0 < used < mark:  # stopped within the drafts: all of the text is theirs
+            self.marked_chars = sum(len(piece) for piece in pieces)
         if finished and not self.stopped:
             piece, self.stopped = self.stops.push(self.detokenizer.flush())
             pieces.append(piece)
@@ -75,17 +91,20 @@ class RequestText:
         return delta, used
 
 
-def apply_output(engine: LLMEngine, text: RequestText, output: StepOutput) -> str:
+def apply_output(engine: LLMEngine, text: RequestText, output: StepOutput, mark_drafts: bool = False) -> str:
     """Turn one engine output of a request into its new text; end the request if its text ends it.
 
     Updates ``output`` in place to what the caller reports: ``new_token_ids`` cut after a stop
-    string, ``finished`` / ``finish_reason`` / ``error``. Ends the request in the engine (freeing its
-    KV) when a stop string completed or the text side failed. Returns the text to show.
+    string (and ``num_accepted_drafts`` with them), ``finished`` / ``finish_reason`` / ``error``.
+    Ends the request in the engine (freeing its KV) when a stop string completed or the text side
+    failed. Returns the text to show; with ``mark_drafts``, ``text.marked_chars`` says how much of it
+    the accepted drafts released.
     """
     if output.finish_reason == "error":
         return ""
     try:
-        delta, used = text.push(output.new_token_ids, output.finished)
+        mark = output.num_accepted_drafts if mark_drafts else 0
+        delta, used = text.push(output.new_token_ids, output.finished, mark)
     except Exception as error:
         logger.exception("making the text of %s failed", output.request_id)
         if not output.finished:
@@ -98,6 +117,7 @@ def apply_output(engine: LLMEngine, text: RequestText, output: StepOutput) -> st
         if dropped:
             output.stats.drop_output_tokens(dropped)
             output.new_token_ids = output.new_token_ids[:used]
+            output.num_accepted_drafts = min(output.num_accepted_drafts, used)
         if not output.finished:
             engine.abort(output.request_id, finish_reason="stop", num_dropped_tokens=dropped)
         output.finished, output.finish_reason = True, "stop"

@@ -133,6 +133,9 @@ def test_launcher_installs_offline_and_serves(archives: dict[str, Path], tmp_pat
         )
         assert completion["choices"][0]["finish_reason"] == "length"
         assert completion["usage"]["completion_tokens"] == 6
+        # The chat page ships in the wheel the archive installs.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert b"/chat/chat.js" in response.read()
     finally:
         server.terminate()  # run.sh exec'd into `xpuspec serve`: this is the server's SIGTERM drain
         server.wait(timeout=60)

@@ -44,6 +44,7 @@ def served_model(operations: dict[str, schemathesis.APIOperation]) -> str:
         "GET /v1/models",
         "GET /v1/models/{model}",
         "GET /v1/xpuspec/state",
+        "GET /v1/xpuspec/defaults",
         "GET /health",
         "GET /metrics",
     ],

@@ -139,7 +139,8 @@ Needs Python @PYTHON@ (`python3 -m venv` must work: on Debian/Ubuntu `apt instal
 
 The launcher verifies the files, installs into `.venv` beside it once, then serves the
 OpenAI-compatible API: `curl http://127.0.0.1:8000/health`; requests name the model `@BUNDLE@`
-(extra names: `./run.sh --served-model-name other`). It listens on loopback only
+(extra names: `./run.sh --served-model-name other`), and a chat page at `http://127.0.0.1:8000/`
+(in the archive: it fetches nothing from elsewhere). It listens on loopback only
 unless `XPUSPEC_HOST=0.0.0.0`; set `XPUSPEC_API_KEY` before exposing it.
 
 Device placement: @PLACEMENT@

@@ -61,6 +61,8 @@ class StepOutput:
     ``finish_reason`` "error" comes with ``error``, the message of what ended the request, and
     ``failed_constraint`` says whether that was the request's own output constraint (a client's
     mistake, such as a grammar that can never be completed, rather than a failure of the engine).
+    The first ``num_accepted_drafts`` of ``new_token_ids`` are drafts the target accepted; the rest
+    the target chose itself (a step emits its accepted drafts first, then its own token).
     """
 
     request_id: str
@@ -70,6 +72,7 @@ class StepOutput:
     stats: RequestStats
     error: str | None = None
     failed_constraint: bool = False
+    num_accepted_drafts: int = 0
 
 
 @dataclass

@@ -134,7 +134,7 @@ class Verifier:
             # straight to its token: right after an inference each extra call costs several µs.
             if engine.proposer is not None:
                 self._decay_acceptance(sequence.request_id)  # as below: decay toward the prior
-            return self._emit(sequence, state, finite_argmax(rows, "target's logits for this request"))
+            return self._emit(sequence, state, finite_argmax(rows, "target's logits for this request"), 0)
         draft_ids = proposal.token_ids if proposal is not None else []
         # Greedy verification (chain or tree) refuses NaN rows in its own argmax pass; a grammar's
         # mask would hide NaN in the tokens it forbids, so guided rows are checked before it.
@@ -164,7 +164,7 @@ class Verifier:
             # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
             # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
             self._decay_acceptance(sequence.request_id)
-        return self._emit(sequence, state, result.token_ids)
+        return self._emit(sequence, state, result.token_ids, result.num_accepted)
 
     def _verify(
         self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None, state: RequestState
@@ -225,8 +225,11 @@ class Verifier:
         if prompt_lookup is not None:
             prompt_lookup.update(request_id, 0, 0, 0)
 
-    def _emit(self, sequence: Sequence, state: RequestState, token_ids: list[int]) -> StepOutput:
-        """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them."""
+    def _emit(
+        self, sequence: Sequence, state: RequestState, token_ids: list[int], num_accepted: int
+    ) -> StepOutput:
+        """Append the verified ``token_ids`` (cut at end-of-sequence or max_tokens) and report them;
+        their first ``num_accepted`` are accepted drafts."""
         engine = self.engine
         new_tokens, status = _truncate(sequence, token_ids, state)
         if state.guide is not None:
@@ -248,6 +251,7 @@ class Verifier:
             finished=status is not None,
             finish_reason=FINISH_REASONS.get(status) if status is not None else None,
             stats=state.stats,
+            num_accepted_drafts=min(num_accepted, len(new_tokens)),
         )
 
 

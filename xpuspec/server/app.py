@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from flask import Flask, Response, request
 
 from xpuspec.server.access_log import AccessLog
+from xpuspec.server.chat_page import chat_page, is_public
 from xpuspec.server.config import ServerConfig
 from xpuspec.server.engine_loop import EngineLoop
 from xpuspec.server.errors import APIError, error_response, register_error_handlers
@@ -62,6 +63,7 @@ def create_app(
     app.register_blueprint(openai_api)
     app.register_blueprint(ollama_api)
     app.register_blueprint(operations)
+    app.register_blueprint(chat_page)
     app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]
     if start:
         loop.start()
@@ -70,7 +72,7 @@ def create_app(
 
 def authentication_error(path: str, authorization: str, api_key: str | None) -> APIError | None:
     """The 401 a request to ``path`` with this Authorization header gets, or None if it may pass."""
-    if api_key is None or path in UNAUTHENTICATED_PATHS:
+    if api_key is None or path in UNAUTHENTICATED_PATHS or is_public(path):
         return None
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token:

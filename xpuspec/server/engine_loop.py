@@ -66,6 +66,10 @@ class ChoiceEvent:
     stats: RequestStats | None = None
     error: str | None = None
     failed_constraint: bool = False  # the error is the request's own output constraint's (a 400)
+    # With ChoiceRequest.provenance: of num_new_tokens, the accepted drafts (they come first), and
+    # how many leading characters of text they released.
+    num_accepted_drafts: int = 0
+    draft_chars: int = 0
 
     @property
     def final(self) -> bool:
@@ -79,6 +83,7 @@ class ChoiceRequest:
     index: int
     prompt_token_ids: list[int]
     params: SamplingParams
+    provenance: bool = False  # its events say which tokens and text were accepted drafts
 
 
 @dataclass
@@ -194,6 +199,7 @@ class _Active:
     text: RequestText
     num_prompt_tokens: int
     pending_text: list[str] = field(default_factory=list)
+    provenance: bool = False
 
 
 class EngineLoop:
@@ -359,6 +365,7 @@ class EngineLoop:
             choice.index,
             RequestText(self.pipeline.tokenizer, choice.params),
             len(choice.prompt_token_ids),
+            provenance=choice.provenance,
         )
 
     def _abort(self, request_id: str) -> None:
@@ -377,11 +384,16 @@ class EngineLoop:
         if active is None:
             return
         assert self.pipeline is not None
-        delta = apply_output(self.pipeline.engine, active.text, output)
+        delta = apply_output(self.pipeline.engine, active.text, output, mark_drafts=active.provenance)
         num_tokens = len(output.new_token_ids)
+        drafts = output.num_accepted_drafts if active.provenance else 0
+        draft_chars = active.text.marked_chars if drafts else 0
         if not output.finished:
             if delta or num_tokens:
-                self._outbox.append((active.generation, ChoiceEvent(active.index, delta, num_tokens)))
+                event = ChoiceEvent(
+                    active.index, delta, num_tokens, num_accepted_drafts=drafts, draft_chars=draft_chars
+                )
+                self._outbox.append((active.generation, event))
             return
         del self._active[output.request_id]
         reason = output.finish_reason or "stop"
@@ -393,6 +405,8 @@ class EngineLoop:
             stats=output.stats,
             error=output.error,
             failed_constraint=output.failed_constraint,
+            num_accepted_drafts=drafts,
+            draft_chars=draft_chars,
         )
         self._outbox.append((active.generation, final))
         if self._on_finish is not None:

@@ -14,6 +14,7 @@ from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, p
 from xpuspec.server.engine_loop import Generation, NotAcceptingError, QueueFullError
 from xpuspec.server.errors import APIError
 from xpuspec.server.json_body import parse_json_object
+from xpuspec.server.provenance import speculation_of
 from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import ServerState, server_state
@@ -80,6 +81,9 @@ def start_generation(
             param="n",
             code="invalid_value",
         )
+    if body.stream and body.stream_options is not None and body.stream_options.include_speculation:
+        for choice in prepared.choices:
+            choice.provenance = True
     try:
         generation = state.loop.submit(prepared.choices)
     except QueueFullError as error:
@@ -113,7 +117,10 @@ def _generate(
     state.response_opened(streamed=bool(body.stream))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        frames_of = stream(generation, context, include_usage, state.stream_interval)
+        speculation = None
+        if body.stream_options is not None and body.stream_options.include_speculation:
+            speculation = speculation_of(prepared.choices[0].params, ready_pipeline(state).drafter)
+        frames_of = stream(generation, context, include_usage, state.stream_interval, speculation)
         if prepared.tools is not None:
             frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls, prepared.tools.forced)
         frames = TrackedStream(frames_of, lambda: state.response_closed(streamed=True))

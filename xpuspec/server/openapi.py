@@ -23,6 +23,52 @@ from xpuspec.server.schemas import (
 
 REF = "#/components/schemas/{model}"
 
+# The opt-in `xpuspec` field of streamed chunks (stream_options.include_speculation; provenance.py).
+SPECULATION_CHUNK_FIELD: dict[str, Any] = {
+    "type": "object",
+    "description": "xpuspec, only with stream_options.include_speculation: the chunk's text cut into runs "
+    "(their texts concatenate to the chunk's text); accepted_draft true: the run's tokens were drafts the "
+    "target accepted, false: tokens the target chose itself. A choice's finishing chunk adds speculation: "
+    "drafted and accepted (the engine's verification counts), accepted_tokens (the output tokens that were "
+    "accepted drafts: the tokens of the accepted_draft runs), target_passes, tokens_per_target_pass, "
+    "verification_steps, output_tokens, ttft_s, tokens_per_s, drafter and gamma_policy.",
+    "properties": {
+        "runs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string"},
+                    "tokens": {"type": "integer"},
+                    "accepted_draft": {"type": "boolean"},
+                },
+                "required": ["text", "tokens", "accepted_draft"],
+            },
+        },
+        "speculation": {"type": "object"},
+    },
+    "required": ["runs"],
+}
+DEFAULTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "what a request gets for a parameter it leaves out, and the drafters it may name "
+    "(the chat page at / starts from these)",
+    "properties": {
+        "model": {"type": "string"},
+        "ready": {"type": "boolean"},
+        "temperature": {"type": "number"},
+        "top_p": {"type": "number"},
+        "top_k": {"type": "integer"},
+        "seed": {"type": ["integer", "null"]},
+        "max_tokens": {"type": ["integer", "null"], "description": "null: the rest of the context"},
+        "max_model_len": {"type": ["integer", "null"]},
+        "drafter": {"type": ["string", "null"]},
+        "drafters": {"type": "array", "items": {"type": "string"}},
+        "draft_tree": {"type": ["string", "object", "null"]},
+        "num_draft_tokens": {"type": ["integer", "null"], "description": "null: adaptive γ"},
+    },
+}
+
 
 @lru_cache(maxsize=1)
 def _component_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -65,7 +111,9 @@ def _generation_operation(
         "requestBody": {"required": True, "content": _json(request_ref)},
         "responses": {
             "200": {
-                "description": "the completion; with stream=true, SSE chunks ending in `data: [DONE]`",
+                "description": "the completion; with stream=true, SSE chunks ending in `data: [DONE]`; "
+                "with stream_options.include_speculation each chunk also carries `xpuspec` "
+                "(components/schemas/SpeculationChunkField)",
                 "content": {**_json(response_ref), "text/event-stream": {"schema": {"type": "string"}}},
             },
             "400": _error("malformed JSON, wrong types, values out of range, prompt beyond the context"),
@@ -83,6 +131,30 @@ def _with_served_model(definitions: dict[str, Any], served_model_name: str) -> d
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         schemas[name]["properties"]["model"]["enum"] = [served_model_name]
     return schemas
+
+
+def _chat_page_paths() -> dict[str, Any]:
+    """The chat page and the defaults it starts from (xpuspec.server.chat_page)."""
+    return {
+        "/v1/xpuspec/defaults": {
+            "get": {
+                "summary": "Request defaults and drafters (what the chat page starts from)",
+                "responses": {"200": {"description": "defaults", "content": _json(DEFAULTS_SCHEMA)}},
+            }
+        },
+        "/": {
+            "get": {
+                "summary": "The chat page (no authentication; its API calls need the key)",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "HTML",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
 
 
 def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
@@ -153,13 +225,19 @@ def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": _with_served_model(definitions, served_model_name)},
+        "components": {
+            "schemas": {
+                **_with_served_model(definitions, served_model_name),
+                "SpeculationChunkField": SPECULATION_CHUNK_FIELD,
+            }
+        },
     }
+    document["paths"].update(_chat_page_paths())
     if with_auth:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         document["security"] = [{"bearer": []}]
         for path, operations in document["paths"].items():
-            if path != "/health":
+            if path not in ("/health", "/"):
                 for operation in operations.values():
                     operation["responses"].setdefault("401", _error("missing or invalid API key"))
     return document

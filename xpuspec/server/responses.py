@@ -13,6 +13,7 @@ from typing import Any, Literal
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.server.engine_loop import ChoiceEvent, Generation
 from xpuspec.server.errors import APIError
+from xpuspec.server.provenance import Runs, Speculation, summary
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +196,13 @@ class _ChunkFrames:
     around one ``json.dumps`` of the text, instead of a dict built and encoded whole.
     """
 
-    def __init__(self, context: ResponseContext, include_usage: bool) -> None:
+    def __init__(
+        self, context: ResponseContext, include_usage: bool, speculation: Speculation | None = None
+    ) -> None:
         self.context = context
+        # With provenance, each choice's runs of text not yet framed (see xpuspec.server.provenance).
+        self.speculation = speculation
+        self.runs: dict[int, Runs] = {}
         self.chat = context.kind == "chat"
         self.base = {
             "id": context.response_id,
@@ -207,7 +213,19 @@ class _ChunkFrames:
         self.extra = {"usage": None} if include_usage else {}
         self._templates: dict[int, tuple[str, str]] = {}
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None, role: bool = False) -> str:
+    def add(self, event: ChoiceEvent) -> None:
+        """Note a text event's provenance (a no-op without ``speculation``)."""
+        if self.speculation is not None:
+            self.runs.setdefault(event.index, Runs()).add(event)
+
+    def chunk(
+        self,
+        index: int,
+        text: str | None,
+        finish_reason: str | None,
+        role: bool = False,
+        stats: RequestStats | None = None,
+    ) -> str:
         if self.chat:
             delta: dict[str, str] = {}
             if role:
@@ -220,10 +238,19 @@ class _ChunkFrames:
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
         choice.update(self.context.note(index, finish_reason))
-        return sse({**self.base, "choices": [choice], **self.extra})
+        chunk = {**self.base, "choices": [choice], **self.extra}
+        if self.speculation is not None and not role:
+            runs = self.runs.setdefault(index, Runs())
+            provenance: dict[str, Any] = {"runs": runs.take()}
+            if finish_reason is not None:
+                provenance["speculation"] = summary(stats, self.speculation, runs.accepted_tokens)
+            chunk["xpuspec"] = provenance
+        return sse(chunk)
 
     def text(self, index: int, text: str) -> str:
         """The frame of a text chunk (no finish_reason) of choice ``index``."""
+        if self.speculation is not None:
+            return self.chunk(index, text, None)
         template = self._templates.get(index)
         if template is None:
             head, _, tail = self.chunk(index, _TEXT_SLOT, None).partition(_ENCODED_TEXT_SLOT)
@@ -232,7 +259,11 @@ class _ChunkFrames:
 
 
 def stream(
-    generation: Generation, context: ResponseContext, include_usage: bool, coalesce_s: HoldSeconds = 0.0
+    generation: Generation,
+    context: ResponseContext,
+    include_usage: bool,
+    coalesce_s: HoldSeconds = 0.0,
+    speculation: Speculation | None = None,
 ) -> Iterator[str]:
     """SSE frames: chunks per choice, one finish_reason each, the usage chunk if asked, then [DONE].
 
@@ -243,8 +274,11 @@ def stream(
     A client that disconnects makes the WSGI server close this generator (GeneratorExit at a
     ``yield``) or fails the disconnect poll; either way the ``finally`` aborts the engine requests,
     which frees their KV blocks.
+
+    ``speculation`` (``stream_options.include_speculation``): chunks carry the ``xpuspec`` field of
+    :mod:`xpuspec.server.provenance`.
     """
-    frames = _ChunkFrames(context, include_usage)
+    frames = _ChunkFrames(context, include_usage, speculation)
     chat = frames.chat
     try:
         if chat:
@@ -261,10 +295,12 @@ def stream(
                     out.extend(frames.text(index, "".join(parts)) for index, parts in texts.items())
                     texts.clear()
                     if event.finish_reason == "error":
-                        out.append(frames.chunk(event.index, event.text or None, "error"))
+                        frames.add(event)
+                        out.append(frames.chunk(event.index, event.text or None, "error", stats=event.stats))
                     out.append(sse(failure(event, context.num_choices).body()))
                     failed = True
                     break
+                frames.add(event)
                 if event.finish_reason is None:
                     if event.text:
                         texts.setdefault(event.index, []).append(event.text)
@@ -273,9 +309,9 @@ def stream(
                 if chat:
                     if text:
                         out.append(frames.text(event.index, text))
-                    out.append(frames.chunk(event.index, None, event.finish_reason))
+                    out.append(frames.chunk(event.index, None, event.finish_reason, stats=event.stats))
                 else:
-                    out.append(frames.chunk(event.index, text, event.finish_reason))
+                    out.append(frames.chunk(event.index, text, event.finish_reason, stats=event.stats))
             out.extend(frames.text(index, "".join(parts)) for index, parts in texts.items())
             if failed or generation.done:
                 tail = out  # the last frames, the usage chunk and [DONE] go out in one write

@@ -43,6 +43,11 @@ class StreamOptions(BaseModel):
     model_config = REQUEST_CONFIG
 
     include_usage: bool = False
+    include_speculation: bool = Field(
+        False,
+        description="xpuspec: each chunk carries an `xpuspec` field saying which of its tokens were "
+        "accepted drafts, and each choice's finishing chunk the request's speculation figures",
+    )
 
 
 class JsonSchemaFormat(BaseModel):
