@@ -127,7 +127,7 @@ def corrupt_bundle(request: pytest.FixtureRequest, work: Path, cache: Path) -> t
 GENERATE_DEMO = ["generate", "--bundle", "demo"]  # small and quick: the mistakes do not depend on the model
 # (argv, exit code, a word of the message); BUNDLE stands for the fixture path given by `bundle`.
 MISTAKES = {
-    "max-tokens-over-context": ([*GENERATE_DEMO, "hi", "--max-tokens", "100000"], EXIT_USAGE, "max_tokens"),
+    "max-tokens-over-context": ([*GENERATE_DEMO, "hi", "--max-tokens", "100000"], EXIT_USAGE, "--max-tokens"),
     "prompt-over-context": ([*GENERATE_DEMO, "word " * 600], EXIT_USAGE, "context of"),
     "property-not-key-value": ([*GENERATE_DEMO, "hi", "--property", "FOO"], EXIT_USAGE, "KEY=VALUE"),
     "unknown-property": (

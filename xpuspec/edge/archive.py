@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpuspec.bundles import resolve_bundle
+from xpuspec.bundles import model_names, resolve_bundle
 from xpuspec.edge import templates
 from xpuspec.edge.platforms import group_targets, target_environment
 from xpuspec.edge.requirements import (
@@ -56,7 +56,7 @@ class EdgeConfig:
     """What `xpuspec bundle` packs; checked on construction."""
 
     output: Path
-    bundle: Path | None = None  # None: the embedded demo pair
+    bundle: Path | None = None  # None: the default model; "demo": the embedded demo pair
     include_wheels: bool = False
     platforms: list[str] = field(default_factory=list)
     python_version: str | None = None
@@ -180,6 +180,8 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
     from xpuspec.edge.wheels import build_xpuspec_wheel, download_wheelhouse
 
     bundle = resolve_bundle(config.bundle, verify=True)
+    # The names `xpuspec serve` would answer for the same bundle: the plain name, then aliases.
+    name, *aliases = model_names(config.bundle)
     created_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     contents: dict[str, Content] = {
         f"bundle/{name}": bundle.root / name for name in [*bundle.manifest.get("files", {}), MANIFEST_NAME]
@@ -214,7 +216,8 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
             }
         placement = bundle.placement
         values = {
-            "bundle": bundle.root.name,
+            "bundle": name,
+            "aliases": f" (older names: {', '.join(f'`{a}`' for a in aliases)})" if aliases else "",
             "version": version,
             "created_at": created_at,
             "wheel": wheel.name,
@@ -236,7 +239,7 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
         facts = {
             "created_at": created_at,
             "xpuspec_version": version,
-            "bundle": {"path": "bundle", "name": bundle.root.name},
+            "bundle": {"path": "bundle", "name": name, "aliases": aliases},
             "placement": placement,
             "wheel": f"dist/{wheel.name}",
             "requirements": [pin.line() for pin in pins],
