@@ -21,7 +21,15 @@ from types import ModuleType
 
 from xpuspec.cli import bench, devices, edge, generate, inspect, plan, prepare, serve
 from xpuspec.cli.parser import DEBUG_ENV, ArgumentParser, finish_subparsers
-from xpuspec.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, describe_error, report_error
+from xpuspec.errors import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    describe_error,
+    report_error,
+)
+from xpuspec.version import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -33,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="xpuspec",
         description="Speculative decoding on Intel CPUs, GPUs and NPUs with OpenVINO.",
-        epilog="exit codes: 0 done, 1 the work failed, 2 the command line or its input was wrong, "
-        "130 interrupted. Errors are one line; --debug (or XPUSPEC_DEBUG=1) shows tracebacks.",
+        epilog="exit codes: "
+        + ", ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
+        + ". Errors are one line; --debug (or XPUSPEC_DEBUG=1) shows tracebacks.",
     )
+    parser.add_argument("--version", action="version", version=f"xpuspec {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
         "--debug", action="store_true", help=f"show tracebacks for errors (also {DEBUG_ENV}=1)"

@@ -104,12 +104,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error).replace("\n", "; ")) from error
     started = time.perf_counter()
-    # Loading takes seconds (minutes on the default model's first use): say so before it starts.
-    print(f"xpuspec generate: loading {bundle_label(args.bundle)} ...", file=sys.stderr, flush=True)
+    # The default model's first use converts it here, saying so stage by stage.
     bundle = resolve_bundle(args.bundle)  # a missing or damaged bundle: one line, exit 2
     # The manifest is enough to refuse what cannot fit, before any model is compiled.
     check_max_tokens(params.max_tokens, bundle.max_context)
     chat = prompt_is_chat(args, bundle)
+    # Compiling the models takes seconds: say so before it starts.
+    print(f"xpuspec generate: loading {bundle_label(args.bundle)} ...", file=sys.stderr, flush=True)
     try:
         pipe = Pipeline(
             bundle,

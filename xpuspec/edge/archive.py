@@ -181,7 +181,7 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
 
     bundle = resolve_bundle(config.bundle, verify=True)
     # The names `xpuspec serve` would answer for the same bundle: the plain name, then aliases.
-    name, *aliases = model_names(config.bundle)
+    served_name, *aliases = model_names(config.bundle)
     created_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     contents: dict[str, Content] = {
         f"bundle/{name}": bundle.root / name for name in [*bundle.manifest.get("files", {}), MANIFEST_NAME]
@@ -216,7 +216,7 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
             }
         placement = bundle.placement
         values = {
-            "bundle": name,
+            "bundle": served_name,
             "aliases": f" (older names: {', '.join(f'`{a}`' for a in aliases)})" if aliases else "",
             "version": version,
             "created_at": created_at,
@@ -239,7 +239,7 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
         facts = {
             "created_at": created_at,
             "xpuspec_version": version,
-            "bundle": {"path": "bundle", "name": name, "aliases": aliases},
+            "bundle": {"path": "bundle", "name": served_name, "aliases": aliases},
             "placement": placement,
             "wheel": f"dist/{wheel.name}",
             "requirements": [pin.line() for pin in pins],
