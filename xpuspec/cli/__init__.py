@@ -57,6 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class LogFormatter(logging.Formatter):
+    """INFO lines are progress for the user (the default model's first conversion, stage by stage): the
+    message alone. Warnings and debug lines keep their level and logger."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO:
+            return record.getMessage()
+        return super().format(record)
+
+
 def debug_wanted(args: argparse.Namespace | None = None) -> bool:
     if args is not None and args.debug:
         return True
@@ -76,10 +86,9 @@ def _quiet_closed_stdout() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

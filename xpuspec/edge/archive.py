@@ -42,6 +42,7 @@ from xpuspec.edge.verify_edge import (
     verify_archive,
 )
 from xpuspec.model_bundle import MANIFEST_NAME, sha256_file
+from xpuspec.prepare.progress import ProgressSink, StepProgress
 
 logger = logging.getLogger(__name__)
 
@@ -172,13 +173,16 @@ def _tar_info(name: str, mtime: int, *, folder: bool = False, executable: bool =
     return info
 
 
-def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
+def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None) -> dict[str, Any]:
     """Collect the bundle, the xpuspec wheel, pinned requirements (and wheelhouse) and write the archive.
 
-    Returns the archive's manifest (edge.json).
+    ``progress`` gets numbered, timed lines as `xpuspec prepare`'s (``[2/4] pinning ... 3.1s``): the
+    wheelhouse download and the compression take a minute or more. Returns the archive's manifest
+    (edge.json).
     """
     from xpuspec.edge.wheels import build_xpuspec_wheel, download_wheelhouse
 
+    steps = StepProgress(total_steps=4 if config.include_wheels else 3, sink=progress)
     bundle = resolve_bundle(config.bundle, verify=True)
     # The names `xpuspec serve` would answer for the same bundle: the plain name, then aliases.
     served_name, *aliases = model_names(config.bundle)
@@ -188,16 +192,22 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="xpuspec-edge-") as scratch:
         scratch_path = Path(scratch)
-        wheel = (
-            Path(config.xpuspec_wheel) if config.xpuspec_wheel else build_xpuspec_wheel(scratch_path / "dist")
-        )
-        name, version, roots = wheel_requirements(wheel)
+        with steps.step(
+            "using the given xpuspec wheel" if config.xpuspec_wheel else "building the xpuspec wheel"
+        ):
+            wheel = (
+                Path(config.xpuspec_wheel)
+                if config.xpuspec_wheel
+                else build_xpuspec_wheel(scratch_path / "dist")
+            )
         python_version = config.python_version or current_python_version()
         targets = group_targets(config.platforms)
-        environments = [target_environment(None, None)] + [
-            target_environment(target, python_version) for target in targets
-        ]
-        pins = pin_runtime_requirements(roots, environments)
+        with steps.step("pinning the runtime requirements"):
+            name, version, roots = wheel_requirements(wheel)
+            environments = [target_environment(None, None)] + [
+                target_environment(target, python_version) for target in targets
+            ]
+            pins = pin_runtime_requirements(roots, environments)
         contents["dist/" + wheel.name] = wheel
         contents["requirements.txt"] = requirements_text(
             pins,
@@ -206,7 +216,9 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
         ).encode("utf-8")
         wheelhouse: dict[str, Any] | None = None
         if config.include_wheels:
-            names = download_wheelhouse(pins, scratch_path / "wheels", targets, config.python_version)
+            where = ", ".join(target.name for target in targets) or "this machine"
+            with steps.step(f"downloading {len(pins)} requirements' wheels for {where} (pip)"):
+                names = download_wheelhouse(pins, scratch_path / "wheels", targets, config.python_version)
             contents.update({f"wheels/{n}": scratch_path / "wheels" / n for n in names})
             wheelhouse = {
                 "platforms": [target.name for target in targets] or [_this_platform()],
@@ -245,7 +257,8 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
             "requirements": [pin.line() for pin in pins],
             "wheelhouse": wheelhouse,
         }
-        manifest = write_edge_archive(Path(config.output), contents, facts, config.root_name)
+        with steps.step(f"writing and verifying {config.output} ({len(contents) + 1} files)"):
+            manifest = write_edge_archive(Path(config.output), contents, facts, config.root_name)
     logger.info("wrote %s (%d files)", config.output, len(manifest["files"]))
     return manifest
 
