@@ -107,7 +107,11 @@ def test_demo_prompts_go_in_raw_said_once_and_the_text_ends_with_a_newline(capsy
     assert main([*args, "--exact"]) == 0
     out, err = capsys.readouterr()
     lines = err.splitlines()
-    assert lines[0] == "xpuspec generate: loading the demo pair ..."
+    assert lines[:2] == [
+        "xpuspec generate: the demo pair was trained on plain text, not chat: the prompt goes in as it is "
+        "(--raw)",
+        "xpuspec generate: loading the demo pair ...",
+    ]
     assert sum("the prompt goes in as it is" in line for line in lines) == 1
     assert out.startswith("def add(a, b):") and out.endswith("\n") and not out.endswith("\n\n")
     assert main([*args, "--exact", "--raw", "--json"]) == 0
