@@ -257,9 +257,9 @@ def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None)
             "requirements": [pin.line() for pin in pins],
             "wheelhouse": wheelhouse,
         }
-        with steps.step(f"writing and verifying {config.output} ({len(contents) + 1} files)"):
+        with steps.step(f"writing and verifying {config.output}"):
             manifest = write_edge_archive(Path(config.output), contents, facts, config.root_name)
-    logger.info("wrote %s (%d files)", config.output, len(manifest["files"]))
+    logger.debug("wrote %s (%d files)", config.output, len(manifest["files"]))  # the command says more
     return manifest
 
 
