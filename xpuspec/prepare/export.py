@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -135,15 +136,22 @@ def export_to_openvino(source: ModelSource, out_dir: Path, role: str) -> Path:
     """
     optimum_export = import_conversion_module("optimum.exporters.openvino")
     intel_openvino = import_conversion_module("optimum.intel.openvino")
+    tracing = import_conversion_module("torch.jit")
     try:
-        optimum_export.main_export(
-            source.loadable,
-            output=out_dir,
-            task=EXPORT_TASK,
-            stateful=True,
-            convert_tokenizer=False,
-            ov_config=intel_openvino.OVConfig(dtype="fp32"),
-        )
+        # Tracing warns that constants are baked into the trace: true of every export, and nothing the
+        # caller can act on (the pair check and `inspect` test the result).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tracing.TracerWarning)
+            # optimum traces with torch.jit, which torch now says is deprecated: optimum's to change.
+            warnings.filterwarnings("ignore", r"`torch\.jit\.trace", DeprecationWarning)
+            optimum_export.main_export(
+                source.loadable,
+                output=out_dir,
+                task=EXPORT_TASK,
+                stateful=True,
+                convert_tokenizer=False,
+                ov_config=intel_openvino.OVConfig(dtype="fp32"),
+            )
     except Exception as error:  # noqa: BLE001
         if source.local_path is None:
             raise _hub_failure(source, role, error) from error
