@@ -180,7 +180,7 @@ def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None)
     wheelhouse download and the compression take a minute or more. Returns the archive's manifest
     (edge.json).
     """
-    from xpuspec.edge.wheels import build_xpuspec_wheel, download_wheelhouse
+    from xpuspec.edge.wheels import build_xpuspec_wheel
 
     steps = StepProgress(total_steps=4 if config.include_wheels else 3, sink=progress)
     bundle = resolve_bundle(config.bundle, verify=True)
@@ -218,14 +218,9 @@ def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None)
         if config.include_wheels:
             where = ", ".join(target.name for target in targets) or "this machine"
             with steps.step(f"downloading {len(pins)} requirements' wheels for {where} (pip)"):
-                names = download_wheelhouse(pins, scratch_path / "wheels", targets, config.python_version)
-            contents.update({f"wheels/{n}": scratch_path / "wheels" / n for n in names})
-            wheelhouse = {
-                "platforms": [target.name for target in targets] or [_this_platform()],
-                "platform_tags": [list(target.tags) for target in targets],
-                "python_version": python_version,
-                "wheels": len(names),
-            }
+                wheelhouse = _wheelhouse(
+                    pins, scratch_path / "wheels", targets, python_version, config, contents
+                )
         placement = bundle.placement
         values = {
             "bundle": served_name,
@@ -243,11 +238,7 @@ def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None)
             ),
             "placement": json.dumps(placement, sort_keys=True) if placement else "none recorded (CPU)",
         }
-        contents["verify_edge.py"] = Path(__file__).with_name("verify_edge.py")
-        contents["run.sh"] = templates.render(templates.RUN_SH, wheel=wheel.name).encode("utf-8")
-        contents["run.ps1"] = templates.render(templates.RUN_PS1, wheel=wheel.name).encode("utf-8")
-        contents["xpuspec-edge.service"] = templates.render(templates.SYSTEMD_UNIT, **values).encode("utf-8")
-        contents["README.md"] = templates.render(templates.README, **values).encode("utf-8")
+        contents.update(_launchers(values, wheel.name))
         facts = {
             "created_at": created_at,
             "xpuspec_version": version,
@@ -261,6 +252,38 @@ def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None)
             manifest = write_edge_archive(Path(config.output), contents, facts, config.root_name)
     logger.debug("wrote %s (%d files)", config.output, len(manifest["files"]))  # the command says more
     return manifest
+
+
+def _launchers(values: dict[str, str], wheel_name: str) -> dict[str, Content]:
+    """The verifier, the launchers, the systemd unit and the README, filled in."""
+    return {
+        "verify_edge.py": Path(__file__).with_name("verify_edge.py"),
+        "run.sh": templates.render(templates.RUN_SH, wheel=wheel_name).encode("utf-8"),
+        "run.ps1": templates.render(templates.RUN_PS1, wheel=wheel_name).encode("utf-8"),
+        "xpuspec-edge.service": templates.render(templates.SYSTEMD_UNIT, **values).encode("utf-8"),
+        "README.md": templates.render(templates.README, **values).encode("utf-8"),
+    }
+
+
+def _wheelhouse(
+    pins: list[Any],
+    folder: Path,
+    targets: list[Any],
+    python_version: str,
+    config: EdgeConfig,
+    contents: dict[str, Content],
+) -> dict[str, Any]:
+    """Download the wheelhouse into ``folder``, add its wheels to ``contents``; return its edge.json facts."""
+    from xpuspec.edge.wheels import download_wheelhouse
+
+    names = download_wheelhouse(pins, folder, targets, config.python_version)
+    contents.update({f"wheels/{n}": folder / n for n in names})
+    return {
+        "platforms": [target.name for target in targets] or [_this_platform()],
+        "platform_tags": [list(target.tags) for target in targets],
+        "python_version": python_version,
+        "wheels": len(names),
+    }
 
 
 def _this_platform() -> str:
