@@ -89,19 +89,19 @@ class ServeProcess:
 
     def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         assert self.process.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(self.process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=0.5):
-                continue
-            line = self.process.stdout.readline().decode()
-            if not line:
-                break  # the process ended
-            self.stdout_lines.append(line.rstrip("\n"))
-            match = pattern.match(line.rstrip("\n"))
-            if match:
-                return match
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if not selector.select(timeout=0.5):
+                    continue
+                line = self.process.stdout.readline().decode()
+                if not line:
+                    break  # the process ended
+                self.stdout_lines.append(line.rstrip("\n"))
+                match = pattern.match(line.rstrip("\n"))
+                if match:
+                    return match
         raise AssertionError(
             f"no line matching {pattern.pattern}; stdout {self.stdout_lines}:\n{self.stderr()}"
         )
@@ -118,6 +118,8 @@ class ServeProcess:
                 self.process.kill()
                 self.process.wait()
         self._stderr.close()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return self.process.returncode
 
 
