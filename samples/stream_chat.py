@@ -1,12 +1,16 @@
 """Stream a chat answer through the bundle's chat template, sampled with a seed.
 
 python samples/stream_chat.py "How do I read a file?" [BUNDLE]
+
+Without BUNDLE: the default model, SmolLM2-135M-Instruct (a chat model). The demo pair is a code model
+and is refused here (samples/generate.py takes it).
 """
 
 import sys
 
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.model_bundle import BundleError
+from xpuspec.request_text import chat_by_default
 
 question = sys.argv[1] if len(sys.argv) > 1 else "Write a function that reverses a string."
 bundle = sys.argv[2] if len(sys.argv) > 2 else None
@@ -14,9 +18,10 @@ try:
     pipe = Pipeline(bundle=bundle)
 except (BundleError, ValueError) as error:
     sys.exit(f"stream_chat.py: error: {error}")
-if pipe.chat_template is None:
+if not chat_by_default(pipe.bundle):
+    why = "has no chat template" if pipe.chat_template is None else "holds a model trained on plain text"
     sys.exit(
-        f"stream_chat.py: error: {pipe.bundle.root} has no chat template; "
+        f"stream_chat.py: error: {pipe.bundle.root} {why}; "
         "use samples/generate.py for plain-text prompts, or a bundle of a chat model"
     )
 messages = [{"role": "user", "content": question}]

@@ -51,6 +51,16 @@ def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) ->
     assert "(default: 128)" in text if command == "generate" else True
 
 
+def test_every_bundle_option_names_the_default_model() -> None:
+    """With no bundle, every command uses SmolLM2 and its draft: no help may say the demo pair."""
+    for command, subparser in _subparsers().items():
+        formatter = subparser._get_formatter()
+        for action in subparser._actions:
+            if action.dest == "bundle":
+                text = formatter._expand_help(action)
+                assert "SmolLM2" in text and "default: the embedded demo" not in text, (command, text)
+
+
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["generate", "hi", "--max-tokens", "many"])
@@ -135,3 +145,29 @@ def test_a_bug_keeps_its_traceback(
     err = capsys.readouterr().err
     assert "Traceback" in err and "KeyError" in err
     assert err.splitlines()[-1] == "xpuspec: error: KeyError: 'target' (a bug in xpuspec; please report it)"
+
+
+def test_the_api_docs_state_the_sampling_defaults_of_the_api_and_of_generate() -> None:
+    """docs/api.md's SamplingParams table: the `SamplingParams()` and `xpuspec generate` columns are
+    the defaults the code has."""
+    from xpuspec.sample.sampling_params import SamplingParams
+
+    def cells(text: str) -> list[str]:  # "1.0, 0 (`--top-p`, `--top-k`)" -> ["1.0", "0"]
+        text = re.sub(r"\(.*?\)", "", text).replace("*", "")
+        return [value.strip().strip("`") for value in text.split(",") if value.strip()]
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    section = docs.split("## `SamplingParams`", 1)[1].split("\n## ", 1)[0]
+    generate = {action.dest: action.default for action in _subparsers()["generate"]._actions}
+    api = SamplingParams()
+    checked = []
+    for row in re.findall(r"^\| (`\w+`.*) \|$", section, re.M):
+        names_text, api_text, generate_text = row.split(" | ")[:3]
+        names = [name.strip().strip("`") for name in names_text.split(",")]
+        for name, documented in zip(names, cells(api_text), strict=True):
+            assert documented == repr(getattr(api, name)).replace("'", '"'), (name, documented)
+        if name in generate:
+            for name, documented in zip(names, cells(generate_text), strict=True):
+                assert documented == repr(generate[name]).replace("'", '"').replace("0.0", "0"), name
+                checked.append(name)
+    assert {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos"} <= set(checked)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,11 @@ def test_first_use_builds_a_verified_cache_atomically(tiny_default, tmp_path):
     assert any("SHA-256 verified" in line for line in lines)
     assert any("converting" in line for line in lines)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no staging folder left behind
+    # One line per conversion stage, and the bundle named where it ends up, never where it was built.
+    stages = [line.split(" ", 1)[0] for line in lines if re.match(r"\[\d+/\d+\] ", line)]
+    assert stages and len(stages) == len(set(stages)) == int(stages[0].split("/")[1].rstrip("]"))
+    assert lines[-1].startswith(f"default model ready at {path} (")
+    assert not any(".building-" in line for line in lines)
 
 
 def test_later_use_starts_from_the_cache(tiny_default, tmp_path):

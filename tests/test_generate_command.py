@@ -81,13 +81,51 @@ def test_the_prompt_is_a_chat_message_by_default(pair_bundle, capsys):
 def test_summary_says_why_adaptive_gamma_kept_drafting_off(pair_bundle):
     pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, use_placement=False)
     stats = {"num_output_tokens": 5, "tokens_per_s": 50.0, "ttft_s": 0.02, "drafted": 0, "accepted": 0}
-    line = summary_line(pipe, stats, SamplingParams(max_tokens=5), 0.1)
+    line = summary_line(pipe, stats, SamplingParams(max_tokens=5), 0.1, 0.02)
     assert line.startswith("[draft drafter, adaptive γ <= ")
     assert "first token 20 ms" in line and "drafted 0, accepted 0" in line
     assert "adaptive γ kept drafting off" in line and "cost ratio" in line and "acceptance 0.60" in line
     drafting = summary_line(
-        pipe, {**stats, "drafted": 4, "accepted": 3, "acceptance_rate": 0.75}, SamplingParams(), 0.1
+        pipe, {**stats, "drafted": 4, "accepted": 3, "acceptance_rate": 0.75}, SamplingParams(), 0.1, 0.02
     )
     assert "kept drafting off" not in drafting and "acceptance rate 75.0%" in drafting
     alone = Pipeline(pair_bundle, drafter="none", properties=F32, use_placement=False)
-    assert summary_line(alone, stats, SamplingParams(), 0.1).startswith("[none drafter, target only]")
+    assert summary_line(alone, stats, SamplingParams(), 0.1, 0.02).startswith("[none drafter, target only]")
+
+
+def test_the_summary_reads_one_clock(pair_bundle):
+    """Tokens/s is the tokens over the time shown beside them, not the engine's own figure."""
+    pipe = Pipeline(pair_bundle, drafter="none", properties=F32, use_placement=False)
+    stats = {"num_output_tokens": 20, "tokens_per_s": 99.0, "ttft_s": 0.001, "drafted": 0, "accepted": 0}
+    line = summary_line(pipe, stats, SamplingParams(), 2.0, 0.5)
+    assert "20 tokens in 2.00s (10.0 tokens/s, first token 500 ms)" in line
+    assert "99.0" not in line
+
+
+def test_demo_prompts_go_in_raw_said_once_and_the_text_ends_with_a_newline(capsys):
+    args = ["generate", "--bundle", "demo", "def add(a, b):", "--max-tokens", "16", "--ignore-eos"]
+    assert main([*args, "--exact"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines[:2] == [
+        "xpuspec generate: the demo pair was trained on plain text, not chat: the prompt goes in as it is "
+        "(--raw)",
+        "xpuspec generate: loading the demo pair ...",
+    ]
+    assert sum("the prompt goes in as it is" in line for line in lines) == 1
+    assert out.startswith("def add(a, b):") and out.endswith("\n") and not out.endswith("\n\n")
+    assert main([*args, "--exact", "--raw", "--json"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert out == "def add(a, b):" + raw["text"] + "\n"
+    assert main([*args, "--exact", "--raw"]) == 0
+    assert "goes in as it is" not in capsys.readouterr().err  # asked for: nothing to say
+
+
+def test_max_tokens_beyond_the_context_is_refused_before_loading(monkeypatch, capsys):
+    def no_loading(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("xpuspec.pipeline.Pipeline.__init__", no_loading)
+    assert main(["generate", "--bundle", "demo", "x", "--max-tokens", "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-tokens 1000000" in err and "context of 512 tokens" in err

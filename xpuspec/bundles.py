@@ -8,11 +8,16 @@ a command's ``--bundle``) into that folder, building the default model's bundle 
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from xpuspec.model_bundle import ModelBundle
 
 DEMO_BUNDLE_NAME = "demo"  # names the embedded demo pair wherever a bundle folder is asked for
+DEMO_MODEL_NAME = "xpuspec-demo"  # the name the demo pair is served under
+# A cache folder's name is the model's name and a key of what it was built from (default_model).
+_CACHE_KEY_SUFFIX = re.compile(r"-[0-9a-f]{12}$")
 
 BundleSpec = str | Path | None
 
@@ -40,3 +45,22 @@ def resolve_bundle(spec: BundleSpec, *, verify: bool | None = None) -> ModelBund
     """Open the bundle ``spec`` names (``None``: the default model, ``"demo"``: the demo pair, else a
     folder); ``verify`` as :meth:`ModelBundle.open`. A missing or damaged bundle raises ``BundleError``."""
     return ModelBundle.open(resolve_bundle_path(spec), verify=verify)
+
+
+def model_names(spec: BundleSpec) -> tuple[str, ...]:
+    """The names a server answers for the bundle ``spec`` names: its plain name first (what responses
+    show), then older names that still work (aliases). ``xpuspec serve`` and an edge archive of the
+    same bundle answer the same names. Computed from the name alone; no folder is opened.
+
+    The default model: ``SmolLM2-135M-Instruct``, and its cache folder's name (``...-<key>``, what
+    edge archives served before). The demo pair: ``xpuspec-demo``, and ``demo``. A folder: its name
+    without a cache key suffix, and the full folder name when that differs.
+    """
+    if spec is None:
+        from xpuspec.default_model import SMOLLM2
+
+        return (SMOLLM2.name, f"{SMOLLM2.name}-{SMOLLM2.cache_key()}")
+    if is_demo(spec):
+        return (DEMO_MODEL_NAME, DEMO_BUNDLE_NAME)
+    folder = os.path.basename(os.path.normpath(os.path.expanduser(str(spec)))) or DEMO_MODEL_NAME
+    return tuple(dict.fromkeys((_CACHE_KEY_SUFFIX.sub("", folder) or folder, folder)))

@@ -191,6 +191,7 @@ def default_bundle_path(
         ) from error
     try:
         _clear_stale_builds(root, keep=building)
+        started = time.monotonic()
         built = _build(model, building / "bundle", say)
         try:
             built.rename(final)
@@ -199,6 +200,8 @@ def default_bundle_path(
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
+    # The final folder, not the private one it was built in.
+    say(f"default model ready at {final} ({time.monotonic() - started:.1f}s); later runs start from it")
     return final
 
 
@@ -224,11 +227,21 @@ def _build(model: DefaultModel, output: Path, say: Callable[[str], None]) -> Pat
         eagle3=str(model.eagle3_dir) if model.eagle3_dir is not None else None,
     )
     try:
-        prepare_gguf_bundle(config, progress=say)
+        prepare_gguf_bundle(config, progress=_finished_stages(say))
     except PrepareError as error:
         raise BundleError(f"building the default model {model.name} failed: {error}") from error
-    say(f"default model ready ({time.monotonic() - started:.1f}s); later runs start from the cache")
     return output
+
+
+def _finished_stages(say: Callable[[str], None]) -> Callable[[str], None]:
+    """One line per conversion stage, when it ends (``[2/7] converting target ... 4.1s``): the stage's
+    start line would only repeat it, as a log cannot complete a line in place."""
+
+    def sink(line: str) -> None:
+        if not line.endswith(" ..."):
+            say(line)
+
+    return sink
 
 
 def _verified(bundle_root: Path, say: Callable[[str], None]) -> bool:

@@ -19,9 +19,18 @@ from xpuspec.model_bundle import BundleError
 from xpuspec.prepare.config import PrepareError
 
 # Exit codes every subcommand uses: 0 done, 1 the work failed, 2 the command line or input was wrong.
+EXIT_DONE = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# What each code means, as `xpuspec --help` says it; README.md and docs/cli.md say the same
+# (tests/test_errors.py holds them to it).
+EXIT_CODES: dict[int, str] = {
+    EXIT_DONE: "done",
+    EXIT_FAILED: "the work failed",
+    EXIT_USAGE: "the command line or its input was wrong",
+    EXIT_INTERRUPTED: "interrupted",
+}
 
 ERROR_PREFIX = "xpuspec: error: "
 

@@ -31,6 +31,7 @@ from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
+from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import SamplingParams
@@ -68,7 +69,7 @@ class Pipeline:
 
     def __init__(
         self,
-        bundle: str | Path | None = None,
+        bundle: str | Path | ModelBundle | None = None,
         target_device: str = "CPU",
         draft_device: str = "CPU",
         drafter: str = "auto",
@@ -98,7 +99,8 @@ class Pipeline:
         draft_properties = resolve_properties(draft_properties)
         import openvino as ov
 
-        self.bundle = resolve_bundle(bundle)  # None: the default model; "demo": the demo pair
+        # None: the default model; "demo": the demo pair; an opened bundle is used as it is.
+        self.bundle = bundle if isinstance(bundle, ModelBundle) else resolve_bundle(bundle)
         core = ov.Core()
         registry = default_registry()
         requested = Placement(target_device, draft_device, drafter)

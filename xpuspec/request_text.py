@@ -13,6 +13,8 @@ below hold the same way in both:
   the same step.
 * **Isolation.** An exception while detokenizing or matching stop strings ends that request alone
   with finish_reason "error" (and the message in ``StepOutput.error``); its KV is freed.
+
+It also says how a plain prompt is read where a front end chooses (:func:`chat_by_default`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from xpuspec.model_bundle import ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.text import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
@@ -27,6 +30,19 @@ if TYPE_CHECKING:
     from xpuspec.engine.engine import LLMEngine, StepOutput
 
 logger = logging.getLogger(__name__)
+
+# The manifest's tokenizer section may record what the model was trained on: "chat" (the default
+# wherever there is a chat template) or "text" (plain text; a template there only lets chat clients
+# of the server talk to it, as with the demo pair, trained on code).
+PROMPT_FORMAT_KEY = "prompt_format"
+
+
+def chat_by_default(bundle: ModelBundle) -> bool:
+    """Whether a plain prompt (``xpuspec generate "..."``) goes in as a chat user message: only where
+    the bundle has a chat template and does not record that its model was trained on plain text."""
+    if bundle.chat_template is None:
+        return False
+    return bundle.tokenizer_facts.get(PROMPT_FORMAT_KEY, "chat") != "text"
 
 
 class RequestText:

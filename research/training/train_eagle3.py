@@ -229,7 +229,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         optimizer.step()
-        window.append((float(loss), step_losses, step_accuracies))
+        window.append((float(loss.detach()), step_losses, step_accuracies))
         tokens_seen += int(batch.ids.ne(0).sum())
         step += 1
         if step % args.log_steps == 0:

@@ -62,7 +62,10 @@ def archives(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     with_wheels = out / "edge-wheels.tar.gz"
     without = out / "edge.tar.gz"
     build_edge_archive(EdgeConfig(output=with_wheels, bundle=pair_bundle, include_wheels=True))
-    build_edge_archive(EdgeConfig(output=without, bundle=pair_bundle))
+    # A cache-keyed folder name (as the default model's): the archive serves the plain name.
+    keyed = out / "tiny-pair-0123456789ab"
+    keyed.symlink_to(pair_bundle, target_is_directory=True)
+    build_edge_archive(EdgeConfig(output=without, bundle=keyed))
     return {"wheels": with_wheels, "plain": without}
 
 
@@ -96,12 +99,17 @@ def test_archive_contents(archives: dict[str, Path], capsys: pytest.CaptureFixtu
     assert not wheels & conversion
     assert not {r.split("==")[0] for r in manifest["requirements"]} & conversion
     assert manifest["wheelhouse"]["python_version"] == f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert not any(n.startswith("wheels/") for n in verify_archive(archives["plain"]).manifest["files"])
-    # The served bundle ships once, under bundle/: the wheel leaves the embedded demo bundle out.
+    plain = verify_archive(archives["plain"]).manifest
+    assert not any(n.startswith("wheels/") for n in plain["files"])
+    # The names `xpuspec serve` answers for the same folder: the plain name, then the keyed one.
+    assert plain["bundle"] == {"path": "bundle", "name": "tiny-pair", "aliases": ["tiny-pair-0123456789ab"]}
+    assert manifest["bundle"] == {"path": "bundle", "name": "bundle", "aliases": []}  # the pair's folder
+    # The served bundle ships once, under bundle/: the wheel leaves the model folders it carries out.
     with tarfile.open(archives["plain"]) as opened:
         wheel = next(m for m in opened.getmembers() if m.name.endswith(".whl"))
         with zipfile.ZipFile(io.BytesIO(opened.extractfile(wheel).read())) as wheel_zip:
-            assert not [n for n in wheel_zip.namelist() if n.startswith("xpuspec/demo/bundle/")]
+            for folder in ("xpuspec/demo/bundle/", "xpuspec/default_draft/", "xpuspec/default_eagle3/"):
+                assert not [n for n in wheel_zip.namelist() if n.startswith(folder)]
             assert "xpuspec/edge/verify_edge.py" in wheel_zip.namelist()
 
 

@@ -15,10 +15,14 @@ def export_tiny_ir(work_dir: Path, architecture: str) -> Path:
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoTokenizer
 
+    from xpuspec.prepare.export import quiet_tracing
+
     checkpoint_dir = make_tiny_checkpoint(work_dir / f"{architecture}-checkpoint", architecture)
     ir_dir = work_dir / f"{architecture}-ir"
-    model = OVModelForCausalLM.from_pretrained(checkpoint_dir, export=True, stateful=True, compile=False)
-    model.save_pretrained(ir_dir)
+    with quiet_tracing():
+        model = OVModelForCausalLM.from_pretrained(checkpoint_dir, export=True, stateful=True, compile=False)
+        model.save_pretrained(ir_dir)
+        del model  # its temporary export folder goes now, inside quiet_tracing
     AutoTokenizer.from_pretrained(checkpoint_dir).save_pretrained(ir_dir)
     return ir_dir
 

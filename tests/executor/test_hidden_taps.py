@@ -33,8 +33,12 @@ HIDDEN = 64
 def export_ir(checkpoint: Path, ir_dir: Path) -> Path:
     from optimum.intel import OVModelForCausalLM
 
-    model = OVModelForCausalLM.from_pretrained(checkpoint, export=True, stateful=True, compile=False)
-    model.save_pretrained(ir_dir)
+    from xpuspec.prepare.export import quiet_tracing
+
+    with quiet_tracing():
+        model = OVModelForCausalLM.from_pretrained(checkpoint, export=True, stateful=True, compile=False)
+        model.save_pretrained(ir_dir)
+        del model  # its temporary export folder goes now, inside quiet_tracing
     return ir_dir
 
 

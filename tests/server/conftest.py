@@ -97,7 +97,8 @@ def start_server(bundle: Path, log_path: Path, *extra: str) -> LiveServer:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("XPUSPEC_API_KEY", None)
     log = log_path.open("wb")
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with log:  # the child writes through its own copy of the descriptor
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = LiveServer(process, port, bundle.name, log_path)
 
     def ready() -> bool:

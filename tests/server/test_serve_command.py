@@ -53,6 +53,7 @@ def test_a_taken_port_is_one_line_and_exit_1() -> None:
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("xpuspec: error: cannot listen on ")  # the form every command uses
     assert f"127.0.0.1:{port}" in lines[0] and "--port" in lines[0]
     assert "Traceback" not in result.stderr and "terminate called" not in result.stderr
     assert result.stdout == ""
@@ -88,19 +89,19 @@ class ServeProcess:
 
     def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         assert self.process.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(self.process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=0.5):
-                continue
-            line = self.process.stdout.readline().decode()
-            if not line:
-                break  # the process ended
-            self.stdout_lines.append(line.rstrip("\n"))
-            match = pattern.match(line.rstrip("\n"))
-            if match:
-                return match
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if not selector.select(timeout=0.5):
+                    continue
+                line = self.process.stdout.readline().decode()
+                if not line:
+                    break  # the process ended
+                self.stdout_lines.append(line.rstrip("\n"))
+                match = pattern.match(line.rstrip("\n"))
+                if match:
+                    return match
         raise AssertionError(
             f"no line matching {pattern.pattern}; stdout {self.stdout_lines}:\n{self.stderr()}"
         )
@@ -117,6 +118,8 @@ class ServeProcess:
                 self.process.kill()
                 self.process.wait()
         self._stderr.close()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return self.process.returncode
 
 
@@ -191,13 +194,48 @@ def test_quiet_turns_the_access_log_off(pair_bundle: Path, tmp_path: Path) -> No
     assert "/v1/models" not in server.stderr()
 
 
-def test_the_edge_launcher_serves_the_name_verify_shows(tmp_path: Path) -> None:
-    # run.sh passes the bundle's name from edge.json (what `xpuspec verify` prints) as the served name.
-    (tmp_path / "edge.json").write_text('{"bundle": {"path": "bundle", "name": "b_mine"}}')
-    script = templates.render(templates.RUN_SH, wheel="x.whl")
-    model_line = next(line for line in script.splitlines() if line.startswith("model="))
-    assert '--served-model-name "$model"' in script
-    shell = f'python={sys.executable}\n{model_line}\necho "$model"\n'
+@pytest.mark.parametrize("log_health", [False, True])
+def test_health_probes_are_logged_only_when_asked(
+    pair_bundle: Path, tmp_path: Path, log_health: bool
+) -> None:
+    """A cache-keyed folder name serves its plain name, the folder's name an alias; /health's access
+    lines only with --log-health."""
+    keyed = tmp_path / "tiny-pair-0123456789ab"
+    keyed.symlink_to(pair_bundle, target_is_directory=True)
+    args = ["--bundle", str(keyed), "--port", str(free_port()), "--num-kv-blocks", "64"]
+    server = ServeProcess([*args, *(["--log-health"] if log_health else [])], tmp_path / "stderr.log")
+    try:
+        ready = server.wait_for_line(READY, STARTUP_TIMEOUT_S)
+        assert (ready.group(2), ready.group(3)) == ("tiny-pair", keyed.name)
+        for _ in range(3):
+            assert httpx.get(f"{ready.group(1)}/health", timeout=10).status_code == 200
+        client = openai.OpenAI(base_url=f"{ready.group(1)}/v1", api_key="unused", max_retries=0, timeout=60)
+        assert [model.id for model in client.models.list()] == ["tiny-pair", keyed.name]
+        reply = client.completions.create(model=keyed.name, prompt="hi", max_tokens=2, temperature=0)
+        assert reply.model == "tiny-pair"
+    finally:
+        assert server.stop() == 0
+    log = server.stderr()
+    assert "GET /v1/models 200" in log and "POST /v1/completions 200" in log
+    assert log.count("GET /health 200") == (3 if log_health else 0), log
+
+
+def test_the_edge_launcher_serves_the_names_serve_would(tmp_path: Path) -> None:
+    # run.sh passes the plain name and the aliases from edge.json (what `xpuspec serve` answers for
+    # the same bundle), after any --served-model-name of the user's.
+    (tmp_path / "edge.json").write_text(
+        '{"bundle": {"path": "bundle", "name": "b_mine", "aliases": ["b_mine-0123456789ab"]}}'
+    )
+    script = templates.render(templates.RUN_SH, wheel="x.whl").splitlines()
+    start = next(i for i, line in enumerate(script) if line.startswith("names="))
+    loop = script[start : script.index("done", start) + 1]
+    shell = "\n".join([f"python={sys.executable}", "set -- --port 1", *loop, 'printf "%s\\n" "$@"'])
     result = subprocess.run(["sh", "-c", shell], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "b_mine"
-    assert "--served-model-name $model" in templates.render(templates.RUN_PS1, wheel="x.whl")
+    assert result.stdout.split() == [
+        "--port",
+        "1",
+        "--served-model-name=b_mine",
+        "--served-model-name=b_mine-0123456789ab",
+    ]
+    powershell = templates.render(templates.RUN_PS1, wheel="x.whl")
+    assert "$bundleFacts.aliases" in powershell and '"--served-model-name=$_"' in powershell

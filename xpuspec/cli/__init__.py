@@ -21,7 +21,15 @@ from types import ModuleType
 
 from xpuspec.cli import bench, cluster, devices, edge, generate, inspect, plan, prepare, serve
 from xpuspec.cli.parser import DEBUG_ENV, ArgumentParser, finish_subparsers
-from xpuspec.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, describe_error, report_error
+from xpuspec.errors import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    describe_error,
+    report_error,
+)
+from xpuspec.version import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -33,9 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="xpuspec",
         description="Speculative decoding on Intel CPUs, GPUs and NPUs with OpenVINO.",
-        epilog="exit codes: 0 done, 1 the work failed, 2 the command line or its input was wrong, "
-        "130 interrupted. Errors are one line; --debug (or XPUSPEC_DEBUG=1) shows tracebacks.",
+        epilog="exit codes: "
+        + ", ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
+        + ". Errors are one line; --debug (or XPUSPEC_DEBUG=1) shows tracebacks.",
     )
+    parser.add_argument("--version", action="version", version=f"xpuspec {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
         "--debug", action="store_true", help=f"show tracebacks for errors (also {DEBUG_ENV}=1)"
@@ -45,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(subparsers)
     finish_subparsers(subparsers)
     return parser
+
+
+class LogFormatter(logging.Formatter):
+    """INFO lines are progress for the user (the default model's first conversion, stage by stage): the
+    message alone. Warnings and debug lines keep their level and logger."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.INFO:
+            return record.getMessage()
+        return super().format(record)
 
 
 def debug_wanted(args: argparse.Namespace | None = None) -> bool:
@@ -66,10 +86,9 @@ def _quiet_closed_stdout() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

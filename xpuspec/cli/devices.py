@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     devices.add_argument(
         "--bundle",
         default=None,
-        help="list the executors that can run this bundle (default: the embedded demo pair)",
+        help="list the executors that can run this bundle: a folder, or demo "
+        "(default: the default model, SmolLM2-135M-Instruct + its draft)",
     )
     devices.set_defaults(func=run_devices)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def run_bundle(args: argparse.Namespace) -> int:
     from xpuspec.edge.archive import EdgeConfig, build_edge_archive
     from xpuspec.edge.wheels import PackagingError
     from xpuspec.model_bundle import BundleError
+    from xpuspec.prepare.quiet import StageLines
 
     try:
         config = EdgeConfig(
@@ -77,7 +79,11 @@ def run_bundle(args: argparse.Namespace) -> int:
         raise CommandError(str(error), EXIT_USAGE) from error
     started = time.monotonic()
     try:
-        manifest = build_edge_archive(config)
+        stages = StageLines(sys.stderr)  # one line per stage: the wheelhouse alone takes a minute
+        try:
+            manifest = build_edge_archive(config, progress=stages)
+        finally:
+            stages.abandon()
     except BundleError:
         raise  # the bundle is the command's input: one line, exit 2
     except (PackagingError, ValueError) as error:

@@ -14,6 +14,7 @@ from xpuspec.sample.draft_tree import parse_draft_tree_text
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from xpuspec.model_bundle import ModelBundle
     from xpuspec.pipeline import Pipeline
 
 
@@ -21,8 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text from a prompt with speculative decoding",
-        description="Stream an answer (the prompt as a chat user message; --raw: as it is), then the "
-        "drafter and γ policy, tokens/s, time to first token, drafted/accepted tokens and acceptance rate.",
+        description="Stream an answer, then the drafter and γ policy, tokens/s, time to first token, "
+        "drafted/accepted tokens and acceptance rate. The prompt goes in as a chat user message where the "
+        "model is a chat model (its bundle has a chat template), as it is otherwise (the demo pair).",
     )
     parser.add_argument("prompt", help="the prompt text ('-' reads standard input)")
     parser.add_argument(
@@ -33,9 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
-        "--raw", action="store_true", help="send the prompt as it is (default: as a chat user message)"
+        "--raw", action="store_true", help="send the prompt as it is (default for models without chat)"
     )
-    mode.add_argument("--chat", action="store_true", help=argparse.SUPPRESS)  # the default now
+    mode.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a chat user message (default for chat models, those with a chat template)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -76,8 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xpuspec.bundles import resolve_bundle
     from xpuspec.executor.properties import parse_properties, with_preset
-    from xpuspec.model_bundle import BundleError
     from xpuspec.pipeline import Pipeline
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -94,16 +100,31 @@ def run(args: argparse.Namespace) -> int:
             num_draft_tokens=args.num_draft_tokens,
             draft_tree=draft_tree,
         )
+        properties = with_preset("exact" if args.exact else None, parse_properties(args.property))
+    except ValueError as error:
+        raise CommandError(str(error).replace("\n", "; ")) from error
+    started = time.perf_counter()
+    # The default model's first use converts it here, saying so stage by stage.
+    bundle = resolve_bundle(args.bundle)  # a missing or damaged bundle: one line, exit 2
+    # The manifest is enough to refuse what cannot fit, before any model is compiled.
+    check_max_tokens(params.max_tokens, bundle.max_context)
+    chat = prompt_is_chat(args, bundle)
+    # Compiling the models takes seconds: say so before it starts.
+    print(f"xpuspec generate: loading {bundle_label(args.bundle)} ...", file=sys.stderr, flush=True)
+    try:
         pipe = Pipeline(
-            args.bundle,
+            bundle,
             target_device=args.target_device,
             draft_device=args.draft_device,
             drafter="none" if args.no_draft else args.drafter,
-            properties=with_preset("exact" if args.exact else None, parse_properties(args.property)),
+            properties=properties,
             draft_tree=draft_tree,
         )
-    except (ValueError, BundleError) as error:
+    except ValueError as error:
         raise CommandError(str(error).replace("\n", "; ")) from error
+    loading_s = time.perf_counter() - started
+    if loading_s > READY_LINE_AFTER_S:
+        print(f"xpuspec generate: ready in {loading_s:.1f} s", file=sys.stderr, flush=True)
     if pipe.drafter == "none" and args.drafter == "auto" and not args.no_draft:
         if (pipe.bundle.placement or {}).get("drafter") == "none":
             print(
@@ -111,9 +132,6 @@ def run(args: argparse.Namespace) -> int:
                 "--drafter draft overrides it)",
                 file=sys.stderr,
             )
-    chat = not args.raw and pipe.bundle.chat_template is not None
-    if args.chat and not chat:
-        raise CommandError(f"{pipe.bundle.root} has no chat template; drop --chat")
     request = [{"role": "user", "content": prompt}] if chat else prompt
     if args.json:
         result = pipe.generate([request], params)[0]
@@ -129,21 +147,84 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    return stream(pipe, request, prompt if not chat else None, params)
+
+
+# Loading faster than this needs no "ready" line: the text follows at once.
+READY_LINE_AFTER_S = 1.0
+
+
+def bundle_label(spec: str | None) -> str:
+    """How the loading line names the bundle."""
+    from xpuspec.bundles import is_demo
+
+    if spec is None:
+        from xpuspec.default_model import SMOLLM2
+
+        return f"the default model {SMOLLM2.name}"
+    return "the demo pair" if is_demo(spec) else str(spec)
+
+
+def check_max_tokens(max_tokens: int, context: int) -> None:
+    """--max-tokens must leave the prompt at least one token of the bundle's context."""
+    if max_tokens >= context:
+        raise CommandError(
+            f"--max-tokens {max_tokens} leaves no room for the prompt in the model's context of {context} "
+            f"tokens; use at most {context - 1}"
+        )
+
+
+def prompt_is_chat(args: argparse.Namespace, bundle: ModelBundle) -> bool:
+    """A chat user message only for a chat model (or with --chat); otherwise the prompt as it is, said
+    once on stderr unless --raw asked for it."""
+    from xpuspec.request_text import chat_by_default
+
+    if args.raw:
+        return False
+    if args.chat:
+        if bundle.chat_template is None:
+            raise CommandError(f"{bundle.root} has no chat template; drop --chat")
+        return True
+    if chat_by_default(bundle):
+        return True
+    why = "has no chat template" if bundle.chat_template is None else "was trained on plain text, not chat"
+    print(
+        f"xpuspec generate: {bundle_label(args.bundle)} {why}: the prompt goes in as it is (--raw)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
+def stream(
+    pipe: Pipeline, request: str | list[dict[str, str]], echo: str | None, params: SamplingParams
+) -> int:
+    """Stream the text (after ``echo``, a raw prompt), end it with a newline, then the summary on
+    stderr: every figure in it from this one clock, started when the request is sent."""
+    if echo is not None:
+        print(echo, end="", flush=True)
+    text_end = echo[-1:] if echo else ""
+    first_token_s = None
     started = time.perf_counter()
-    if not chat:
-        print(prompt, end="", flush=True)
     for piece in pipe.stream(request, params):
+        if first_token_s is None:
+            first_token_s = time.perf_counter() - started
         print(piece, end="", flush=True)
+        text_end = piece[-1:]
     elapsed = time.perf_counter() - started
-    print(file=sys.stderr)
-    print("\n" + summary_line(pipe, pipe.last_stats or {}, params, elapsed), file=sys.stderr)
+    if text_end != "\n":
+        print(flush=True)
+    print(summary_line(pipe, pipe.last_stats or {}, params, elapsed, first_token_s), file=sys.stderr)
     return 0
 
 
-def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: float) -> str:
-    """Drafter and γ policy, tokens/s, time to first token, drafted/accepted; why drafting was off."""
+def summary_line(
+    pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: float, first_token_s: float | None
+) -> str:
+    """Drafter and γ policy, tokens, time, tokens/s and time to first token (all from the caller's one
+    clock: ``elapsed`` and ``first_token_s``), drafted/accepted; why drafting was off."""
     rate = stats.get("acceptance_rate")
-    ttft = stats.get("ttft_s")
+    tokens = stats.get("num_output_tokens", 0)
     if pipe.drafter == "none":
         policy = "target only"
     elif params.num_draft_tokens is not None:
@@ -156,9 +237,9 @@ def summary_line(pipe: Pipeline, stats: dict, params: SamplingParams, elapsed: f
         tree = params.draft_tree
         policy += f", tree {tree if isinstance(tree, str) else f'{tree.depth},{tree.width},{tree.nodes}'}"
     line = (
-        f"[{pipe.drafter} drafter, {policy}] {stats.get('num_output_tokens', 0)} tokens in {elapsed:.2f}s "
-        f"({stats.get('tokens_per_s') or 0:.1f} tokens/s, first token "
-        + (f"{ttft * 1000:.0f} ms" if ttft is not None else "n/a")
+        f"[{pipe.drafter} drafter, {policy}] {tokens} tokens in {elapsed:.2f}s "
+        f"({tokens / max(elapsed, 1e-9):.1f} tokens/s, first token "
+        + (f"{first_token_s * 1000:.0f} ms" if first_token_s is not None else "n/a")
         + f") | drafted {stats.get('drafted', 0)}, accepted {stats.get('accepted', 0)}, acceptance rate "
         + (f"{rate:.1%}" if rate is not None else "n/a")
     )

@@ -190,7 +190,9 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     gguf_source = is_gguf_source(config.target)  # the GGUF path reads and checks its own metadata first
     try:  # mistakes in the command line's paths are usage errors, found before anything is imported
-        if not gguf_source:
+        if gguf_source:
+            _check_gguf_options(config)
+        else:
             _check_paths(config)
     except PrepareError as error:
         report_error(one_line(str(error)))
@@ -240,6 +242,17 @@ def _check_paths(config: PrepareConfig) -> None:
     if config.draft is not None:
         ModelSource.resolve(config.draft, "draft")
     check_output_path(config.output.resolve(), config.overwrite)
+
+
+def _check_gguf_options(config: PrepareConfig) -> None:
+    """An existing output, and --weights on an already quantised GGUF: usage errors, like the
+    checkpoint path's, found from the GGUF's metadata before any conversion."""
+    from xpuspec.prepare.gguf import GgufModel, check_recompression
+    from xpuspec.prepare.writer import check_output_path
+
+    check_output_path(config.output.resolve(), config.overwrite)
+    if config.weights is not None:
+        check_recompression(config.weights, GgufModel.read(Path(config.target).expanduser(), "target"))
 
 
 def _check_local_configs(config: PrepareConfig) -> None:

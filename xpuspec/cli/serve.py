@@ -19,13 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.bundles import is_demo
+from xpuspec.bundles import model_names
 from xpuspec.devices.placement import add_drafter_argument
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE
+from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
 from xpuspec.server.config import (
     DEFAULT_STREAM_INTERVAL_PER_STREAM_S,
     DEFAULT_STREAM_INTERVAL_S,
-    DEMO_MODEL_NAME,
     MAX_STREAM_INTERVAL_S,
     ServerConfig,
 )
@@ -75,13 +74,19 @@ def _add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="the model name requests use and responses show (repeatable: later names are aliases; "
-        "default: the bundle folder's name; SmolLM2-135M-Instruct for the default model, "
-        "xpuspec-demo for demo)",
+        "default: the model's plain name, which an edge archive of the bundle answers too: "
+        "SmolLM2-135M-Instruct for the default model, xpuspec-demo for demo, else the folder's name "
+        "without a cache key; the older names stay aliases)",
     )
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="no access-log line per request on stderr (default: one line each)",
+        help="no access-log line per request on stderr (default: one line each, /health probes aside)",
+    )
+    parser.add_argument(
+        "--log-health",
+        action="store_true",
+        help="log /health requests too (default: left out, as readiness loops and probes poll it)",
     )
     parser.add_argument(
         "--api-key",
@@ -212,17 +217,6 @@ def _add_grammar_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def served_name(bundle: str | None) -> str:
-    # The folder's name only; the name a client sends is compared with it, never opened.
-    if bundle is None:
-        from xpuspec.default_model import SMOLLM2
-
-        return SMOLLM2.name
-    if is_demo(bundle):
-        return DEMO_MODEL_NAME
-    return os.path.basename(os.path.normpath(os.path.expanduser(bundle))) or DEMO_MODEL_NAME
-
-
 def _port(text: str) -> int:
     # Checked here: waitress takes a port past 65535 modulo 65536 and would listen somewhere else.
     try:
@@ -235,7 +229,7 @@ def _port(text: str) -> int:
 
 
 class _Refused(Exception):
-    """The server cannot start: ``xpuspec serve: MESSAGE`` on stderr, then exit with ``exit_code``."""
+    """The server cannot start: ``xpuspec: error: MESSAGE`` on stderr, then exit with ``exit_code``."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
@@ -258,19 +252,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = _settings(args)
-        _configure_access_log(quiet=args.quiet)
+        _configure_access_log(quiet=args.quiet, log_health=args.log_health)
         app = create_app(_loader(args, settings), settings.config, start=False)
         state = server_state(app)
         listener = _listen(app, args, settings.limits, unauthenticated_request(settings.config))
     except _Refused as refused:
-        print(f"xpuspec serve: {refused}", file=sys.stderr)
+        report_error(str(refused))
         return refused.exit_code
     stop = threading.Event()
     _drain_on_signals(state, stop)
     _serve(listener, state, settings.config, f"http://{args.host}:{listener.port}", stop)
     error = state.loop.load_error
     if error is not None:
-        print(f"xpuspec serve: cannot load the model: {error}", file=sys.stderr)
+        report_error(f"cannot load the model: {one_line(str(error))}")
         return EXIT_USAGE if _is_input_error(error) else EXIT_FAILED
     return 0
 
@@ -278,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace) -> _Settings:
     from xpuspec.executor.properties import parse_properties, with_preset
 
-    names = args.served_model_name or [served_name(args.bundle)]
+    names = args.served_model_name or list(model_names(args.bundle))
     try:
         return _Settings(
             config=ServerConfig(
@@ -416,14 +410,17 @@ def _is_input_error(error: BaseException) -> bool:
     return isinstance(error, (BundleError, ValueError, FileNotFoundError, NotADirectoryError))
 
 
-def _configure_access_log(quiet: bool) -> None:
-    """Access lines go to stderr as they are (no level prefix); ``--quiet`` turns them off."""
-    from xpuspec.server.access_log import ACCESS_LOGGER
+def _configure_access_log(quiet: bool, log_health: bool) -> None:
+    """Access lines go to stderr as they are (no level prefix); ``--quiet`` turns them off; /health's
+    only with ``--log-health``."""
+    from xpuspec.server.access_log import ACCESS_LOGGER, HealthProbeFilter
 
     access = logging.getLogger(ACCESS_LOGGER)
     access.propagate = False
     access.handlers.clear()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    if not log_health:
+        handler.addFilter(HealthProbeFilter())
     access.addHandler(handler)
     access.setLevel(logging.WARNING if quiet else logging.INFO)

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpuspec.bundles import resolve_bundle
+from xpuspec.bundles import model_names, resolve_bundle
 from xpuspec.edge import templates
 from xpuspec.edge.platforms import group_targets, target_environment
 from xpuspec.edge.requirements import (
@@ -42,6 +42,7 @@ from xpuspec.edge.verify_edge import (
     verify_archive,
 )
 from xpuspec.model_bundle import MANIFEST_NAME, sha256_file
+from xpuspec.prepare.progress import ProgressSink, StepProgress
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class EdgeConfig:
     """What `xpuspec bundle` packs; checked on construction."""
 
     output: Path
-    bundle: Path | None = None  # None: the embedded demo pair
+    bundle: Path | None = None  # None: the default model; "demo": the embedded demo pair
     include_wheels: bool = False
     platforms: list[str] = field(default_factory=list)
     python_version: str | None = None
@@ -172,30 +173,41 @@ def _tar_info(name: str, mtime: int, *, folder: bool = False, executable: bool =
     return info
 
 
-def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
+def build_edge_archive(config: EdgeConfig, progress: ProgressSink | None = None) -> dict[str, Any]:
     """Collect the bundle, the xpuspec wheel, pinned requirements (and wheelhouse) and write the archive.
 
-    Returns the archive's manifest (edge.json).
+    ``progress`` gets numbered, timed lines as `xpuspec prepare`'s (``[2/4] pinning ... 3.1s``): the
+    wheelhouse download and the compression take a minute or more. Returns the archive's manifest
+    (edge.json).
     """
-    from xpuspec.edge.wheels import build_xpuspec_wheel, download_wheelhouse
+    from xpuspec.edge.wheels import build_xpuspec_wheel
 
+    steps = StepProgress(total_steps=4 if config.include_wheels else 3, sink=progress)
     bundle = resolve_bundle(config.bundle, verify=True)
+    # The names `xpuspec serve` would answer for the same bundle: the plain name, then aliases.
+    served_name, *aliases = model_names(config.bundle)
     created_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     contents: dict[str, Content] = {
         f"bundle/{name}": bundle.root / name for name in [*bundle.manifest.get("files", {}), MANIFEST_NAME]
     }
     with tempfile.TemporaryDirectory(prefix="xpuspec-edge-") as scratch:
         scratch_path = Path(scratch)
-        wheel = (
-            Path(config.xpuspec_wheel) if config.xpuspec_wheel else build_xpuspec_wheel(scratch_path / "dist")
-        )
-        name, version, roots = wheel_requirements(wheel)
+        with steps.step(
+            "using the given xpuspec wheel" if config.xpuspec_wheel else "building the xpuspec wheel"
+        ):
+            wheel = (
+                Path(config.xpuspec_wheel)
+                if config.xpuspec_wheel
+                else build_xpuspec_wheel(scratch_path / "dist")
+            )
         python_version = config.python_version or current_python_version()
         targets = group_targets(config.platforms)
-        environments = [target_environment(None, None)] + [
-            target_environment(target, python_version) for target in targets
-        ]
-        pins = pin_runtime_requirements(roots, environments)
+        with steps.step("pinning the runtime requirements"):
+            name, version, roots = wheel_requirements(wheel)
+            environments = [target_environment(None, None)] + [
+                target_environment(target, python_version) for target in targets
+            ]
+            pins = pin_runtime_requirements(roots, environments)
         contents["dist/" + wheel.name] = wheel
         contents["requirements.txt"] = requirements_text(
             pins,
@@ -204,17 +216,15 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
         ).encode("utf-8")
         wheelhouse: dict[str, Any] | None = None
         if config.include_wheels:
-            names = download_wheelhouse(pins, scratch_path / "wheels", targets, config.python_version)
-            contents.update({f"wheels/{n}": scratch_path / "wheels" / n for n in names})
-            wheelhouse = {
-                "platforms": [target.name for target in targets] or [_this_platform()],
-                "platform_tags": [list(target.tags) for target in targets],
-                "python_version": python_version,
-                "wheels": len(names),
-            }
+            where = ", ".join(target.name for target in targets) or "this machine"
+            with steps.step(f"downloading {len(pins)} requirements' wheels for {where} (pip)"):
+                wheelhouse = _wheelhouse(
+                    pins, scratch_path / "wheels", targets, python_version, config, contents
+                )
         placement = bundle.placement
         values = {
-            "bundle": bundle.root.name,
+            "bundle": served_name,
+            "aliases": f" (older names: {', '.join(f'`{a}`' for a in aliases)})" if aliases else "",
             "version": version,
             "created_at": created_at,
             "wheel": wheel.name,
@@ -228,23 +238,52 @@ def build_edge_archive(config: EdgeConfig) -> dict[str, Any]:
             ),
             "placement": json.dumps(placement, sort_keys=True) if placement else "none recorded (CPU)",
         }
-        contents["verify_edge.py"] = Path(__file__).with_name("verify_edge.py")
-        contents["run.sh"] = templates.render(templates.RUN_SH, wheel=wheel.name).encode("utf-8")
-        contents["run.ps1"] = templates.render(templates.RUN_PS1, wheel=wheel.name).encode("utf-8")
-        contents["xpuspec-edge.service"] = templates.render(templates.SYSTEMD_UNIT, **values).encode("utf-8")
-        contents["README.md"] = templates.render(templates.README, **values).encode("utf-8")
+        contents.update(_launchers(values, wheel.name))
         facts = {
             "created_at": created_at,
             "xpuspec_version": version,
-            "bundle": {"path": "bundle", "name": bundle.root.name},
+            "bundle": {"path": "bundle", "name": served_name, "aliases": aliases},
             "placement": placement,
             "wheel": f"dist/{wheel.name}",
             "requirements": [pin.line() for pin in pins],
             "wheelhouse": wheelhouse,
         }
-        manifest = write_edge_archive(Path(config.output), contents, facts, config.root_name)
-    logger.info("wrote %s (%d files)", config.output, len(manifest["files"]))
+        with steps.step(f"writing and verifying {config.output}"):
+            manifest = write_edge_archive(Path(config.output), contents, facts, config.root_name)
+    logger.debug("wrote %s (%d files)", config.output, len(manifest["files"]))  # the command says more
     return manifest
+
+
+def _launchers(values: dict[str, str], wheel_name: str) -> dict[str, Content]:
+    """The verifier, the launchers, the systemd unit and the README, filled in."""
+    return {
+        "verify_edge.py": Path(__file__).with_name("verify_edge.py"),
+        "run.sh": templates.render(templates.RUN_SH, wheel=wheel_name).encode("utf-8"),
+        "run.ps1": templates.render(templates.RUN_PS1, wheel=wheel_name).encode("utf-8"),
+        "xpuspec-edge.service": templates.render(templates.SYSTEMD_UNIT, **values).encode("utf-8"),
+        "README.md": templates.render(templates.README, **values).encode("utf-8"),
+    }
+
+
+def _wheelhouse(
+    pins: list[Any],
+    folder: Path,
+    targets: list[Any],
+    python_version: str,
+    config: EdgeConfig,
+    contents: dict[str, Content],
+) -> dict[str, Any]:
+    """Download the wheelhouse into ``folder``, add its wheels to ``contents``; return its edge.json facts."""
+    from xpuspec.edge.wheels import download_wheelhouse
+
+    names = download_wheelhouse(pins, folder, targets, config.python_version)
+    contents.update({f"wheels/{n}": folder / n for n in names})
+    return {
+        "platforms": [target.name for target in targets] or [_this_platform()],
+        "platform_tags": [list(target.tags) for target in targets],
+        "python_version": python_version,
+        "wheels": len(names),
+    }
 
 
 def _this_platform() -> str:

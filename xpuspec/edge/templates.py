@@ -46,9 +46,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 
-# Clients name the model as `xpuspec verify` and README.md show it (the bundle's own name, not "bundle").
-model=$("$python" -c 'import json; print(json.load(open("edge.json"))["bundle"]["name"])')
-exec .venv/bin/xpuspec serve --bundle ./bundle --served-model-name "$model" \
+# Clients name the model as `xpuspec serve` does and README.md shows it (its plain name, not "bundle");
+# the archive's older names stay aliases. A --served-model-name given here comes first.
+names='import json; b = json.load(open("edge.json"))["bundle"]; print(b["name"], *b.get("aliases", []))'
+for model in $("$python" -c "$names"); do
+    set -- "$@" "--served-model-name=$model"
+done
+exec .venv/bin/xpuspec serve --bundle ./bundle \
     --host "${XPUSPEC_HOST:-127.0.0.1}" --port "${XPUSPEC_PORT:-8000}" "$@"
 """
 
@@ -82,10 +86,12 @@ if ($installed -ne $wanted) {
 
 $listenHost = if ($env:XPUSPEC_HOST) { $env:XPUSPEC_HOST } else { "127.0.0.1" }
 $listenPort = if ($env:XPUSPEC_PORT) { $env:XPUSPEC_PORT } else { "8000" }
-# Clients name the model as `xpuspec verify` and README.md show it (the bundle's own name).
-$model = (Get-Content -LiteralPath "edge.json" -Raw | ConvertFrom-Json).bundle.name
-& ".venv\Scripts\xpuspec.exe" serve --bundle .\bundle --served-model-name $model `
-    --host $listenHost --port $listenPort @args
+# Clients name the model as `xpuspec serve` does and README.md shows it (its plain name); the
+# archive's older names stay aliases.
+$bundleFacts = (Get-Content -LiteralPath "edge.json" -Raw | ConvertFrom-Json).bundle
+$nameArgs = @(@($bundleFacts.name) + @($bundleFacts.aliases) | Where-Object { $_ } |
+    ForEach-Object { "--served-model-name=$_" })
+& ".venv\Scripts\xpuspec.exe" serve --bundle .\bundle --host $listenHost --port $listenPort @args @nameArgs
 exit $LASTEXITCODE
 """
 
@@ -138,10 +144,10 @@ Needs Python @PYTHON@ (`python3 -m venv` must work: on Debian/Ubuntu `apt instal
     powershell -ExecutionPolicy Bypass -File run.ps1    # Windows
 
 The launcher verifies the files, installs into `.venv` beside it once, then serves the
-OpenAI-compatible API: `curl http://127.0.0.1:8000/health`; requests name the model `@BUNDLE@`
-(extra names: `./run.sh --served-model-name other`), and a chat page at `http://127.0.0.1:8000/`
-(in the archive: it fetches nothing from elsewhere). It listens on loopback only
-unless `XPUSPEC_HOST=0.0.0.0`; set `XPUSPEC_API_KEY` before exposing it.
+OpenAI-compatible API: `curl http://127.0.0.1:8000/health`; requests name the model
+`@BUNDLE@`, as `xpuspec serve` does@ALIASES@ (extra names: `./run.sh --served-model-name other`),
+and a chat page at `http://127.0.0.1:8000/` (in the archive: it fetches nothing from elsewhere).
+It listens on loopback only unless `XPUSPEC_HOST=0.0.0.0`; set `XPUSPEC_API_KEY` before exposing it.
 
 Device placement: @PLACEMENT@
 Arguments after `./run.sh` go to `xpuspec serve` (e.g. `--target-device GPU --draft-device NPU`).

@@ -55,22 +55,28 @@ def _setuptools_is_recent() -> bool:
     return major >= 77
 
 
+# Model weights the package carries (most of the wheel's size), by folder under the checkout: the
+# demo pair, and the default model's draft and EAGLE-3 head, which its cached bundle holds too.
+MODEL_DATA = (("xpuspec", "demo", "bundle"), ("xpuspec", "default_draft"), ("xpuspec", "default_eagle3"))
+
+
 def build_xpuspec_wheel(
-    output_dir: Path, root: Path | None = None, *, include_demo_bundle: bool = False
+    output_dir: Path, root: Path | None = None, *, include_model_data: bool = False
 ) -> Path:
     """``pip wheel --no-deps`` of a copy of the source tree into ``output_dir``; returns the wheel.
 
-    The embedded demo bundle (package data: model weights, most of the wheel's size) is left out
-    unless asked for: an edge archive ships the bundle it serves under bundle/, and the launcher
-    always names it.
+    The model weights the package carries (:data:`MODEL_DATA`) are left out unless asked for: an edge
+    archive ships the bundle it serves, draft and head included, under bundle/, and the launcher
+    always names it, so a second copy inside the wheel would only double the archive's model files.
     """
     root = root or source_root()
-    demo_folder = (root / "xpuspec" / "demo").resolve()
+    left_out = {(root.joinpath(*parts[:-1]).resolve(), parts[-1]) for parts in MODEL_DATA}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         ignored = set(_IGNORED(folder, names))
-        if not include_demo_bundle and Path(folder).resolve() == demo_folder:
-            ignored.add("bundle")
+        if not include_model_data:
+            here = Path(folder).resolve()
+            ignored |= {name for parent, name in left_out if parent == here and name in names}
         return ignored
 
     output_dir.mkdir(parents=True, exist_ok=True)

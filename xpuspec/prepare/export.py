@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib
 import logging
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -127,6 +130,23 @@ def load_hf_tokenizer(source: ModelSource, role: str) -> Any:
         raise PrepareError(f"{role} {source.spec}: cannot load its tokenizer ({error})") from error
 
 
+@contextmanager
+def quiet_tracing() -> Iterator[None]:
+    """An optimum export without torch tracing's warnings (tests exporting with optimum use it too).
+
+    Tracing warns that values become constants of the trace: true of every export, and nothing the
+    caller can act on (the pair check and `inspect` test the result). optimum traces with torch.jit,
+    which torch now calls deprecated: optimum's to change. An exported model's temporary folder,
+    cleaned when the model is collected, warns as well.
+    """
+    tracing = import_conversion_module("torch.jit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tracing.TracerWarning)
+        warnings.filterwarnings("ignore", r"`torch\.jit\.trace", DeprecationWarning)
+        warnings.filterwarnings("ignore", "Implicitly cleaning up", ResourceWarning)
+        yield
+
+
 def export_to_openvino(source: ModelSource, out_dir: Path, role: str) -> Path:
     """Export ``source`` to uncompressed (fp32) stateful IR in ``out_dir``; return the .xml path.
 
@@ -136,14 +156,15 @@ def export_to_openvino(source: ModelSource, out_dir: Path, role: str) -> Path:
     optimum_export = import_conversion_module("optimum.exporters.openvino")
     intel_openvino = import_conversion_module("optimum.intel.openvino")
     try:
-        optimum_export.main_export(
-            source.loadable,
-            output=out_dir,
-            task=EXPORT_TASK,
-            stateful=True,
-            convert_tokenizer=False,
-            ov_config=intel_openvino.OVConfig(dtype="fp32"),
-        )
+        with quiet_tracing():
+            optimum_export.main_export(
+                source.loadable,
+                output=out_dir,
+                task=EXPORT_TASK,
+                stateful=True,
+                convert_tokenizer=False,
+                ov_config=intel_openvino.OVConfig(dtype="fp32"),
+            )
     except Exception as error:  # noqa: BLE001
         if source.local_path is None:
             raise _hub_failure(source, role, error) from error

@@ -98,6 +98,15 @@ def folder_tokens(folder: Path) -> tuple[str, ...] | None:
     return tuple(by_id.get(i, "") for i in range(max(by_id) + 1))
 
 
+def check_recompression(weights: str | None, target: GgufModel) -> None:
+    """``--weights`` recompresses only an unquantised GGUF (`xpuspec prepare` checks it before any work)."""
+    if weights is not None and target.quantized:
+        raise PrepareError(
+            f"--weights {weights}: NNCF recompression does not apply to {target.path.name}, already "
+            f"quantised as {target.weight_format}; leave --weights out to keep the GGUF's own quantisation"
+        )
+
+
 def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None = None) -> Path:
     """`xpuspec prepare TARGET.gguf [--draft DRAFT] -o BUNDLE`: the GGUF counterpart of ``prepare_bundle``.
 
@@ -109,11 +118,7 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
     check_output_path(output, config.overwrite)
     target = GgufModel.read(Path(config.target).expanduser(), "target")
     target.check_supported("target")
-    if config.weights is not None and target.quantized:
-        raise PrepareError(
-            f"--weights {config.weights}: NNCF recompression does not apply to {target.path.name}, already "
-            f"quantised as {target.weight_format}; leave --weights out to keep the GGUF's own quantisation"
-        )
+    check_recompression(config.weights, target)
     draft_spec = config.draft
     draft_gguf = None
     if is_gguf_source(draft_spec):
@@ -149,7 +154,8 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
                 eagle3=eagle3,
             )
         commit_bundle(staging, output, config.overwrite)
-    logger.info("bundle ready at %s (%.1fs)", output, steps.elapsed)
+    # Debug only: the caller names the bundle where it ends up (a cache build renames it afterwards).
+    logger.debug("bundle ready at %s (%.1fs)", output, steps.elapsed)
     return output
 
 

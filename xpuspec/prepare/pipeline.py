@@ -96,7 +96,8 @@ def prepare_bundle(config: PrepareConfig, *, progress: ProgressSink | None = Non
                 eagle3=eagle3,
             )
         commit_bundle(staging, output, config.overwrite)
-    logger.info("bundle ready at %s (%.1fs)", output, steps.elapsed)
+    # Debug only: the caller names the bundle where it ends up (a cache build renames it afterwards).
+    logger.debug("bundle ready at %s (%.1fs)", output, steps.elapsed)
     return output
 
 

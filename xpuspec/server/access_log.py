@@ -1,6 +1,7 @@
 """One access-log line per request, written when its response closes (a stream's end, not its start).
 
-``method path status tokens=N 0.123s id=REQUEST_ID`` on the ``xpuspec.access`` logger. Every response
+``method path status tokens=N 0.123s id=REQUEST_ID`` on the ``xpuspec.access`` logger; each record carries
+its path as ``record.path``, so a filter (:class:`HealthProbeFilter`) can leave probes out. Every response
 carries its request id in ``X-Request-Id``; completion ids are ``cmpl-``/``chatcmpl-`` plus the same id,
 so a client's report and the server's log line can be matched.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from werkzeug.wsgi import ClosingIterator
 
 ACCESS_LOGGER = "xpuspec.access"
+HEALTH_PATH = "/health"
 # WSGI environ keys: the request id, and a callable giving the completion tokens produced so far.
 REQUEST_ID_KEY = "xpuspec.request_id"
 TOKENS_KEY = "xpuspec.completion_tokens"
@@ -58,6 +60,15 @@ class AccessLog:
                 tokens() if tokens is not None else "-",
                 time.perf_counter() - started,
                 rid,
+                extra={"path": environ.get("PATH_INFO", "-")},
             )
 
         return ClosingIterator(self.app(environ, start), [log])
+
+
+class HealthProbeFilter(logging.Filter):
+    """Drops the access lines of ``/health``: a readiness loop or a load balancer probes it every few
+    seconds, and its lines would bury the requests (``xpuspec serve --log-health`` keeps them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "path", None) != HEALTH_PATH

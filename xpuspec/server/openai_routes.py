@@ -81,9 +81,6 @@ def start_generation(
             param="n",
             code="invalid_value",
         )
-    if body.stream and body.stream_options is not None and body.stream_options.include_speculation:
-        for choice in prepared.choices:
-            choice.provenance = True
     try:
         generation = state.loop.submit(prepared.choices)
     except QueueFullError as error:
@@ -112,6 +109,9 @@ def start_generation(
 def _generate(
     kind: Kind, body: CompletionRequest | ChatCompletionRequest, prepared: PreparedRequest
 ) -> Response:
+    if body.stream and body.stream_options is not None and body.stream_options.include_speculation:
+        for choice in prepared.choices:
+            choice.provenance = True
     generation, context = start_generation(kind, prepared)
     state = server_state()
     state.response_opened(streamed=bool(body.stream))

@@ -51,14 +51,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoModelForCausalLM
 
+    from xpuspec.prepare.export import quiet_tracing
+
     torch.set_num_threads(1)
     work = tmp_path_factory.mktemp("eagle3-train")
     checkpoint = make_tiny_checkpoint(work / "checkpoint", "llama", num_layers=NUM_LAYERS)
     data = work / "data"
     ir = data / "target_ir"
-    OVModelForCausalLM.from_pretrained(checkpoint, export=True, stateful=True, compile=False).save_pretrained(
-        ir
-    )
+    with quiet_tracing():
+        exported = OVModelForCausalLM.from_pretrained(checkpoint, export=True, stateful=True, compile=False)
+        exported.save_pretrained(ir)
+        del exported  # its temporary export folder goes now, inside quiet_tracing
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     rng = np.random.default_rng(0)
     records = []
