@@ -97,10 +97,10 @@ def _generate_arguments(bundle: str) -> list[str]:
 
 
 def check_generate(chroot: Chroot) -> str:
-    """A greedy demo generation in the image, equal token for token to this checkout's on the same files."""
-    bundle = entrypoint_bundle(chroot)
-    inside = json.loads(_checked(chroot.run(["xpuspec", *_generate_arguments(bundle)]), "xpuspec generate"))
-    here_command = [sys.executable, "-m", "xpuspec.cli", *_generate_arguments(str(chroot.root / bundle[1:]))]
+    """A greedy generation with the demo pair the package ships (``--bundle demo``), in the image,
+    equal token for token to this checkout's on the same files."""
+    inside = json.loads(_checked(chroot.run(["xpuspec", *_generate_arguments("demo")]), "xpuspec generate"))
+    here_command = [sys.executable, "-m", "xpuspec.cli", *_generate_arguments("demo")]
     here = json.loads(
         _checked(subprocess.run(here_command, capture_output=True, text=True, timeout=300), "generate here")
     )
