@@ -50,9 +50,9 @@ def test_rows_cover_threads_with_and_without_ngram_speculation():
     rows = llama_cpp.llama_rows((1, 2))
     assert [row.args for row in rows] == [
         ("-t", "1"),
-        ("-t", "1", "--spec-default"),
+        ("-t", "1", "--spec-type", "ngram-mod"),
         ("-t", "2"),
-        ("-t", "2", "--spec-default"),
+        ("-t", "2", "--spec-type", "ngram-mod"),
     ]
 
 
@@ -86,17 +86,28 @@ def test_a_missing_peer_is_one_line_in_the_table():
     assert "llama.cpp: not run: no llama-server" in llama_cpp.markdown(summary)
 
 
+# Looked up at import, in the user's cache: the tests' own private cache holds no build.
+BUILT_LLAMA_SERVER = llama_cpp.find_llama_server()
+
+
 @pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.skipif(
-    llama_cpp.find_llama_server() is None,
+    BUILT_LLAMA_SERVER is None,
     reason="no llama-server built (scripts/build-llama-server.sh takes 10-30 min on 2 cores; not in CI)",
 )
 def test_a_real_comparison_with_llama_server(tmp_path):
     bundle = resolve_bundle(None)
     prompts = [[{"role": "user", "content": "What is the capital of France?"}]]
     comparison = llama_cpp.run_serve_comparison(
-        None, bundle, prompts, rounds=1, max_tokens=16, out=tmp_path, threads=(1,)
+        None,
+        bundle,
+        prompts,
+        rounds=1,
+        max_tokens=16,
+        out=tmp_path,
+        llama_server=BUILT_LLAMA_SERVER,
+        threads=(1,),
     )
     summary = llama_cpp.summarise(comparison)
     rows = {row["row"]: row for row in summary["rows"]}

@@ -5,7 +5,8 @@ path) in ``llama-server`` beside ``xpuspec serve`` on the bundle, with the same 
 request at a time, greedy. Rows:
 
 - xpuspec's default (its drafter, prefix caching on), xpuspec target-only (``--drafter none``);
-- llama.cpp at 1 and 2 threads, each with and without its n-gram speculation (``--spec-default``).
+- llama.cpp at 1 and 2 threads, each with and without its n-gram speculation (``--spec-type
+  ngram-mod``: a pool shared by the server's requests).
 
 Every row starts its server afresh each round (so llama.cpp's shared n-gram pool cannot replay the
 benchmark's earlier answers, and every round times a start), in an order that rotates with the
@@ -75,7 +76,9 @@ def llama_rows(threads: Sequence[int] = (1, 2)) -> list[Row]:
     rows = []
     for count in threads:
         rows.append(Row("llama.cpp", f"llama.cpp -t {count}", ("-t", str(count))))
-        rows.append(Row("llama.cpp", f"llama.cpp -t {count} n-gram", ("-t", str(count), "--spec-default")))
+        rows.append(
+            Row("llama.cpp", f"llama.cpp -t {count} n-gram", ("-t", str(count), "--spec-type", "ngram-mod"))
+        )
     return rows
 
 
