@@ -246,7 +246,7 @@ def _finished_stages(say: Callable[[str], None]) -> Callable[[str], None]:
 
 def _verified(bundle_root: Path, say: Callable[[str], None]) -> bool:
     try:
-        ModelBundle.open(bundle_root, verify=True)
+        ModelBundle.open(bundle_root)  # hashes on first load or when files changed
     except BundleError as error:
         say(f"the cached default model at {bundle_root} is damaged, rebuilding it: {error}".splitlines()[0])
         return False

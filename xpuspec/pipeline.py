@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xpuspec import calibration_cache
 from xpuspec.bundles import resolve_bundle
 from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import create_runner
@@ -84,8 +85,12 @@ class Pipeline:
         draft_tree: object = None,
         eagle3_head: str | Path | None = None,
         draft_vocab: int | None = None,
+        startup_cache: bool = True,
     ):
-        """``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
+        """``startup_cache``: keep what a start computes in the xpuspec cache for later starts of the
+        same setup on this machine: OpenVINO's compiled models (``CACHE_DIR``) and the cost model's
+        calibration timings (:mod:`xpuspec.calibration_cache`). False: compile and time everything.
+        ``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
         if drafter not in DRAFTERS:
@@ -102,6 +107,9 @@ class Pipeline:
         # None: the default model; "demo": the demo pair; an opened bundle is used as it is.
         self.bundle = bundle if isinstance(bundle, ModelBundle) else resolve_bundle(bundle)
         core = ov.Core()
+        if startup_cache:
+            # OpenVINO keys each compiled blob by the model, device and properties itself.
+            core.set_property({"CACHE_DIR": str(calibration_cache.compiled_models_dir())})
         registry = default_registry()
         requested = Placement(target_device, draft_device, drafter)
         eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)
@@ -121,6 +129,22 @@ class Pipeline:
             eagle3_head, head, core, draft_properties, properties, draft_vocab, runner_limits
         )
         self._build_engine(proposer, config, overlap)
+        self._calibrate(
+            {
+                "bundle": str(self.bundle.root.resolve()),
+                "manifest": self.bundle.manifest,
+                "properties": properties,
+                "draft_properties": draft_properties,
+                "devices": [self.target_device.device, self.draft_device and self.draft_device.device],
+                "drafter": self.drafter,
+                "eagle3_head": str(eagle3_head) if eagle3_head is not None else None,
+                "draft_vocab": draft_vocab,
+                "engine": dataclasses.asdict(config),
+                "overlap": self.overlap,
+                "num_kv_blocks": num_kv_blocks,
+            },
+            startup_cache,
+        )
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).
         self.last_stats: dict[str, Any] | None = None
@@ -278,7 +302,7 @@ class Pipeline:
         return DraftModelProposer(draft_runner, self.target_runner.vocab_size)
 
     def _build_engine(self, proposer: Drafter | None, config: EngineConfig, overlap: bool | None) -> None:
-        """The engine over the target and the drafter, with grammar support, calibrated."""
+        """The engine over the target and the drafter, with grammar support (calibrated next)."""
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
         draft_device_name = (
             self.draft_device.device if self.drafter == "draft" and self.draft_device else None
@@ -297,7 +321,18 @@ class Pipeline:
             self.vocab_size,
             self.bundle.eos_token_ids,
         )
-        self.engine.calibrate()
+
+    def _calibrate(self, setup: dict[str, Any], cached: bool) -> None:
+        """Calibrate the engine's cost model, or (``cached``) replay the timings an earlier start with
+        the same ``setup`` on this machine measured (:mod:`xpuspec.calibration_cache`)."""
+        if not cached:
+            self.engine.calibrate()
+            return
+        key = calibration_cache.calibration_key(setup)
+        stored = calibration_cache.load(key)
+        timings = self.engine.calibrate(stored=stored)
+        if stored is None:
+            calibration_cache.store(key, timings)
 
     def _eagle3_proposer(
         self,

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -42,6 +43,7 @@ class ServerProcess:
         properties: dict[str, Any] | None = None,
         startup_timeout_s: float = 300.0,
         prefix_caching: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -57,6 +59,7 @@ class ServerProcess:
             self.command += ["--bundle", str(bundle)]
         for key, value in (properties or {}).items():
             self.command += ["--property", f"{key}={value}"]
+        self.command += list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
         self.model = ""
 

@@ -52,9 +52,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=["latency", "load", "all", "multiturn"],
+        choices=["latency", "load", "all", "multiturn", "serve"],
         default="all",
-        help="multiturn: TTFT per turn with and without prefix caching, beside GenAI's (not in all)",
+        help="multiturn: TTFT per turn with and without prefix caching, beside GenAI's (not in all); "
+        "serve: one chat at a time through `xpuspec serve` and llama.cpp's llama-server on the "
+        "bundle's GGUF (not in all)",
+    )
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        help="serve: the llama-server binary (default: $XPUSPEC_LLAMA_SERVER, the one "
+        "scripts/build-llama-server.sh built into the cache, or llama-server on the PATH)",
+    )
+    parser.add_argument(
+        "--llama-threads",
+        type=_integers,
+        default=(1, 2),
+        help="serve: llama.cpp's thread counts (default: 1,2)",
     )
     parser.add_argument("--turns", type=int, default=4, help="multiturn: turns of the conversation")
     parser.add_argument(
@@ -133,6 +148,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run(args: argparse.Namespace) -> int:
     if args.mode == "multiturn":
         return _run_multiturn(args)
+    if args.mode == "serve":
+        return _run_serve(args)
     try:
         config = config_from_args(args)
     except ValueError as error:
@@ -170,4 +187,41 @@ def _run_multiturn(args: argparse.Namespace) -> int:
     (args.out / "multiturn.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"xpuspec bench: wrote {args.out / 'multiturn.json'} and multiturn.md", file=sys.stderr)
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import json
+
+    from xpuspec.bench.llama_cpp import markdown, run_serve_comparison, summarise
+    from xpuspec.bench.workloads import load_workload
+
+    bundle = resolve_bundle(args.bundle)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Chat instructions unless a workload is named: the single chat is what this mode measures.
+    workload = "chat" if args.workload == "code" else args.workload
+    count = args.prompts or (4 if args.quick else 12)
+    prompts = [
+        p.text if isinstance(p.text, list) else [{"role": "user", "content": p.text}]
+        for p in load_workload(workload, count)
+    ]
+    comparison = run_serve_comparison(
+        args.bundle,
+        bundle,
+        prompts,
+        rounds=args.rounds or (1 if args.quick else 3),
+        max_tokens=args.max_tokens or (64 if args.quick else 128),
+        out=args.out,
+        llama_server=args.llama_server,
+        threads=args.llama_threads,
+    )
+    summary = summarise(comparison)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serve.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    table = markdown(summary)
+    (args.out / "serve.md").write_text(table, encoding="utf-8")
+    print(table)
+    for peer, reason in summary["not_run"].items():
+        print(f"xpuspec bench: {peer} not run: {reason}", file=sys.stderr)
+    print(f"xpuspec bench: wrote {args.out / 'serve.json'} and {args.out / 'serve.md'}", file=sys.stderr)
     return 0

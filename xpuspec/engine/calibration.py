@@ -3,6 +3,7 @@ measurements rather than priors."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from xpuspec.core.chunks import SequenceChunk
@@ -14,11 +15,60 @@ if TYPE_CHECKING:
 CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the target
 
 
-def calibrate(engine: EngineView, repeats: int = 5) -> None:
+@dataclass
+class CalibrationTimings:
+    """What a calibration measured, in the order it fed the cost model, so that a later start on
+    the same models, properties and machine can feed the same figures without timing them again.
+
+    ``target``: (sequences, tokens per sequence, seconds); ``shape_change``: seconds;
+    ``draft``: seconds of a one-token drafting pass; ``drafting``: (sequences, γ, seconds)."""
+
+    target: list[tuple[int, int, float]] = field(default_factory=list)
+    shape_change: list[float] = field(default_factory=list)
+    draft: list[float] = field(default_factory=list)
+    drafting: list[tuple[int, int, float]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, list]:
+        return {
+            "target": self.target,
+            "shape_change": self.shape_change,
+            "draft": self.draft,
+            "drafting": self.drafting,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, list]) -> CalibrationTimings:
+        return cls(
+            target=[(int(s), int(n), float(t)) for s, n, t in data["target"]],
+            shape_change=[float(t) for t in data["shape_change"]],
+            draft=[float(t) for t in data["draft"]],
+            drafting=[(int(s), int(g), float(t)) for s, g, t in data["drafting"]],
+        )
+
+
+def replay(engine: EngineView, timings: CalibrationTimings) -> None:
+    """Feed a stored calibration's figures to the cost model, as :func:`calibrate` fed them."""
+    cost_model = engine.cost_model
+    for num_sequences, tokens, seconds in timings.target:
+        cost_model.calibrate_target(num_sequences, tokens, seconds)
+    for seconds in timings.shape_change:
+        cost_model.calibrate_shape_change(seconds)
+    for seconds in timings.draft:
+        cost_model.calibrate_draft(seconds)
+    for num_sequences, gamma, seconds in timings.drafting:
+        cost_model.calibrate_drafting(num_sequences, gamma, seconds)
+
+
+def calibrate(
+    engine: EngineView, repeats: int = 5, stored: CalibrationTimings | None = None
+) -> CalibrationTimings:
     """Time the target and the drafter on dummy steps so the cost model starts from measurements.
 
     Runs before any request holds blocks: the dummy tokens are written into the first blocks
-    and overwritten by the first real sequences.
+    and overwritten by the first real sequences. With ``stored`` timings (an earlier calibration
+    of the same models on the same machine), the warm-up passes still run, since they are what
+    compiles each shape's kernels and sizes the buffers, but nothing is timed: the stored figures
+    are replayed. Returns the timings fed to the cost model.
     """
     if engine.num_requests:
         raise RuntimeError("calibrate() runs only while no request is in flight")
@@ -49,13 +99,20 @@ def calibrate(engine: EngineView, repeats: int = 5) -> None:
     if engine.proposer is not None:
         for tokens in (1, 2):
             engine.proposer.measure_step_seconds(past + 1, tokens=tokens)  # warm-up, not timed
-    for _ in range(repeats):
-        _time_each_size(engine, chunks, past)
+    timings = stored
+    if timings is None:
+        timings = CalibrationTimings()
+        for _ in range(repeats):
+            _time_each_size(engine, chunks, past, timings)
+    replay(engine, timings)
     engine.step_shape.last = None
     engine.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
+    return timings
 
 
-def _time_each_size(engine: EngineView, chunks: dict[int, SequenceChunk], past: int) -> None:
+def _time_each_size(
+    engine: EngineView, chunks: dict[int, SequenceChunk], past: int, timings: CalibrationTimings
+) -> None:
     """One round over the sizes.
 
     Each size twice in a row: the first pass after another size pays the plugin's change of
@@ -63,27 +120,27 @@ def _time_each_size(engine: EngineView, chunks: dict[int, SequenceChunk], past: 
     real step, a pass over 1 + γ tokens follows the drafting that proposed them (a model
     that just ran left the other's weights out of cache and its threads asleep).
     """
-    cost_model, clock = engine.cost_model, engine.clock
+    clock = engine.clock
     for n, chunk in chunks.items():
         started = clock()
         engine.target.forward([chunk])
         changed = clock() - started
         if n > 1:  # the drafting of γ = n - 1: a catch-up of 2 tokens, then one-token passes
             assert engine.proposer is not None  # sizes above 1 only with a drafter
-            _time_drafting(engine, engine.proposer, n - 1, past)
+            _time_drafting(engine.proposer, n - 1, past, timings)
         started = clock()
         engine.target.forward([chunk])
         steady = clock() - started
-        cost_model.calibrate_target(1, n, steady)
+        timings.target.append((1, n, steady))
         if len(chunks) > 1:
-            cost_model.calibrate_shape_change(changed - steady)
+            timings.shape_change.append(changed - steady)
 
 
-def _time_drafting(engine: EngineView, proposer: Drafter, gamma: int, past: int) -> None:
+def _time_drafting(proposer: Drafter, gamma: int, past: int, timings: CalibrationTimings) -> None:
     """Time a drafting phase of ``gamma`` drafts: a catch-up of 2 tokens, then one-token passes."""
     drafting = proposer.measure_step_seconds(past + 1, tokens=2)
     for _pass in range(gamma - 1):
         seconds = proposer.measure_step_seconds(past + 1)
-        engine.cost_model.calibrate_draft(seconds)
+        timings.draft.append(seconds)
         drafting += seconds
-    engine.cost_model.calibrate_drafting(1, gamma, drafting)
+    timings.drafting.append((1, gamma, drafting))

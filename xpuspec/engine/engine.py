@@ -240,10 +240,13 @@ class LLMEngine:
         drafting steps before them for a while."""
         return self.draft_choice is None or self.draft_choice.step_drafting_on is not False
 
-    def calibrate(self, repeats: int = 5) -> None:
+    def calibrate(
+        self, repeats: int = 5, stored: calibration.CalibrationTimings | None = None
+    ) -> calibration.CalibrationTimings:
         """Time the target and the drafter on dummy steps so the cost model starts from measurements
-        (``xpuspec.engine.calibration``); only while no request is in flight."""
-        calibration.calibrate(self, repeats)
+        (``xpuspec.engine.calibration``), or replay ``stored`` timings of an earlier start; only while
+        no request is in flight."""
+        return calibration.calibrate(self, repeats, stored)
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached prefixes no request holds (after writing KV outside the block manager's

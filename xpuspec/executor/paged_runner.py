@@ -371,6 +371,9 @@ def _token_axis(tensor: ov.Tensor, block_size: int) -> int | None:
     return None
 
 
+PAGE_BYTES = 4096  # cache tensors start on a page boundary, as the plugin's own allocations do
+
+
 def _per_block_bits(shape: ov.PartialShape, element_type: ov.Type) -> int:
     """Bits of one block of a cache input ``[num_blocks, ...]``."""
     return int(np.prod([dim.get_length() for dim in list(shape)[1:]])) * element_type.bitwidth
@@ -378,8 +381,12 @@ def _per_block_bits(shape: ov.PartialShape, element_type: ov.Type) -> int:
 
 def _zeroed_tensor(element_type: ov.Type, shape: list[int]) -> ov.Tensor:
     """An ``ov.Tensor`` of zeros; the kernel may read unwritten slots of a partly filled block, and
-    uninitialised memory could hold NaN bit patterns that survive a zero attention weight."""
-    tensor = ov.Tensor(element_type, shape)
-    # .data covers every byte (bf16 shows as float16, packed u4 as flat uint8); 0 is all-zero bits.
-    tensor.data[...] = 0
-    return tensor
+    uninitialised memory could hold NaN bit patterns that survive a zero attention weight.
+
+    The zeros come from ``np.zeros``, whose large allocations are fresh pages the kernel zeroes on
+    first touch: the cache costs neither start-up time nor resident memory until blocks are written.
+    The tensor wraps the array (shared memory, page-aligned) and keeps it alive."""
+    num_bytes = int(np.prod(shape)) * element_type.bitwidth // 8
+    buffer = np.zeros(num_bytes + PAGE_BYTES, dtype=np.uint8)
+    offset = -buffer.ctypes.data % PAGE_BYTES
+    return ov.Tensor(buffer[offset : offset + num_bytes], shape, element_type)
