@@ -86,4 +86,12 @@ def test_a_damaged_store_is_ignored(tmp_path, monkeypatch):
 def test_compiled_models_are_cached(pair_bundle, tmp_path, monkeypatch):
     monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path))
     Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
-    assert any(calibration_cache.compiled_models_dir().glob("*.blob"))
+    folder = calibration_cache.compiled_models_dir()
+    assert folder is not None and any(folder.glob("*.blob"))
+
+
+def test_an_unwritable_cache_means_no_compiled_cache(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("XPUSPEC_CACHE", str(blocked / "cache"))  # under a file: cannot be made
+    assert calibration_cache.compiled_models_dir() is None

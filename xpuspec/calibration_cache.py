@@ -29,9 +29,16 @@ COMPILED_FOLDER = "compiled"
 FORMAT = 1
 
 
-def compiled_models_dir() -> Path:
-    """OpenVINO's ``CACHE_DIR`` for compiled models, in the xpuspec cache."""
-    return cache_dir() / COMPILED_FOLDER
+def compiled_models_dir() -> Path | None:
+    """OpenVINO's ``CACHE_DIR`` for compiled models, in the xpuspec cache; None where that cannot be
+    written (a read-only image, say): OpenVINO would fail the compile rather than skip its cache."""
+    folder = cache_dir() / COMPILED_FOLDER
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        logger.debug("no compiled-model cache (%s); every start compiles", error)
+        return None
+    return folder if os.access(folder, os.W_OK) else None
 
 
 def machine_facts() -> dict[str, Any]:

@@ -107,9 +107,10 @@ class Pipeline:
         # None: the default model; "demo": the demo pair; an opened bundle is used as it is.
         self.bundle = bundle if isinstance(bundle, ModelBundle) else resolve_bundle(bundle)
         core = ov.Core()
-        if startup_cache:
+        compiled_cache = calibration_cache.compiled_models_dir() if startup_cache else None
+        if compiled_cache is not None:
             # OpenVINO keys each compiled blob by the model, device and properties itself.
-            core.set_property({"CACHE_DIR": str(calibration_cache.compiled_models_dir())})
+            core.set_property({"CACHE_DIR": str(compiled_cache)})
         registry = default_registry()
         requested = Placement(target_device, draft_device, drafter)
         eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)

@@ -197,7 +197,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from xpuspec.bench.workloads import load_workload
 
     bundle = resolve_bundle(args.bundle)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    quiet_third_parties()
     # Chat instructions unless a workload is named: the single chat is what this mode measures.
     workload = "chat" if args.workload == "code" else args.workload
     count = args.prompts or (4 if args.quick else 12)
