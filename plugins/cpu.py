@@ -15,6 +15,7 @@ from xpuspec.devices.plugin import (
     check_role,
     merge_properties,
 )
+from xpuspec.executor.properties import SPECULATION_STABLE
 
 # Weight formats whose matrix multiplications the CPU can run on int8 activations (dynamic quantisation).
 COMPRESSED_WEIGHTS = ("int8", "int4")
@@ -34,10 +35,10 @@ COMPRESSED_DEFAULTS: dict[str, Any] = {
 
 
 class CpuPlugin(OpenVINODevicePlugin):
-    """CPU defaults: latency hint; for int8/int4 weights f32 compute with dynamic int8 activations
-    (groups of 128) and a u8 KV cache; otherwise the plugin's own precisions (bf16 compute and a bf16
-    cache where the CPU has bf16: a u8 cache made the PagedAttention node costlier there; figure in
-    docs/experiments/code-comment-figures.md).
+    """CPU defaults: latency hint, a key cache quantised per token; for int8/int4 weights f32 compute with
+    dynamic int8 activations (groups of 128) and a u8 KV cache; otherwise the plugin's own precisions
+    (bf16 compute and a bf16 cache where the CPU has bf16: a u8 cache made the PagedAttention node
+    costlier there; figure in docs/experiments/code-comment-figures.md).
     Thread counts per role only when asked for.
 
     Draft and target run one after the other on the same cores, so by default both get every core.
@@ -61,7 +62,9 @@ class CpuPlugin(OpenVINODevicePlugin):
     def default_properties(
         self, role: Role, max_draft_tokens: int, weights: str | None = None
     ) -> dict[str, Any]:
-        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        # Keys quantised per token whatever the weights: drafting then changes no greedy answer
+        # (xpuspec.executor.properties.SPECULATION_STABLE; measured in docs/exactness.md).
+        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **SPECULATION_STABLE}
         if weights in COMPRESSED_WEIGHTS:
             properties.update(COMPRESSED_DEFAULTS)
         threads = self.threads[role]

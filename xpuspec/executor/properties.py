@@ -9,7 +9,11 @@ Three layers decide a model's OpenVINO compile properties, each overriding the o
 
 The ``exact`` preset turns off every approximation the CPU makes by default: bf16 compute, a quantised
 KV cache and the dynamic int8 quantisation of activations (on by default for int8/int4 weights, even
-at f32). With it, greedy speculative decoding gives the target-only tokens exactly.
+at f32). With it, greedy speculative decoding gives the target's own f32 tokens exactly.
+
+The defaults approximate, but in a way that drafting cannot see: a quantised cache's keys carry per-token
+scales (``SPECULATION_STABLE``), so speculative greedy output equals target-only greedy output under the
+same properties (docs/exactness.md gives the three levels and their measured agreement).
 """
 
 from __future__ import annotations
@@ -25,8 +29,21 @@ EXACT_PROPERTIES: dict[str, Any] = {
     "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
 }
 PRESETS: dict[str, dict[str, Any]] = {EXACT: EXACT_PROPERTIES}
+# A u8 key cache with one scale per token (and group of channels): a token's cached key depends on that
+# token alone, so a block holds the same bytes however it was filled: k tokens at a time by a verification
+# pass, one at a time by decoding, a shorter chunk after a prefix-cache hit. The CPU's own default
+# quantises keys per channel over a block: each write re-scales the block's earlier tokens (dequantised
+# and quantised again) with scales that saw every token written, rejected drafts included, so a
+# speculative run's cache, and then its near-ties, differ from a target-only run's.
+KEY_QUANT_MODE = "KEY_CACHE_QUANT_MODE"
+SPECULATION_STABLE: dict[str, Any] = {KEY_QUANT_MODE: "BY_TOKEN"}
 # The keys `xpuspec plan` tunes; a user who sets any of them takes precision into their own hands.
-TUNED_KEYS = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+TUNED_KEYS = (
+    "INFERENCE_PRECISION_HINT",
+    "KV_CACHE_PRECISION",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+    KEY_QUANT_MODE,
+)
 
 PropertiesArg = Mapping[str, Any] | str | None
 
@@ -99,5 +116,6 @@ def readable(properties: Mapping[str, Any]) -> str:
         "INFERENCE_PRECISION_HINT": "compute",
         "KV_CACHE_PRECISION": "kv",
         "DYNAMIC_QUANTIZATION_GROUP_SIZE": "dq_group",
+        KEY_QUANT_MODE: "keys",
     }
     return ", ".join(f"{short.get(key, key)}={value}" for key, value in properties.items()) or "-"
