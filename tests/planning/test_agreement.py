@@ -26,6 +26,7 @@ def test_compare_counts_identical_outputs_and_the_median_first_difference():
         compare([[1], [2]], [[1]])
 
 
+@pytest.mark.slow
 def test_greedy_token_ids_in_flight_and_speculative_agreement_on_the_demo_pair():
     """Exact mode on the demo pair: drafting, and batching two at a time, change no token."""
     from xpuspec import Pipeline
