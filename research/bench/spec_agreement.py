@@ -66,9 +66,9 @@ TREE = {"depth": 4, "width": 2, "nodes": 8}
 VARIANTS = (
     ("draft", "draft", None, 1),
     ("ngram", "ngram", None, 1),
+    ("draft x8", "draft", None, 8),
     ("eagle3", "eagle3", None, 1),
     ("tree", "draft", TREE, 1),
-    ("draft x8", "draft", None, 8),
 )
 
 
@@ -100,7 +100,9 @@ def _describe(reference: list[list[int]], got: list[list[int]]) -> str:
     return f"{text} differ: {differing}" if differing else text
 
 
-def agreement(config: str, prompts: list[Any], max_tokens: int) -> dict[str, str]:
+def agreement(
+    config: str, prompts: list[Any], max_tokens: int, variants: tuple[str, ...] | None = None
+) -> dict[str, str]:
     row: dict[str, str] = {}
     try:
         pipe = _pipe(config, "none")
@@ -114,6 +116,8 @@ def agreement(config: str, prompts: list[Any], max_tokens: int) -> dict[str, str
     del pipe
     gc.collect()
     for name, drafter, tree, in_flight in VARIANTS:
+        if variants is not None and name not in variants:
+            continue
         started = time.perf_counter()
         try:
             pipe = _pipe(config, drafter, draft_tree=tree)
@@ -155,13 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drafter", default="draft", help="speed: the drafter of every configuration")
+    parser.add_argument(
+        "--variants", default=None, help="agreement: only these drafter rows (comma-separated)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     prompts = instructions(args.prompts)
     if args.mode == "agreement":
         for config in configs:
-            row = agreement(config, prompts, args.max_tokens)
+            variants = tuple(v.strip() for v in args.variants.split(",")) if args.variants else None
+            row = agreement(config, prompts, args.max_tokens, variants)
             print(json.dumps({"config": config, **row}), flush=True)
         return 0
     rates = speed(configs, prompts, args.max_tokens, args.rounds, args.drafter)

@@ -29,6 +29,39 @@ def test_exact_preset_turns_off_every_approximation():
     assert not is_exact({"INFERENCE_PRECISION_HINT": "f32"}) and not is_exact(None)
 
 
+def test_the_stable_preset_keeps_f32_compute_and_cache_but_quantised_activations():
+    assert resolve_properties("stable") == {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "f32",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+    }
+    assert not is_exact(resolve_properties("stable"))
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_the_stable_preset_on_the_default_model_changes_no_text(smollm2_gguf):
+    """On the default model the defaults' bf16 compute and u8 cache let drafting and batch mates flip
+    near-ties; the stable preset (f32 compute, f32 cache) does not: speculative = target-only, and the
+    same requests again, all in flight with their prompts cached, give the same text."""
+    from xpuspec import Pipeline
+    from xpuspec.planning.agreement import compare, greedy_token_ids
+
+    prompts = [[{"role": "user", "content": text}] for text in INSTRUCTIONS]
+    alone = Pipeline(None, drafter="none", properties="stable", use_placement=False)
+    reference = greedy_token_ids(alone, prompts, 64)
+    assert compare(reference, greedy_token_ids(alone, prompts, 64, in_flight=len(prompts))).all_same
+    speculative = Pipeline(None, properties="stable", use_placement=False)
+    assert compare(reference, greedy_token_ids(speculative, prompts, 64)).all_same
+
+
+INSTRUCTIONS = [
+    "Explain lighthouses in simple terms.",
+    "Give me three facts about the violin.",
+    "Write a short paragraph about origami.",
+]
+
+
 def test_unknown_presets_and_types_are_refused():
     with pytest.raises(ValueError, match="presets: exact"):
         resolve_properties("fast")

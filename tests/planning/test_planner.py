@@ -105,13 +105,19 @@ def test_properties_need_agreement_and_a_clear_gain():
 
 def test_speculation_that_changes_answers_is_replaced_whatever_the_speed():
     """A default whose verified tokens differ from its decoded ones gives way to the fastest candidate
-    that keeps more of them, even a slower one; candidates that change answers are never chosen for speed."""
+    that keeps more of them, even a somewhat slower one; candidates that change answers are never chosen
+    for speed."""
     default = _candidate({}, [10.0, 10.1, 9.9, 10.0, 10.0], 3, default=True, verified=1)
     slower_stable = _candidate({"KV_CACHE_PRECISION": "f32"}, [11.0, 11.1, 10.9, 11.0, 11.0], 3, verified=4)
     slowest_stable = _candidate({"KV_CACHE_PRECISION": "bf16"}, [12.0, 12.1, 11.9, 12.0, 12.0], 4, verified=4)
     chosen, reason = choose_properties([default, slowest_stable, slower_stable], default, 0.05, 5, 4)
     assert chosen == {"KV_CACHE_PRECISION": "f32"} and "1.10x its step time" in reason
     assert "speculation changes the plugin default's greedy answers" in reason
+    # ... but not at any price: a stable candidate far slower is named, and the default kept.
+    chosen, reason = choose_properties([default, slowest_stable], default, 0.05, 5, 4, stability_cost=0.1)
+    assert (
+        chosen == {} and reason.startswith("kept the plugin default") and "above the 1.10x allowed" in reason
+    )
     # A faster candidate whose speculation changes more answers than the default's is not eligible.
     stable_default = _candidate({}, [10.0, 10.1, 9.9, 10.0, 10.0], 3, default=True, verified=4)
     fast_unstable = _candidate(

@@ -5,15 +5,17 @@ Three layers decide a model's OpenVINO compile properties, each overriding the o
 1. the device plugin's defaults (``plugin.compile_properties``), which may depend on the weight format;
 2. the properties ``xpuspec plan --write`` measured and recorded for the model's role on that device
    (``tuned``), used only while the user sets none of the precision keys themselves;
-3. the user's properties: a mapping, or the name of a preset (``"exact"``).
+3. the user's properties: a mapping, or the name of a preset (``"exact"``, ``"stable"``).
 
 The ``exact`` preset turns off every approximation the CPU makes by default: bf16 compute, a quantised
 KV cache and the dynamic int8 quantisation of activations (on by default for int8/int4 weights, even
 at f32). With it, greedy speculative decoding gives the target's own f32 tokens exactly.
 
-The defaults approximate, but in a way that drafting cannot see: a quantised cache's keys carry per-token
-scales (``SPECULATION_STABLE``), so speculative greedy output equals target-only greedy output under the
-same properties (docs/exactness.md gives the three levels and their measured agreement).
+The ``stable`` preset keeps f32 compute and an f32 cache but the activations' quantisation: greedy text
+that drafting, batch mates and the prefix cache do not change. The defaults approximate more: a quantised
+cache (whose keys carry per-token scales, ``SPECULATION_STABLE``, so a block's bytes do not depend on
+how it was filled) and, where the CPU has it, bf16 compute (docs/exactness.md gives the three levels and
+their measured agreement and speed).
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ EXACT_PROPERTIES: dict[str, Any] = {
     "KV_CACHE_PRECISION": "f32",
     "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
 }
-PRESETS: dict[str, dict[str, Any]] = {EXACT: EXACT_PROPERTIES}
+STABLE = "stable"
+# f32 compute and an f32 KV cache, activations still quantised on the fly (int8/int4 weights): greedy
+# text that neither drafting nor batch mates nor the prefix cache changes, short of exact mode's.
+STABLE_PROPERTIES: dict[str, Any] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+}
+PRESETS: dict[str, dict[str, Any]] = {EXACT: EXACT_PROPERTIES, STABLE: STABLE_PROPERTIES}
 # A u8 key cache with one scale per token (and group of channels): a token's cached key depends on that
 # token alone, so a block holds the same bytes however it was filled: k tokens at a time by a verification
 # pass, one at a time by decoding, a shorter chunk after a prefix-cache hit. The CPU's own default

@@ -14,10 +14,11 @@ inference precision, KV-cache precision and dynamic-quantisation group size, and
   once per round, the order reversed every other round) until the ranking against the plugin's
   default is clear or a round limit is reached.
 
-Speculation that changes answers is worse than a slower step: when the default's verified text differs
-from its decoded text on a prompt where another candidate's does not, the fastest of the candidates with
-the most prompts verified = decoded replaces it, whatever its speed. Otherwise the fastest candidate
-whose two agreements are at least the default's replaces the default only when it is clearly faster:
+Speculation that changes answers is worse than a slightly slower step: when the default's verified text
+differs from its decoded text on a prompt where another candidate's does not, the fastest of the
+candidates with the most prompts verified = decoded replaces it, if its step costs at most
+``stability_cost`` (10%) more; a dearer one is named in the reason and not chosen. Otherwise the fastest
+candidate whose two agreements are at least the default's replaces the default only when it is clearly faster:
 every one of its rounds faster than every round of the default over at least ``confirm_rounds`` rounds
 each (5: a chance of 1 / C(10, 5) < 0.4% under no difference) and a median gain above a margin (5%).
 Otherwise the plugin's default stays and the record says the candidates were within noise.
@@ -65,6 +66,9 @@ class TuneConfig:
     confirm_rounds: int = 5  # replacing the default needs at least this many rounds of both
     margin: float = 0.05  # a candidate must be this much faster (median) than the default to replace it
     verify_chunk: int = 4  # tokens per verification pass in the verified = decoded check
+    # A default whose speculation changes answers gives way to a stabler candidate up to this much
+    # slower (step time); a dearer one is reported, not chosen (exact mode stays one flag away).
+    stability_cost: float = 0.10
     quick: bool = False  # fewer candidates (see the module doc)
 
     def __post_init__(self) -> None:
@@ -217,7 +221,12 @@ def tune_role(
         _group_stage(trial, candidates, reference, default, default_properties, timing_prompt, config)
 
     chosen, reason = choose_properties(
-        candidates, default, config.margin, config.confirm_rounds, num_prompts=len(prompts)
+        candidates,
+        default,
+        config.margin,
+        config.confirm_rounds,
+        num_prompts=len(prompts),
+        stability_cost=config.stability_cost,
     )
     return TuneResult(
         role, device, chosen, reason, default_properties, candidates, len(prompts), config.max_tokens
@@ -338,17 +347,21 @@ def choose_properties(
     margin: float,
     confirm_rounds: int = 3,
     num_prompts: int | None = None,
+    stability_cost: float = 0.10,
 ) -> tuple[dict[str, Any], str]:
     if default.error is not None or default.step_ms is None:
         return {}, f"not tuned: the plugin default did not run ({default.error})"
     stable = _stable_replacement(candidates, default)
     if stable is not None:
         ratio = (stable.step_ms or 0.0) / default.step_ms
-        return dict(stable.properties), (
+        found = (
             f"speculation changes the plugin default's greedy answers "
-            f"({faithfulness(default, num_prompts)}); the fastest candidate that keeps more of them "
-            f"({faithfulness(stable, num_prompts)}) takes {ratio:.2f}x its step time"
+            f"({faithfulness(default, num_prompts)}); the fastest candidate that keeps more of them, "
+            f"{stable.label} ({faithfulness(stable, num_prompts)}), takes {ratio:.2f}x its step time"
         )
+        if ratio <= 1 + stability_cost:
+            return dict(stable.properties), found
+        return {}, f"kept the plugin default: {found}, above the {1 + stability_cost:.2f}x allowed"
     fastest = _fastest_eligible(candidates, default)
     faithful = f"as faithful as the default ({faithfulness(default, num_prompts)})"
     if fastest is None or fastest is default:
