@@ -270,3 +270,31 @@ def test_quantized_weights_are_known_by_their_constants_whatever_the_format(comp
     assert quantized_weights(model) == expected
     # The plugin's defaults keep going by the recorded format name.
     assert model_weights(model) == (None if compression is None else compression["weights"])
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_quick_plan_on_the_default_model_is_small_and_says_each_candidate_once(smollm2_gguf, tmp_path):
+    """`xpuspec plan --quick` on the default model: peak RSS within 4 GB, no raw exception, a refused
+    candidate skipped in one line, and the agreement columns explained under their tables."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "xpuspec.cli", "plan", "--quick", "--devices", "CPU"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The largest RSS of any child so far: this run, or an earlier one (then the bound is stricter).
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert peak_kib < 4 * 1024 * 1024, f"peak RSS {peak_kib / 1024 / 1024:.1f} GB"
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and "Exception from" not in output
+    skipped = [line for line in done.stderr.splitlines() if "skipped, refused by the device" in line]
+    assert len(skipped) == len(set(skipped))  # each refused candidate once
+    assert "SAME AS EXACT:" in done.stdout and "SAME AS TARGET-ONLY:" in done.stdout
