@@ -6,17 +6,19 @@ import pytest
 
 from xpuspec.prepare.default_properties import speculation_stable
 
+F32 = {"INFERENCE_PRECISION_HINT": "f32"}
+
 
 @pytest.mark.parametrize(
     ("properties", "stable"),
     [
-        ({"KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}, True),
-        ({"KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}, False),
-        ({"KV_CACHE_PRECISION": "u8"}, False),  # the CPU's own key mode: per channel
-        ({}, False),  # the CPU's own cache: u8
-        ({"KV_CACHE_PRECISION": "f32"}, True),
-        ({"KV_CACHE_PRECISION": "bf16", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}, True),  # no scales at all
+        ({**F32, "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128}, True),
+        ({**F32, "KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}, False),
+        ({**F32, "KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}, False),
+        ({**F32, "KV_CACHE_PRECISION": "f16"}, False),
+        ({"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16"}, False),
+        ({}, False),
     ],
 )
-def test_a_quantised_cache_is_stable_only_with_per_token_key_scales(properties, stable):
+def test_only_f32_compute_with_an_f32_cache_counts_as_stable(properties, stable):
     assert speculation_stable(properties) is stable

@@ -1,11 +1,11 @@
 """The compile properties a bundle's models get when nobody chooses any, recorded in its manifest.
 
-`xpuspec prepare` writes what the CPU plugin would compile each model with (the plan-tuned keys only:
-compute precision, KV cache, activation quantisation, key quantisation mode), so a bundle says what its
-default answers are computed at and whether speculation can change them. The agreement itself is
-measured where it can be: `xpuspec plan --write` records, for the machine it ran on, each candidate's
-"verified = decoded" count and each drafter's greedy text against target-only; docs/exactness.md gives
-the figures measured on the default model.
+`xpuspec prepare` writes what the CPU plugin would compile each model with on the machine that prepared
+it (the plan-tuned keys only: compute precision, KV cache, activation quantisation, key quantisation
+mode), so a bundle says what its default answers are computed at and whether speculation can change
+them. The agreement itself is measured where it can be: `xpuspec plan --write` records, for the
+machine it ran on, each candidate's "verified = decoded" count and each drafter's greedy text against
+target-only; docs/exactness.md gives the figures measured on the default model.
 """
 
 from __future__ import annotations
@@ -13,24 +13,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from xpuspec.executor.properties import SPECULATION_STABLE, TUNED_KEYS
+from xpuspec.executor.properties import TUNED_KEYS
 
 DEVICE = "CPU"
 STABLE_NOTE = (
-    "keys quantised per token: a verification pass writes the KV cache as one-token decoding does, so "
-    "greedy speculative text equals greedy target-only text at these properties (docs/exactness.md)"
+    "f32 compute and an f32 KV cache: drafting, batch mates and the prefix cache change no greedy text "
+    "(docs/exactness.md)"
 )
 UNSTABLE_NOTE = (
-    "a quantised KV cache whose keys are scaled per block: speculation, batch mates and the prefix cache "
-    "can change greedy text at near-ties (docs/exactness.md)"
+    "lower precision than f32 (compute or KV cache): drafting and batch mates can flip near-ties in greedy "
+    "text (docs/exactness.md gives how often; Pipeline(properties='stable') avoids it)"
 )
 
 
 def speculation_stable(properties: dict[str, Any]) -> bool:
-    """True when ``properties`` keep the KV cache's bytes independent of how a block was filled."""
-    if str(properties.get("KV_CACHE_PRECISION", "u8")).lower() not in ("u8", "i8", "u4", "i4"):
-        return True  # a float cache stores each token as it is
-    return all(str(properties.get(key, "")).upper() == value for key, value in SPECULATION_STABLE.items())
+    """True for f32 compute with an f32 KV cache: the setting, short of exact mode, whose greedy text
+    was measured not to depend on drafting or batch mates (docs/exactness.md). A quantised cache, even
+    with per-token key scales (``SPECULATION_STABLE``, which removes the dependence on how a block was
+    filled), and bf16 compute were measured to flip near-ties."""
+    return all(
+        str(properties.get(key, "")).lower() == "f32"
+        for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")
+    )
 
 
 def default_properties_record(models: dict[str, Any]) -> dict[str, Any] | None:
