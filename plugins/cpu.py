@@ -15,7 +15,7 @@ from xpuspec.devices.plugin import (
     check_role,
     merge_properties,
 )
-from xpuspec.executor.properties import SPECULATION_STABLE
+from xpuspec.executor.properties import PER_TOKEN_KEYS
 
 # Weight formats whose matrix multiplications the CPU can run on int8 activations (dynamic quantisation).
 COMPRESSED_WEIGHTS = ("int8", "int4")
@@ -62,9 +62,10 @@ class CpuPlugin(OpenVINODevicePlugin):
     def default_properties(
         self, role: Role, max_draft_tokens: int, weights: str | None = None
     ) -> dict[str, Any]:
-        # Keys quantised per token whatever the weights: drafting then changes no greedy answer
-        # (xpuspec.executor.properties.SPECULATION_STABLE; measured in docs/exactness.md).
-        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **SPECULATION_STABLE}
+        # Keys quantised per token whatever the weights: a cache block holds the same bytes however it
+        # was filled, so verification passes and cut prefills write what decoding would
+        # (xpuspec.executor.properties.PER_TOKEN_KEYS; measured in docs/exactness.md).
+        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **PER_TOKEN_KEYS}
         if weights in COMPRESSED_WEIGHTS:
             properties.update(COMPRESSED_DEFAULTS)
         threads = self.threads[role]

@@ -7,7 +7,7 @@ import pytest
 from xpuspec.executor.properties import (
     EXACT_PROPERTIES,
     KEY_QUANT_MODE,
-    SPECULATION_STABLE,
+    PER_TOKEN_KEYS,
     is_exact,
     layer_tuned,
     readable,
@@ -100,7 +100,7 @@ def test_the_cpu_defaults_quantise_keys_per_token_whatever_the_weights(weights):
     from xpuspec_plugins.cpu import CpuPlugin
 
     defaults = CpuPlugin().compile_properties("target", None, weights=weights)
-    assert {key: defaults[key] for key in SPECULATION_STABLE} == SPECULATION_STABLE
+    assert {key: defaults[key] for key in PER_TOKEN_KEYS} == PER_TOKEN_KEYS
     # The user's own mode wins (the plugin's per-channel keys: faster on some CPUs, not speculation-stable).
     mine = CpuPlugin().compile_properties("target", {KEY_QUANT_MODE: "BY_CHANNEL"}, weights=weights)
     assert mine[KEY_QUANT_MODE] == "BY_CHANNEL"

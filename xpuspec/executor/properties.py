@@ -13,9 +13,9 @@ at f32). With it, greedy speculative decoding gives the target's own f32 tokens 
 
 The ``stable`` preset keeps f32 compute and an f32 cache but the activations' quantisation: greedy text
 that drafting, batch mates and the prefix cache do not change. The defaults approximate more: a quantised
-cache (whose keys carry per-token scales, ``SPECULATION_STABLE``, so a block's bytes do not depend on
-how it was filled) and, where the CPU has it, bf16 compute (docs/exactness.md gives the three levels and
-their measured agreement and speed).
+cache (whose keys carry per-token scales, ``PER_TOKEN_KEYS``, so a block's bytes do not depend on how it
+was filled, though other kernels still round differently by chunk shape) and, where the CPU has it,
+bf16 compute (docs/exactness.md gives the three levels and their measured agreement and speed).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {EXACT: EXACT_PROPERTIES, STABLE: STABLE_PR
 # and quantised again) with scales that saw every token written, rejected drafts included, so a
 # speculative run's cache, and then its near-ties, differ from a target-only run's.
 KEY_QUANT_MODE = "KEY_CACHE_QUANT_MODE"
-SPECULATION_STABLE: dict[str, Any] = {KEY_QUANT_MODE: "BY_TOKEN"}
+PER_TOKEN_KEYS: dict[str, Any] = {KEY_QUANT_MODE: "BY_TOKEN"}
 # The keys `xpuspec plan` tunes; a user who sets any of them takes precision into their own hands.
 TUNED_KEYS = (
     "INFERENCE_PRECISION_HINT",

@@ -29,7 +29,7 @@ UNSTABLE_NOTE = (
 def speculation_stable(properties: dict[str, Any]) -> bool:
     """True for f32 compute with an f32 KV cache: the setting, short of exact mode, whose greedy text
     was measured not to depend on drafting or batch mates (docs/exactness.md). A quantised cache, even
-    with per-token key scales (``SPECULATION_STABLE``, which removes the dependence on how a block was
+    with per-token key scales (``PER_TOKEN_KEYS``, which removes the dependence on how a block was
     filled), and bf16 compute were measured to flip near-ties."""
     return all(
         str(properties.get(key, "")).lower() == "f32"
