@@ -35,10 +35,10 @@ COMPRESSED_DEFAULTS: dict[str, Any] = {
 
 
 class CpuPlugin(OpenVINODevicePlugin):
-    """CPU defaults: latency hint, a key cache quantised per token; for int8/int4 weights f32 compute with
-    dynamic int8 activations (groups of 128) and a u8 KV cache; otherwise the plugin's own precisions
-    (bf16 compute and a bf16 cache where the CPU has bf16: a u8 cache made the PagedAttention node
-    costlier there; figure in docs/experiments/code-comment-figures.md).
+    """CPU defaults: latency hint, the target's key cache quantised per token; for int8/int4 weights
+    f32 compute with dynamic int8 activations (groups of 128) and a u8 KV cache; otherwise the plugin's
+    own precisions (bf16 compute and a bf16 cache where the CPU has bf16: a u8 cache made the
+    PagedAttention node costlier there; figure in docs/experiments/code-comment-figures.md).
     Thread counts per role only when asked for.
 
     Draft and target run one after the other on the same cores, so by default both get every core.
@@ -62,10 +62,13 @@ class CpuPlugin(OpenVINODevicePlugin):
     def default_properties(
         self, role: Role, max_draft_tokens: int, weights: str | None = None
     ) -> dict[str, Any]:
-        # Keys quantised per token whatever the weights: a cache block holds the same bytes however it
-        # was filled, so verification passes and cut prefills write what decoding would
-        # (xpuspec.executor.properties.PER_TOKEN_KEYS; measured in docs/exactness.md).
-        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **PER_TOKEN_KEYS}
+        properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if role == "target":
+            # The target's keys quantised per token whatever the weights: a cache block holds the same
+            # bytes however it was filled, so verification passes and cut prefills write what decoding
+            # would (xpuspec.executor.properties.PER_TOKEN_KEYS; docs/exactness.md). Not the draft's:
+            # its cache changes no answer, and its one-token passes were slower so.
+            properties.update(PER_TOKEN_KEYS)
         if weights in COMPRESSED_WEIGHTS:
             properties.update(COMPRESSED_DEFAULTS)
         threads = self.threads[role]

@@ -96,11 +96,13 @@ def test_tuned_properties_yield_to_a_user_who_sets_precision():
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8", "Q4_1+Q8_0", "fp16", None])
-def test_the_cpu_defaults_quantise_keys_per_token_whatever_the_weights(weights):
+def test_the_cpu_defaults_quantise_the_targets_keys_per_token_whatever_the_weights(weights):
     from xpuspec_plugins.cpu import CpuPlugin
 
     defaults = CpuPlugin().compile_properties("target", None, weights=weights)
     assert {key: defaults[key] for key in PER_TOKEN_KEYS} == PER_TOKEN_KEYS
+    # The draft's cache changes no answer: it keeps the plugin's own key mode.
+    assert KEY_QUANT_MODE not in CpuPlugin().compile_properties("draft", None, weights=weights)
     # The user's own mode wins (the plugin's per-channel keys: faster on some CPUs, not speculation-stable).
     mine = CpuPlugin().compile_properties("target", {KEY_QUANT_MODE: "BY_CHANNEL"}, weights=weights)
     assert mine[KEY_QUANT_MODE] == "BY_CHANNEL"
