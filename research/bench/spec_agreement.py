@@ -60,7 +60,11 @@ CONFIGS: dict[str, dict[str, Any] | str | None] = {
     "f16-kv": {**F32_G128, "KV_CACHE_PRECISION": "f16"},
     "bf16-kv": {**F32_G128, "KV_CACHE_PRECISION": "bf16"},
     "exact": "exact",
+    # The stable preset for the target only: the draft keeps its defaults (its cache changes no answer).
+    "f32-kv-target": {**F32_G128, "KV_CACHE_PRECISION": "f32"},
 }
+# Configurations whose draft model keeps the plugin's defaults ({}); the others apply to both models.
+DRAFT_DEFAULTS = {"f32-kv-target"}
 TREE = {"depth": 4, "width": 2, "nodes": 8}
 # (name, drafter, draft_tree, in_flight)
 VARIANTS = (
@@ -91,6 +95,7 @@ def _pipe(config: str, drafter: str, prefix_cache: bool = True, draft_tree: Any 
         use_placement=False,
         enable_prefix_caching=prefix_cache,
         draft_tree=draft_tree,
+        draft_properties={} if config in DRAFT_DEFAULTS else None,
     )
 
 
