@@ -15,6 +15,7 @@ from xpuspec.devices.plugin import (
     check_role,
     merge_properties,
 )
+from xpuspec.executor.properties import PER_TOKEN_KEYS
 
 # Weight formats whose matrix multiplications the CPU can run on int8 activations (dynamic quantisation).
 COMPRESSED_WEIGHTS = ("int8", "int4")
@@ -34,10 +35,10 @@ COMPRESSED_DEFAULTS: dict[str, Any] = {
 
 
 class CpuPlugin(OpenVINODevicePlugin):
-    """CPU defaults: latency hint; for int8/int4 weights f32 compute with dynamic int8 activations
-    (groups of 128) and a u8 KV cache; otherwise the plugin's own precisions (bf16 compute and a bf16
-    cache where the CPU has bf16: a u8 cache made the PagedAttention node costlier there; figure in
-    docs/experiments/code-comment-figures.md).
+    """CPU defaults: latency hint, the target's key cache quantised per token; for int8/int4 weights
+    f32 compute with dynamic int8 activations (groups of 128) and a u8 KV cache; otherwise the plugin's
+    own precisions (bf16 compute and a bf16 cache where the CPU has bf16: a u8 cache made the
+    PagedAttention node costlier there; figure in docs/experiments/code-comment-figures.md).
     Thread counts per role only when asked for.
 
     Draft and target run one after the other on the same cores, so by default both get every core.
@@ -62,6 +63,12 @@ class CpuPlugin(OpenVINODevicePlugin):
         self, role: Role, max_draft_tokens: int, weights: str | None = None
     ) -> dict[str, Any]:
         properties: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if role == "target":
+            # The target's keys quantised per token whatever the weights: a cache block holds the same
+            # bytes however it was filled, so verification passes and cut prefills write what decoding
+            # would (xpuspec.executor.properties.PER_TOKEN_KEYS; docs/exactness.md). Not the draft's:
+            # its cache changes no answer, and its one-token passes were slower so.
+            properties.update(PER_TOKEN_KEYS)
         if weights in COMPRESSED_WEIGHTS:
             properties.update(COMPRESSED_DEFAULTS)
         threads = self.threads[role]

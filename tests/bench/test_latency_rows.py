@@ -42,6 +42,10 @@ def test_rows_pair_with_the_peer_of_their_group_and_the_exact_reference():
     assert summaries["xpuspec target-only"]["same_tokens_as_exact"] == "1/2"
     assert summaries["OpenVINO GenAI default target-only"]["same_tokens_as_exact"] == "1/2"
     assert summaries["xpuspec exact target-only"]["same_tokens_as_exact"] == "2/2"
+    # Speculative against the same engine's target-only row (the same properties).
+    assert summaries["xpuspec speculative (adaptive γ)"]["same_tokens_as_target_only"] == "1/2"
+    assert summaries["OpenVINO GenAI speculative (γ=2)"]["same_tokens_as_target_only"] == "2/2"
+    assert "same_tokens_as_target_only" not in summaries["xpuspec target-only"]
     assert summaries["xpuspec target-only"]["ratio_to_peers"][GENAI] == 2.0  # same properties, same γ
     assert summaries["xpuspec speculative (adaptive γ)"]["ratio_to_peers"][GENAI] == 1.5  # vs GenAI's best
     assert summaries["xpuspec default target-only"]["ratio_to_peers"] == {GENAI: 3.0}  # vs GenAI's default

@@ -11,7 +11,8 @@ from xpuspec.cli import main
 from xpuspec.devices.placement import Placement, write_placement
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.planning.planner import Measurement, PlanConfig, decide
-from xpuspec.planning.tuning import PropertyCandidate, choose_properties, first_stage, group_stage
+from xpuspec.planning.trial import PropertyCandidate
+from xpuspec.planning.tuning import choose_properties, first_stage, group_stage
 
 DEFAULT = Placement("CPU", "CPU", "draft", None)
 CONFIG = PlanConfig(min_round_seconds=0.1)
@@ -75,9 +76,11 @@ def test_failed_and_empty_measurements():
 
 
 def _candidate(
-    properties: dict, rounds: list[float], agreement: int, default: bool = False
+    properties: dict, rounds: list[float], agreement: int, default: bool = False, verified: int = 4
 ) -> PropertyCandidate:
-    return PropertyCandidate(properties, is_default=default, round_ms=rounds, agreement=agreement)
+    return PropertyCandidate(
+        properties, is_default=default, round_ms=rounds, agreement=agreement, verified=verified
+    )
 
 
 def test_properties_need_agreement_and_a_clear_gain():
@@ -86,29 +89,54 @@ def test_properties_need_agreement_and_a_clear_gain():
     fast_faithful = _candidate({"INFERENCE_PRECISION_HINT": "f32"}, [8.0, 8.1, 7.9, 8.0, 8.0], 3)
     noisy = _candidate({"KV_CACHE_PRECISION": "f32"}, [7.0, 11.0, 7.0, 7.0, 7.0], 4)
     chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.05, 5)
-    assert chosen == {"INFERENCE_PRECISION_HINT": "f32"} and "agreement 3 vs the default's 3" in reason
+    assert chosen == {"INFERENCE_PRECISION_HINT": "f32"}
+    assert "same as exact 3, verified = decoded 4 (the default: same as exact 3" in reason
     # Fewer rounds than confirm_rounds: not yet a change.
     chosen, reason = choose_properties([default, fast_unfaithful, fast_faithful], default, 0.05, 6)
     assert chosen == {} and "within noise" in reason
     chosen, reason = choose_properties([default, noisy], default, 0.05, 5)
     assert chosen == {} and "within noise" in reason
-    chosen, reason = choose_properties([default, fast_unfaithful], default, 0.05, 5)
-    assert chosen == {} and "default was the fastest" in reason
+    chosen, reason = choose_properties([default, fast_unfaithful], default, 0.05, 5, num_prompts=4)
+    assert chosen == {} and reason == (
+        "kept the plugin default: no candidate as faithful as the default "
+        "(same as exact 3/4, verified = decoded 4/4) was faster"
+    )
+
+
+def test_speculation_that_changes_answers_is_replaced_whatever_the_speed():
+    """A default whose verified tokens differ from its decoded ones gives way to the fastest candidate
+    that keeps more of them, even a somewhat slower one; candidates that change answers are never chosen
+    for speed."""
+    default = _candidate({}, [10.0, 10.1, 9.9, 10.0, 10.0], 3, default=True, verified=1)
+    slower_stable = _candidate({"KV_CACHE_PRECISION": "f32"}, [11.0, 11.1, 10.9, 11.0, 11.0], 3, verified=4)
+    slowest_stable = _candidate({"KV_CACHE_PRECISION": "bf16"}, [12.0, 12.1, 11.9, 12.0, 12.0], 4, verified=4)
+    chosen, reason = choose_properties([default, slowest_stable, slower_stable], default, 0.05, 5, 4)
+    assert chosen == {"KV_CACHE_PRECISION": "f32"} and "1.10x its step time" in reason
+    assert "speculation changes the plugin default's greedy answers" in reason
+    # ... but not at any price: a stable candidate far slower is named, and the default kept.
+    chosen, reason = choose_properties([default, slowest_stable], default, 0.05, 5, 4, stability_cost=0.1)
+    assert (
+        chosen == {} and reason.startswith("kept the plugin default") and "above the 1.10x allowed" in reason
+    )
+    # A faster candidate whose speculation changes more answers than the default's is not eligible.
+    stable_default = _candidate({}, [10.0, 10.1, 9.9, 10.0, 10.0], 3, default=True, verified=4)
+    fast_unstable = _candidate(
+        {"KEY_CACHE_QUANT_MODE": "BY_CHANNEL"}, [6.0, 6.1, 5.9, 6.0, 6.0], 4, verified=2
+    )
+    assert choose_properties([stable_default, fast_unstable], stable_default, 0.05, 5)[0] == {}
 
 
 def test_candidate_pruning_order():
     stage1 = first_stage(("BF16", "FP32", "INT8"), compressed=True)
+    f32_u8 = {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "u8",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+    }
     assert stage1 == [
-        {
-            "INFERENCE_PRECISION_HINT": "f32",
-            "KV_CACHE_PRECISION": "u8",
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
-        },
-        {
-            "INFERENCE_PRECISION_HINT": "f32",
-            "KV_CACHE_PRECISION": "f32",
-            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
-        },
+        f32_u8,
+        {**f32_u8, "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"},  # the plugin's own key mode, for its speed
+        {**f32_u8, "KV_CACHE_PRECISION": "f32"},
         {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"},
         {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16"},
         {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32"},
@@ -116,7 +144,14 @@ def test_candidate_pruning_order():
     # No group sizes for uncompressed weights, no bf16 where the device lacks it.
     assert first_stage(("FP32",), compressed=False) == [
         {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"},
+        {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8", "KEY_CACHE_QUANT_MODE": "BY_CHANNEL"},
         {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"},
+    ]
+    # Quick: each compute precision with its own cache and an f32 one.
+    assert first_stage(("BF16", "FP32"), compressed=True, quick=True) == [
+        {**f32_u8, "KV_CACHE_PRECISION": "f32"},
+        {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16"},
+        {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "f32"},
     ]
     assert [c["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for c in group_stage("u8")] == [0, 32, 64, 256]
 
@@ -159,15 +194,19 @@ def test_plan_write_twice_records_what_its_measurements_show(tmp_path, capsys):
         for candidate in measured["candidates"]:
             assert len(candidate["rounds"]) >= 3 and candidate["seconds"] >= 0.25 * len(candidate["rounds"])
         tuned = measured["compile_properties"]
-        assert set(tuned) == {"target@CPU", "draft@CPU"}
+        assert set(tuned) == {"target@CPU"}  # --quick: the draft's properties change no answer
         for result in tuned.values():
-            assert result["plugin_default"] == "compute=f32, kv=u8, dq_group=128"  # int8 weights
+            # int8 weights; keys quantised per token.
+            assert result["plugin_default"] == "compute=f32, kv=u8, dq_group=128, keys=BY_TOKEN"
             assert result["agreement_check"] == "2 prompts x 16 greedy tokens vs exact"
-            assert any(
-                c["properties"] == "plugin default" and c["agreement"] is not None
-                for c in result["candidates"]
-            )
-        assert record["target_properties_why"] and record["draft_properties_why"]
+            (default,) = [c for c in result["candidates"] if c["properties"] == "plugin default"]
+            # The default's speculation changes no answer (on the demo pair; measured, not assumed).
+            assert default["agreement"] is not None and default["verified_equals_decoded"] == 2
+        assert record["target_properties_why"] and record["draft_properties_why"] == "not tuned"
+        # Every drafting candidate's greedy text equals the target-only text.
+        for candidate in measured["candidates"]:
+            if candidate["drafter"] != "none":
+                assert candidate["same_as_target_only"]["same"] == 2, candidate
 
 
 def test_pipeline_applies_recorded_properties_unless_the_user_sets_precision(pair_bundle, tmp_path):
@@ -231,3 +270,31 @@ def test_quantized_weights_are_known_by_their_constants_whatever_the_format(comp
     assert quantized_weights(model) == expected
     # The plugin's defaults keep going by the recorded format name.
     assert model_weights(model) == (None if compression is None else compression["weights"])
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_quick_plan_on_the_default_model_is_small_and_says_each_candidate_once(smollm2_gguf, tmp_path):
+    """`xpuspec plan --quick` on the default model: peak RSS within 4 GB, no raw exception, a refused
+    candidate skipped in one line, and the agreement columns explained under their tables."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "xpuspec.cli", "plan", "--quick", "--devices", "CPU"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The largest RSS of any child so far: this run, or an earlier one (then the bound is stricter).
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert peak_kib < 4 * 1024 * 1024, f"peak RSS {peak_kib / 1024 / 1024:.1f} GB"
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and "Exception from" not in output
+    skipped = [line for line in done.stderr.splitlines() if "skipped, refused by the device" in line]
+    assert len(skipped) == len(set(skipped))  # each refused candidate once
+    assert "SAME AS EXACT:" in done.stdout and "SAME AS TARGET-ONLY:" in done.stdout

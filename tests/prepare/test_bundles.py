@@ -115,6 +115,16 @@ def test_manifest_records_model_and_tokenizer_facts(bundle_factory: BundleFactor
     assert manifest["models"]["draft"]["hidden_size"] == 32
     assert manifest["pairing"] == {"checked": True, "forced": False, "mismatch": None}
     assert manifest["placement"] is None
+    # What the models compile with by default on the CPU: int4 weights, so f32 compute with int8
+    # activations and a u8 cache whose keys carry per-token scales (lower precision than f32).
+    cpu = manifest["default_properties"]["CPU"]
+    assert cpu["target"] == {
+        "INFERENCE_PRECISION_HINT": "f32",
+        "KV_CACHE_PRECISION": "u8",
+        "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+        "KEY_CACHE_QUANT_MODE": "BY_TOKEN",
+    }
+    assert cpu["speculation"].startswith("lower precision than f32")
     tokenizer = manifest["tokenizer"]
     assert tokenizer["eos_token_ids"] == [0]
     assert (tokenizer["bos_token_id"], tokenizer["pad_token_id"]) == (1, 2)

@@ -23,6 +23,7 @@ def test_inspect_summarizes_and_verifies(
     assert "int4_asym group 32 ratio 1.0 (8 int4 + 2 int8 weight constants)" in out
     assert "eos ids [0]" in out
     assert "placement: none" in out
+    assert "default properties, target on CPU: compute=f32, kv=u8, dq_group=128, keys=BY_TOKEN" in out
     assert "verified: all" in out
 
 

@@ -16,6 +16,7 @@ from xpuspec.bench.latency_labels import (
     XPUSPEC,
     XPUSPEC_EXACT,
 )
+from xpuspec.planning.agreement import compare
 
 
 def compare_tokens(results: list[LatencyResult], summaries: dict[str, dict[str, Any]]) -> None:
@@ -33,6 +34,13 @@ def compare_tokens(results: list[LatencyResult], summaries: dict[str, dict[str, 
             same = sum(t.token_ids == e for t, e in zip(result.requests, expected, strict=True))
             summaries[result.name]["same_tokens_as_exact"] = f"{same}/{len(expected)}"
             summaries[result.name]["same_tokens_reference"] = reference.name
+    # Speculative against target-only under the same properties (the same engine's target-only row).
+    target_only = {r.engine: r for r in results if r.draft_length is None and r.requests}
+    for result in results:
+        alone = target_only.get(result.engine)
+        if result.draft_length is not None and result.requests and alone is not None:
+            agreement = compare([t.token_ids for t in alone.requests], [t.token_ids for t in result.requests])
+            summaries[result.name]["same_tokens_as_target_only"] = f"{agreement.same}/{agreement.total}"
 
 
 def paired_ratios(ours: LatencyResult, peer: LatencyResult, prompts: list[int] | None = None) -> list[float]:

@@ -23,6 +23,7 @@ LATENCY_COLUMNS = (
     "÷ GenAI, same text",
     "÷ transformers",
     "= exact",
+    "= target-only",
 )
 LOAD_COLUMNS = (
     "configuration",
@@ -107,6 +108,7 @@ def latency_table(section: dict[str, Any]) -> list[str]:
                     _same_text(row),
                     _number(ratios.get("transformers"), 2),
                     row.get("same_tokens_as_exact", ""),
+                    row.get("same_tokens_as_target_only", ""),
                 ]
             )
         )
@@ -159,7 +161,9 @@ def _latency_lines(latency: dict[str, Any], rounds: int) -> list[str]:
         "*default* rows run each engine as it comes (xpuspec with the properties `xpuspec plan` "
         "recorded, else its CPU plugin's; GenAI with none). *= exact* is greedy agreement: requests "
         "whose tokens equal those of xpuspec target-only in exact mode (f32 compute, f32 KV cache, "
-        "no dynamic quantisation). TTFT/TPOT are medians over prompts. "
+        "no dynamic quantisation); *= target-only*: requests whose tokens equal the same engine's "
+        "target-only row's (same properties: drafting should change none). "
+        "TTFT/TPOT are medians over prompts. "
         "α is Leviathan et al.'s per-token acceptance (accepted / tested drafts); acceptance is "
         "accepted / drafted. Speed-up is tokens/s over the same engine's target-only run; *decode "
         "speed-up* is its TPOT over this row's (prefill left out); *predicted* is Leviathan et al.'s "

@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument(
         "--quick",
         action="store_true",
-        help="a reduced workload: 2 prompts x 16 tokens, draft lengths 2,4, 0.25 s rounds, "
-        "short property checks",
+        help="a reduced workload: 2 prompts x 16 tokens, draft lengths 2,4, 0.25 s rounds, the target's "
+        "properties only (fewer candidates), no EAGLE-3 placements",
     )
     plan.add_argument("--prompts", type=int, default=None, help="prompts in the workload (default 4)")
     plan.add_argument("--max-tokens", type=int, default=None, help="tokens per prompt (default 32)")
@@ -87,7 +87,9 @@ def _parse_plan_config(args: argparse.Namespace) -> Any:
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip()) if args.devices else None
     properties = parse_properties(args.property)
     tune = (
-        TuneConfig(num_prompts=2, max_tokens=16, steps_per_round=8, max_rounds=5) if quick else TuneConfig()
+        TuneConfig(num_prompts=2, max_tokens=16, steps_per_round=8, max_rounds=5, quick=True)
+        if quick
+        else TuneConfig()
     )
     config = PlanConfig(
         num_prompts=args.prompts or (2 if quick else 4),
@@ -101,6 +103,7 @@ def _parse_plan_config(args: argparse.Namespace) -> Any:
         devices=devices,
         properties=properties,
         tune_config=tune,
+        eagle3=not quick,
     )
     # A user who sets a precision property has chosen it; there is nothing to tune.
     return dataclasses.replace(config, tune=not args.no_tune and not config.user_sets_precision)
@@ -118,10 +121,10 @@ def run_plan(args: argparse.Namespace) -> int:
         decide,
         default_placement,
         measure_placements,
-        placement_record,
         plannable_devices,
         tune_properties,
     )
+    from xpuspec.planning.record import placement_record
 
     core = ov.Core()
     registry = default_registry()
@@ -141,9 +144,11 @@ def run_plan(args: argparse.Namespace) -> int:
 
     tuned = {}
     if config.tune:
+        tune = config.tune_config
         note(
-            f"stage 1: compile properties per model and device (step cost; greedy agreement with the exact "
-            f"reference on {config.tune_config.num_prompts} prompts x {config.tune_config.max_tokens} tokens)"
+            f"stage 1: compile properties per model and device (step cost; on {tune.num_prompts} prompts x "
+            f"{tune.max_tokens} greedy tokens, agreement with exact mode and whether tokens verified "
+            f"{tune.verify_chunk} at a time equal those decoded one at a time)"
         )
         tuned = tune_properties(bundle, devices, core, registry, config, progress=note)
     candidates = candidate_placements(bundle, devices, config)
@@ -157,7 +162,6 @@ def run_plan(args: argparse.Namespace) -> int:
         bundle.root,
         candidates,
         config,
-        progress=lambda m: note(_measurement_line(m)),
         tuned=tuned,
         default=default,
     )
@@ -182,7 +186,18 @@ def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], deci
     if tuned:
         _print_properties_table(tuned)
         print()
-    header = ("TARGET", "DRAFT", "DRAFTER", "GAMMA", "TOKENS/S", "SPREAD", "ROUNDS", "ACCEPTANCE", "NOTE")
+    header = (
+        "TARGET",
+        "DRAFT",
+        "DRAFTER",
+        "GAMMA",
+        "TOKENS/S",
+        "SPREAD",
+        "ROUNDS",
+        "ACCEPTANCE",
+        "SAME AS TARGET-ONLY",
+        "NOTE",
+    )
     rows = [
         (
             m.placement.target_device,
@@ -193,17 +208,29 @@ def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], deci
             "-" if m.spread is None else f"{m.spread:.0%}",
             str(len(m.round_rates)),
             "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
+            "-" if m.agreement is None else f"{m.agreement.same}/{m.agreement.total}",
             _placement_note(m, decision),
         )
         for m in measurements
+        if not m.error
     ]
     print_table(header, rows)
+    for m in measurements:
+        if m.error:
+            print(f"{_describe(m.placement)}: {m.error}")
+    print(
+        "SAME AS TARGET-ONLY: prompts whose greedy text with this drafter equals the target-only text "
+        "(same target, same properties); anything less means speculation changed an answer."
+    )
     print(f"decision: {decision.reason}")
 
 
+def _describe(placement: Any) -> str:
+    length = "adaptive" if placement.num_draft_tokens is None else placement.num_draft_tokens
+    return f"{placement.target_device} / {placement.draft_device} / {placement.drafter} / gamma={length}"
+
+
 def _placement_note(measurement: Any, decision: Any) -> str:
-    if measurement.error:
-        return measurement.error
     notes = []
     if measurement is decision.chosen:
         notes.append("recorded")
@@ -215,10 +242,22 @@ def _placement_note(measurement: Any, decision: Any) -> str:
 
 
 def _print_properties_table(tuned: dict[tuple[str, str], Any]) -> None:
-    header = ("ROLE", "DEVICE", "PROPERTIES", "MS/STEP", "SPREAD", "ROUNDS", "AGREEMENT", "NOTE")
+    header = (
+        "ROLE",
+        "DEVICE",
+        "PROPERTIES",
+        "MS/STEP",
+        "SPREAD",
+        "ROUNDS",
+        "SAME AS EXACT",
+        "VERIFIED = DECODED",
+        "NOTE",
+    )
     rows = []
     for (role, device), result in tuned.items():
         for candidate in result.candidates:
+            if candidate.error:  # refused: said once, when it was skipped
+                continue
             chosen = (candidate.is_default and not result.chosen) or (
                 result.chosen and candidate.properties == result.chosen
             )
@@ -231,19 +270,16 @@ def _print_properties_table(tuned: dict[tuple[str, str], Any]) -> None:
                     "-" if candidate.spread is None else f"{candidate.spread:.0%}",
                     str(len(candidate.round_ms)),
                     "-" if candidate.agreement is None else f"{candidate.agreement}/{result.num_prompts}",
-                    candidate.error or ("chosen" if chosen else ""),
+                    "-" if candidate.verified is None else f"{candidate.verified}/{result.num_prompts}",
+                    "chosen" if chosen else "",
                 )
             )
     print_table(header, rows)
+    print(
+        "SAME AS EXACT: prompts whose greedy tokens equal exact mode's (f32 compute, f32 cache); lower "
+        "precision flips near-ties now and then. VERIFIED = DECODED: prompts whose tokens come out the same "
+        "verified a few at a time (as speculation does) as decoded one at a time; anything less means "
+        "drafting can change that setting's answers."
+    )
     for (role, device), result in tuned.items():
         print(f"{role} on {device}: {result.summary()}")
-
-
-def _measurement_line(measurement: Any) -> str:
-    placement = measurement.placement
-    length = "adaptive" if placement.num_draft_tokens is None else placement.num_draft_tokens
-    spread = "" if measurement.spread is None else f" (spread {measurement.spread:.0%})"
-    rounds = f", {len(measurement.round_rates)} rounds"
-    outcome = measurement.error or f"{measurement.tokens_per_s:.1f} tokens/s{spread}{rounds}"
-    devices = f"{placement.target_device} / {placement.draft_device}"
-    return f"  {devices} / {placement.drafter} / gamma={length}: {outcome}"

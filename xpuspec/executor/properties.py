@@ -5,11 +5,17 @@ Three layers decide a model's OpenVINO compile properties, each overriding the o
 1. the device plugin's defaults (``plugin.compile_properties``), which may depend on the weight format;
 2. the properties ``xpuspec plan --write`` measured and recorded for the model's role on that device
    (``tuned``), used only while the user sets none of the precision keys themselves;
-3. the user's properties: a mapping, or the name of a preset (``"exact"``).
+3. the user's properties: a mapping, or the name of a preset (``"exact"``, ``"stable"``).
 
 The ``exact`` preset turns off every approximation the CPU makes by default: bf16 compute, a quantised
 KV cache and the dynamic int8 quantisation of activations (on by default for int8/int4 weights, even
-at f32). With it, greedy speculative decoding gives the target-only tokens exactly.
+at f32). With it, greedy speculative decoding gives the target's own f32 tokens exactly.
+
+The ``stable`` preset keeps f32 compute and an f32 cache but the activations' quantisation: greedy text
+that drafting, batch mates and the prefix cache do not change. The defaults approximate more: a quantised
+cache (whose keys carry per-token scales, ``PER_TOKEN_KEYS``, so a block's bytes do not depend on how it
+was filled, though other kernels still round differently by chunk shape) and, where the CPU has it,
+bf16 compute (docs/exactness.md gives the three levels and their measured agreement and speed).
 """
 
 from __future__ import annotations
@@ -24,9 +30,30 @@ EXACT_PROPERTIES: dict[str, Any] = {
     "KV_CACHE_PRECISION": "f32",
     "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
 }
-PRESETS: dict[str, dict[str, Any]] = {EXACT: EXACT_PROPERTIES}
+STABLE = "stable"
+# f32 compute and an f32 KV cache, activations still quantised on the fly (int8/int4 weights): greedy
+# text that neither drafting nor batch mates nor the prefix cache changes, short of exact mode's.
+STABLE_PROPERTIES: dict[str, Any] = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
+}
+PRESETS: dict[str, dict[str, Any]] = {EXACT: EXACT_PROPERTIES, STABLE: STABLE_PROPERTIES}
+# A u8 key cache with one scale per token (and group of channels): a token's cached key depends on that
+# token alone, so a block holds the same bytes however it was filled: k tokens at a time by a verification
+# pass, one at a time by decoding, a shorter chunk after a prefix-cache hit. The CPU's own default
+# quantises keys per channel over a block: each write re-scales the block's earlier tokens (dequantised
+# and quantised again) with scales that saw every token written, rejected drafts included, so a
+# speculative run's cache, and then its near-ties, differ from a target-only run's.
+KEY_QUANT_MODE = "KEY_CACHE_QUANT_MODE"
+PER_TOKEN_KEYS: dict[str, Any] = {KEY_QUANT_MODE: "BY_TOKEN"}
 # The keys `xpuspec plan` tunes; a user who sets any of them takes precision into their own hands.
-TUNED_KEYS = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+TUNED_KEYS = (
+    "INFERENCE_PRECISION_HINT",
+    "KV_CACHE_PRECISION",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+    KEY_QUANT_MODE,
+)
 
 PropertiesArg = Mapping[str, Any] | str | None
 
@@ -99,5 +126,6 @@ def readable(properties: Mapping[str, Any]) -> str:
         "INFERENCE_PRECISION_HINT": "compute",
         "KV_CACHE_PRECISION": "kv",
         "DYNAMIC_QUANTIZATION_GROUP_SIZE": "dq_group",
+        KEY_QUANT_MODE: "keys",
     }
     return ", ".join(f"{short.get(key, key)}={value}" for key, value in properties.items()) or "-"

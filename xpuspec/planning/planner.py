@@ -2,10 +2,10 @@
 
 Two stages:
 
-1. **Compile properties** per model and device (:mod:`xpuspec.planning.tuning`): the step cost and
-   greedy agreement with the exact reference of candidate precisions, KV caches and dynamic-
-   quantisation group sizes; the plugin's default stays unless a candidate is clearly faster with
-   agreement at least as high.
+1. **Compile properties** per model and device (:mod:`xpuspec.planning.tuning`): the step cost, the
+   greedy agreement with exact mode and whether verified tokens equal decoded ones, for candidate
+   precisions, KV caches and dynamic-quantisation group sizes; the plugin's default stays unless a
+   candidate is clearly faster and as faithful, or speculation changes the default's answers.
 2. **Placement**: a candidate is (target device, draft device, drafter, γ); the drafters are the
    bundle's draft model (else n-grams), none, and its EAGLE-3 head when it has one. Each (target, draft,
    drafter) triple is loaded once, with the properties of stage 1, and runs a short greedy workload
@@ -14,6 +14,8 @@ Two stages:
    workload until it has lasted ``min_round_seconds``, so no figure comes from a measurement shorter
    than that floor. Rounds go on (``min_rounds`` to ``max_rounds``) until the fastest candidate is
    clearly faster than the default placement (adaptive γ with the bundle's drafter), or clearly not.
+   Each drafting candidate's greedy text of its first round is compared with the target-only text on
+   the same target (:mod:`xpuspec.planning.agreement`): at the default properties they are the same.
 
 The default placement is replaced only by a candidate whose every round beat every round of the
 default (n >= 3 rounds each: a chance of at most 1 / C(2n, n) <= 5% when they are equal) and whose
@@ -33,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.devices.capabilities import CoreLike
-from xpuspec.devices.placement import Placement, openvino_version, resolve_device
+from xpuspec.devices.placement import Placement, resolve_device
 from xpuspec.devices.plugin import OpenVINODevicePlugin
 from xpuspec.devices.registry import PluginRegistry
 from xpuspec.executor.properties import TUNED_KEYS, readable
 from xpuspec.model_bundle import ModelBundle
+from xpuspec.planning.agreement import Agreement, compare
+from xpuspec.planning.trial import essence
 from xpuspec.planning.tuning import TuneConfig, TuneResult, tune_role
 from xpuspec.sample.sampling_params import SamplingParams
 
@@ -67,6 +71,7 @@ class PlanConfig:
     none_margin: float = 0.20  # ... and this much to turn drafting off
     tune: bool = True  # measure compile properties first (stage 1)
     tune_config: TuneConfig = field(default_factory=TuneConfig)
+    eagle3: bool = True  # measure the bundle's EAGLE-3 head too (when it has one)
     devices: tuple[str, ...] | None = None  # None: every present device that can run the bundle
     properties: dict[str, Any] = field(default_factory=dict)
 
@@ -110,6 +115,8 @@ class Measurement:
     error: str | None = None
     drafted: int = 0
     accepted: int = 0
+    token_ids: list[list[int]] | None = None  # the first round's greedy tokens, prompt by prompt
+    agreement: Agreement | None = None  # those against the target-only candidate's on the same target
 
     @property
     def tokens_per_s(self) -> float:
@@ -140,6 +147,7 @@ class Measurement:
             "num_tokens": self.num_tokens,
             "seconds": round(self.seconds, 4),
             "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
+            "same_as_target_only": None if self.agreement is None else self.agreement.as_dict(),
             "error": self.error,
         }
 
@@ -181,7 +189,9 @@ def candidate_placements(bundle: ModelBundle, devices: Sequence[str], config: Pl
         # The n-gram drafter runs on the host: its "draft device" is just the target's.
         for draft in devices if drafter == "draft" else [target]:
             candidates += [Placement(target, draft, drafter, length) for length in lengths]
-        if bundle.eagle3 is not None:  # the head runs on a device of its own choosing, like a draft model
+        if (
+            bundle.eagle3 is not None and config.eagle3
+        ):  # the head runs on a device of its own choosing, like a draft model
             for draft in devices:
                 candidates += [Placement(target, draft, "eagle3", length) for length in lengths]
     default = default_placement(bundle, devices)
@@ -210,7 +220,9 @@ def tune_properties(
     # Step costs at a realistic context: a few hundred tokens of prompt text.
     timing_prompt = tokenizer.encode(" ".join(WORKLOAD_PROMPTS) * 8)[: min(256, room)]
     results: dict[tuple[str, str], TuneResult] = {}
-    roles = [("target", bundle.target)] + ([("draft", bundle.draft)] if bundle.draft is not None else [])
+    roles = [("target", bundle.target)]
+    if bundle.draft is not None and not tune.quick:  # the draft's properties change speed, never answers
+        roles.append(("draft", bundle.draft))
     for device in devices:
         resolved = resolve_device(device, core, registry)
         plugin = resolved.plugin
@@ -255,7 +267,6 @@ def tune_properties(
                 tune,
                 progress,
             )
-            progress(f"{device} / {role}: {results[(role, device)].summary()}")
     return results
 
 
@@ -307,9 +318,10 @@ def measure_placements(
             # Warm-up: first inferences allocate and compile kernels for new shapes.
             pipe.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
         except (ValueError, RuntimeError) as error:
-            logger.warning("placement %s / %s / %s failed to load: %s", target, draft, drafter, error)
+            reason = f"not run: {essence(str(error))}"
+            logger.debug("placement %s / %s / %s failed to load: %s", target, draft, drafter, error)
             for placement in placements:
-                measurements[placement].error = f"{type(error).__name__}: {error}"
+                measurements[placement].error = reason
             continue
         pipes[(target, draft, drafter)] = pipe
     running = [c for c in candidates if measurements[c].error is None]
@@ -320,6 +332,7 @@ def measure_placements(
             _run_round(pipe, placement, prompts, config, measurements[placement])
         if round_index + 1 >= config.min_rounds and _settled(list(measurements.values()), default, config):
             break
+    _compare_with_target_only(list(measurements.values()))
     for candidate in candidates:
         progress(measurements[candidate])
     return [measurements[candidate] for candidate in candidates]
@@ -339,6 +352,8 @@ def _run_round(
     started = time.perf_counter()
     while True:
         results = pipe.generate(prompts, params)
+        if measurement.token_ids is None:
+            measurement.token_ids = [list(result.token_ids) for result in results]
         num_tokens += sum(len(result.token_ids) for result in results)
         drafted += sum(result.stats.get("drafted", 0) for result in results)
         accepted += sum(result.stats.get("accepted", 0) for result in results)
@@ -346,6 +361,20 @@ def _run_round(
         if seconds >= config.min_round_seconds:
             break
     measurement.add_round(num_tokens, seconds, drafted, accepted)
+
+
+def _compare_with_target_only(measurements: list[Measurement]) -> None:
+    """Each drafting candidate's greedy tokens against the target-only candidate's on its target device
+    (the same compile properties: both come from that device's tuned target properties)."""
+    references = {
+        m.placement.target_device: m.token_ids
+        for m in measurements
+        if m.placement.drafter == "none" and m.token_ids is not None
+    }
+    for measurement in measurements:
+        reference = references.get(measurement.placement.target_device)
+        if measurement.placement.drafter != "none" and reference and measurement.token_ids is not None:
+            measurement.agreement = compare(reference, measurement.token_ids)
 
 
 def _settled(measurements: list[Measurement], default: Placement | None, config: PlanConfig) -> bool:
@@ -445,44 +474,3 @@ def best_measurement(measurements: Sequence[Measurement]) -> Measurement:
 def _describe(placement: Placement) -> str:
     length = "adaptive" if placement.num_draft_tokens is None else placement.num_draft_tokens
     return f"{placement.target_device}/{placement.draft_device} {placement.drafter} gamma={length}"
-
-
-def placement_record(
-    decision: Decision,
-    measurements: Sequence[Measurement],
-    config: PlanConfig,
-    devices_seen: Sequence[str],
-    tuned: dict[tuple[str, str], TuneResult] | None = None,
-) -> dict[str, Any]:
-    """The manifest's "placement" object: the decision, the chosen properties and every measurement."""
-    tuned = tuned or {}
-    placement = decision.chosen.placement
-    target_result = tuned.get(("target", placement.target_device))
-    draft_result = tuned.get(("draft", placement.draft_device)) if placement.drafter == "draft" else None
-    record: dict[str, Any] = {
-        **placement.as_dict(),
-        "decision": decision.reason,
-        "within_noise": not decision.clear,
-        "target_properties": dict(target_result.chosen) if target_result else {},
-        "target_properties_why": target_result.summary() if target_result else "not tuned",
-        "draft_properties": dict(draft_result.chosen) if draft_result else {},
-        "draft_properties_why": draft_result.summary() if draft_result else "not tuned",
-        "measured": {
-            "tokens_per_s": round(decision.chosen.tokens_per_s, 2),
-            "spread": None if decision.chosen.spread is None else round(decision.chosen.spread, 3),
-            "workload": {
-                "num_prompts": config.num_prompts,
-                "max_tokens": config.max_tokens,
-                "greedy": True,
-                "rounds": [config.min_rounds, config.max_rounds],
-                "min_round_seconds": config.min_round_seconds,
-            },
-            "properties": dict(config.properties),
-            "candidates": [m.as_dict() for m in measurements],
-            "compile_properties": {f"{role}@{device}": r.as_dict() for (role, device), r in tuned.items()},
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
-        "openvino_version": openvino_version(),
-        "devices_seen": list(devices_seen),
-    }
-    return record

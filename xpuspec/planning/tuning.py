@@ -3,38 +3,47 @@
 For one model (target or draft) on one device, `xpuspec plan` compiles candidate settings of
 inference precision, KV-cache precision and dynamic-quantisation group size, and for each measures
 
-- **greedy agreement** with the exact reference (f32 compute, f32 KV cache, no dynamic quantisation):
-  how many of a few short greedy continuations (4 prompts x 32 tokens by default) are token-identical
-  to the reference's;
+- **agreement with exact mode**: how many of a few short greedy continuations (4 prompts x 32 tokens by
+  default) are token-identical to the exact reference's (f32 compute, f32 KV cache, no dynamic
+  quantisation). Lower precision flips a near-tie now and then, so this is rarely all of them;
+- **verified = decoded**: how many of the same continuations come out the same when the target verifies
+  them ``verify_chunk`` tokens at a time, with a rejected draft at the end of every chunk, as when it
+  decodes them one at a time, under the candidate's own properties. Where all do, speculation does not
+  change the candidate's answers (docs/exactness.md);
 - **step cost**: the median time of a single-token decode step, in interleaved rounds (every candidate
   once per round, the order reversed every other round) until the ranking against the plugin's
   default is clear or a round limit is reached.
 
-The fastest candidate whose agreement is at least the default's replaces the default only when it is
-clearly faster: every one of its rounds faster than every round of the default over at least
-``confirm_rounds`` rounds each (5: a chance of 1 / C(10, 5) < 0.4% under no difference) and a median
-gain above a margin (5%). Otherwise
-the plugin's default stays and the record says the candidates were within noise.
+Speculation that changes answers is worse than a slightly slower step: when the default's verified text
+differs from its decoded text on a prompt where another candidate's does not, the fastest of the
+candidates with the most prompts verified = decoded replaces it, if its step costs at most
+``stability_cost`` (10%) more; a dearer one is named in the reason and not chosen. Otherwise the fastest
+candidate whose two agreements are at least the default's replaces the default only when it is clearly faster:
+every one of its rounds faster than every round of the default over at least ``confirm_rounds`` rounds
+each (5: a chance of 1 / C(10, 5) < 0.4% under no difference) and a median gain above a margin (5%).
+Otherwise the plugin's default stays and the record says the candidates were within noise.
 
 Candidates are pruned to keep planning fast:
 1. compute x KV precision: the device's compute precisions (f32, and bf16 / f16 where the device
-   lists them), each with a u8 cache, a cache of its own precision and an f32 cache;
+   lists them), each with a u8 cache, a cache of its own precision and an f32 cache; and the u8 cache
+   with keys quantised per channel (the CPU plugin's own mode, faster on some CPUs, but it changes
+   answers under speculation);
 2. dynamic-quantisation group size (0 / 32 / 64 / 128 / 256), only at f32 compute with int8/int4
    weights (at bf16 the CPU does not quantise activations), with the fastest f32 cache of step 1.
-A combination the device refuses (e.g. an f32 model with a bf16 cache on the CPU) is recorded with
-its error and skipped.
+``quick`` keeps step 1's f32 cache and own-precision caches and skips step 2.
+A combination the device refuses (e.g. f32 compute with a bf16 cache on the CPU) is skipped with one
+line saying why.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from xpuspec.executor.properties import EXACT_PROPERTIES, readable
+from xpuspec.executor.properties import EXACT_PROPERTIES, KEY_QUANT_MODE, readable
+from xpuspec.planning.trial import PropertyCandidate, Subject, Trial
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +65,11 @@ class TuneConfig:
     max_rounds: int = 8
     confirm_rounds: int = 5  # replacing the default needs at least this many rounds of both
     margin: float = 0.05  # a candidate must be this much faster (median) than the default to replace it
+    verify_chunk: int = 4  # tokens per verification pass in the verified = decoded check
+    # A default whose speculation changes answers gives way to a stabler candidate up to this much
+    # slower (step time); a dearer one is reported, not chosen (exact mode stays one flag away).
+    stability_cost: float = 0.10
+    quick: bool = False  # fewer candidates (see the module doc)
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "max_tokens", "steps_per_round", "min_rounds"):
@@ -68,42 +82,8 @@ class TuneConfig:
             )
         if not 0 <= self.margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
-
-
-@dataclass
-class PropertyCandidate:
-    """One setting of the tuned keys, with what was measured of it."""
-
-    properties: dict[str, Any]  # the tuned keys; {} is the plugin's default
-    is_default: bool = False
-    round_ms: list[float] = field(default_factory=list)  # median step time of each round
-    agreement: int | None = None  # prompts whose greedy tokens equal the exact reference's
-    error: str | None = None
-
-    @property
-    def label(self) -> str:
-        return "plugin default" if self.is_default else readable(self.properties)
-
-    @property
-    def step_ms(self) -> float | None:
-        return statistics.median(self.round_ms) if self.round_ms else None
-
-    @property
-    def spread(self) -> float | None:
-        """(slowest - fastest round) / median: how noisy the measurement was."""
-        if len(self.round_ms) < 2 or not self.step_ms:
-            return None
-        return (max(self.round_ms) - min(self.round_ms)) / self.step_ms
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "properties": self.label,
-            "step_ms": None if self.step_ms is None else round(self.step_ms, 3),
-            "spread": None if self.spread is None else round(self.spread, 3),
-            "rounds": len(self.round_ms),
-            "agreement": self.agreement,
-            "error": self.error,
-        }
+        if self.verify_chunk < 2:
+            raise ValueError(f"verify_chunk must be >= 2, got {self.verify_chunk}")
 
 
 @dataclass
@@ -133,6 +113,7 @@ class TuneResult:
             "plugin_default": readable(self.default_properties),
             "reason": self.reason,
             "agreement_check": f"{self.num_prompts} prompts x {self.max_tokens} greedy tokens vs exact",
+            "verified_check": "the same prompts verified in chunks (a rejected draft last) vs decoded",
             "candidates": [c.as_dict() for c in self.candidates],
         }
 
@@ -146,15 +127,20 @@ def compute_precisions(device_precisions: Sequence[str]) -> list[str]:
     return found
 
 
-def first_stage(device_precisions: Sequence[str], compressed: bool) -> list[dict[str, Any]]:
-    """Compute x KV candidates (step 1 of the pruning order)."""
+def first_stage(
+    device_precisions: Sequence[str], compressed: bool, quick: bool = False
+) -> list[dict[str, Any]]:
+    """Compute x KV candidates (step 1 of the pruning order); ``quick``: no u8 caches but the default."""
     candidates = []
     for compute in compute_precisions(device_precisions):
-        for kv in dict.fromkeys(("u8", compute, "f32")):
+        caches = (compute, "f32") if quick else ("u8", compute, "f32")
+        for kv in dict.fromkeys(caches):
             properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": compute, "KV_CACHE_PRECISION": kv}
             if compressed and compute == "f32":
                 properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DEFAULT_GROUP
             candidates.append(properties)
+            if kv == "u8" and compute == "f32":  # the plugin's own key mode, for its speed
+                candidates.append({**properties, KEY_QUANT_MODE: "BY_CHANNEL"})
     return candidates
 
 
@@ -183,81 +169,6 @@ def clearly_faster(
     )
 
 
-class _Subject:
-    """One compiled candidate: a paged runner, its greedy continuations and its step timings."""
-
-    def __init__(self, runner: Any, block_table: list[int]) -> None:
-        self.runner = runner
-        self.block_table = block_table
-
-    def greedy(self, prompt: list[int], max_tokens: int) -> list[int]:
-        from xpuspec.core.chunks import SequenceChunk
-
-        logits = self.runner.forward([SequenceChunk(prompt, 0, self.block_table, 1)])
-        tokens = [int(logits[0].argmax())]
-        while len(tokens) < max_tokens:
-            position = len(prompt) + len(tokens) - 1
-            logits = self.runner.forward([SequenceChunk([tokens[-1]], position, self.block_table, 1)])
-            tokens.append(int(logits[0].argmax()))
-        return tokens
-
-    def step_ms(self, prompt: list[int], steps: int) -> float:
-        """Median milliseconds of ``steps`` single-token decode steps after ``prompt``."""
-        from xpuspec.core.chunks import SequenceChunk
-
-        self.runner.forward([SequenceChunk(prompt, 0, self.block_table, 1)])
-        token, times = prompt[-1], []
-        for index in range(steps):
-            chunk = SequenceChunk([token], len(prompt) + index, self.block_table, 1)
-            started = time.perf_counter()
-            logits = self.runner.forward([chunk])
-            times.append(time.perf_counter() - started)
-            token = int(logits[0].argmax())
-        return statistics.median(times) * 1000
-
-
-class _Trial:
-    """The candidates compiled so far for one model, and how each agrees with the exact reference."""
-
-    def __init__(
-        self,
-        make_runner: Callable[[dict[str, Any]], Any],
-        role: str,
-        context: int,
-        prompts: Sequence[list[int]],
-        max_tokens: int,
-        progress: Callable[[str], None],
-    ) -> None:
-        self.make_runner, self.role, self.context = make_runner, role, context
-        self.prompts, self.max_tokens, self.progress = prompts, max_tokens, progress
-        self.subjects: dict[int, _Subject] = {}
-        self.expected: list[list[int]] = []  # the exact reference's greedy tokens for each prompt
-
-    def compile(self, candidate: PropertyCandidate) -> None:
-        """Compile ``candidate``'s runner, or record why the device refused it or it has too few blocks."""
-        try:
-            runner = self.make_runner(candidate.properties)
-        except (RuntimeError, ValueError) as error:  # a combination the device refuses
-            candidate.error = f"{type(error).__name__}: {_essence(str(error))}"
-            self.progress(f"  {self.role}: {candidate.label}: refused ({candidate.error})")
-            return
-        blocks = -(-self.context // runner.block_size)
-        if runner.num_blocks < blocks:
-            candidate.error = f"needs {blocks} KV blocks, the runner has {runner.num_blocks}"
-            return
-        self.subjects[id(candidate)] = _Subject(runner, list(range(blocks)))
-
-    def agreement(self, candidate: PropertyCandidate) -> None:
-        """Count the prompts on which ``candidate`` (where compiled) writes the reference's tokens."""
-        subject = self.subjects.get(id(candidate))
-        if subject is not None:
-            got = [subject.greedy(p, self.max_tokens) for p in self.prompts]
-            candidate.agreement = sum(g == e for g, e in zip(got, self.expected, strict=True))
-
-    def measured(self, candidates: list[PropertyCandidate]) -> list[PropertyCandidate]:
-        return [c for c in candidates if id(c) in self.subjects]
-
-
 def tune_role(
     make_runner: Callable[[dict[str, Any]], Any],
     role: str,
@@ -280,7 +191,7 @@ def tune_role(
     context = (
         max(len(p) for p in [*prompts, timing_prompt]) + max(config.max_tokens, config.steps_per_round) + 1
     )
-    trial = _Trial(make_runner, role, context, prompts, config.max_tokens, progress)
+    trial = Trial(make_runner, role, context, prompts, config.max_tokens, config.verify_chunk, progress)
     reference = PropertyCandidate(dict(EXACT_PROPERTIES))
     trial.compile(reference)
     if reference.error is not None:
@@ -289,34 +200,41 @@ def tune_role(
             role, device, {}, reason, default_properties, [reference], len(prompts), config.max_tokens
         )
     trial.expected = [trial.subjects[id(reference)].greedy(p, config.max_tokens) for p in prompts]
-    reference.agreement = len(prompts)
+    trial.agreement(reference)  # the reference agrees with itself; how it verifies is measured
 
     # The default stands for the candidate with the same settings (it is compiled once, as the default).
     default = PropertyCandidate({}, is_default=True)
     candidates = [default]
-    for properties in first_stage(device_precisions, compressed):
-        if properties == default_properties:
+    for properties in first_stage(device_precisions, compressed, config.quick):
+        if _same_as(properties, default_properties):
             continue
         candidates.append(reference if properties == reference.properties else PropertyCandidate(properties))
+    if reference not in candidates:  # exact mode's step cost: the price of the stablest answers
+        candidates.append(reference)
     for candidate in candidates:
         if id(candidate) not in trial.subjects and candidate.error is None:
             trial.compile(candidate)
         if candidate is not reference:
             trial.agreement(candidate)
     _time_rounds(trial.measured(candidates), trial.subjects, timing_prompt, default, config)
-    if compressed:
+    if compressed and not config.quick:
         _group_stage(trial, candidates, reference, default, default_properties, timing_prompt, config)
 
-    for candidate in candidates:
-        progress(f"  {role}: {candidate.label}: " + _describe(candidate))
-    chosen, reason = choose_properties(candidates, default, config.margin, config.confirm_rounds)
+    chosen, reason = choose_properties(
+        candidates,
+        default,
+        config.margin,
+        config.confirm_rounds,
+        num_prompts=len(prompts),
+        stability_cost=config.stability_cost,
+    )
     return TuneResult(
         role, device, chosen, reason, default_properties, candidates, len(prompts), config.max_tokens
     )
 
 
 def _group_stage(
-    trial: _Trial,
+    trial: Trial,
     candidates: list[PropertyCandidate],
     reference: PropertyCandidate,
     default: PropertyCandidate,
@@ -339,7 +257,7 @@ def _group_stage(
             if reference not in candidates:
                 candidates.append(reference)
             continue
-        if properties == default_properties or any(c.properties == properties for c in candidates):
+        if _same_as(properties, default_properties) or any(c.properties == properties for c in candidates):
             continue
         candidate = PropertyCandidate(properties)
         candidates.append(candidate)
@@ -350,7 +268,7 @@ def _group_stage(
 
 def _time_rounds(
     measured: list[PropertyCandidate],
-    subjects: dict[int, _Subject],
+    subjects: dict[int, Subject],
     prompt: list[int],
     default: PropertyCandidate,
     config: TuneConfig,
@@ -381,35 +299,79 @@ def _time_rounds(
             return  # the best is within the margin at the median: more rounds would not change the choice
 
 
+def _same_as(properties: dict[str, Any], default_properties: dict[str, Any]) -> bool:
+    """``properties`` overlaid on the default change none of its tuned keys."""
+    return bool(default_properties) and {**default_properties, **properties} == default_properties
+
+
+def _eligible(candidate: PropertyCandidate, default: PropertyCandidate) -> bool:
+    """Timed, and as faithful as the default: agreeing with exact mode and verified = decoded as often."""
+    return (
+        candidate.error is None
+        and candidate.step_ms is not None
+        and (candidate.agreement or 0) >= (default.agreement or 0)
+        and (candidate.verified or 0) >= (default.verified or 0)
+    )
+
+
 def _fastest_eligible(
     candidates: list[PropertyCandidate], default: PropertyCandidate
 ) -> PropertyCandidate | None:
-    floor = default.agreement or 0
-    eligible = [
-        c for c in candidates if c.error is None and c.step_ms is not None and (c.agreement or 0) >= floor
-    ]
+    eligible = [c for c in candidates if _eligible(c, default)]
     return min(eligible, key=lambda c: c.step_ms or 0.0) if eligible else None
 
 
+def _stable_replacement(
+    candidates: list[PropertyCandidate], default: PropertyCandidate
+) -> PropertyCandidate | None:
+    """The fastest of the candidates verified = decoded on the most prompts, when the default is not
+    among them (speculation would change its answers where theirs stay); else ``None``."""
+    timed = [c for c in candidates if c.error is None and c.step_ms is not None and c.verified is not None]
+    if default.verified is None or not timed:
+        return None
+    most = max(c.verified or 0 for c in timed)
+    if default.verified >= most:
+        return None
+    return min((c for c in timed if c.verified == most), key=lambda c: c.step_ms or 0.0)
+
+
+def faithfulness(candidate: PropertyCandidate, num_prompts: int | None = None) -> str:
+    """``"same as exact 3/4, verified = decoded 4/4"``: the two agreements, self-explained."""
+    total = "" if num_prompts is None else f"/{num_prompts}"
+    return f"same as exact {candidate.agreement}{total}, verified = decoded {candidate.verified}{total}"
+
+
 def choose_properties(
-    candidates: list[PropertyCandidate], default: PropertyCandidate, margin: float, confirm_rounds: int = 3
+    candidates: list[PropertyCandidate],
+    default: PropertyCandidate,
+    margin: float,
+    confirm_rounds: int = 3,
+    num_prompts: int | None = None,
+    stability_cost: float = 0.10,
 ) -> tuple[dict[str, Any], str]:
     if default.error is not None or default.step_ms is None:
         return {}, f"not tuned: the plugin default did not run ({default.error})"
+    stable = _stable_replacement(candidates, default)
+    if stable is not None:
+        ratio = (stable.step_ms or 0.0) / default.step_ms
+        found = (
+            f"speculation changes the plugin default's greedy answers "
+            f"({faithfulness(default, num_prompts)}); the fastest candidate that keeps more of them, "
+            f"{stable.label} ({faithfulness(stable, num_prompts)}), takes {ratio:.2f}x its step time"
+        )
+        if ratio <= 1 + stability_cost:
+            return dict(stable.properties), found
+        return {}, f"kept the plugin default: {found}, above the {1 + stability_cost:.2f}x allowed"
     fastest = _fastest_eligible(candidates, default)
-    agreement = f"agreement {default.agreement}"
+    faithful = f"as faithful as the default ({faithfulness(default, num_prompts)})"
     if fastest is None or fastest is default:
-        return {}, f"the default was the fastest of those with {agreement} or more"
+        return {}, f"kept the plugin default: no candidate {faithful} was faster"
     # Among the candidates the fastest is not clearly ahead of, the first in the pruning order that is
     # clearly faster than the default wins: noise in which of them came out on top changes nothing.
-    floor = default.agreement or 0
     contenders = [
         c
         for c in candidates
-        if c.step_ms is not None
-        and c.error is None
-        and (c.agreement or 0) >= floor
-        and (c is fastest or not clearly_faster(fastest, c, margin))
+        if _eligible(c, default) and (c is fastest or not clearly_faster(fastest, c, margin))
     ]
     if default in contenders:
         contenders = []
@@ -418,24 +380,11 @@ def choose_properties(
     if clearly_faster(best, default, margin, confirm_rounds):
         return dict(best.properties), (
             f"{ratio:.2f}x the default's step time ({best.step_ms:.3f} vs {default.step_ms:.3f} ms, every "
-            f"one of {len(best.round_ms)} rounds faster), agreement {best.agreement} vs the default's "
-            f"{default.agreement}"
+            f"one of {len(best.round_ms)} rounds faster), {faithfulness(best, num_prompts)} (the default: "
+            f"{faithfulness(default, num_prompts)})"
         )
     return {}, (
-        f"kept: the fastest with {agreement} or more ({best.label}, {ratio:.2f}x) is within noise "
-        f"(spread {best.spread or 0:.0%} / {default.spread or 0:.0%} over {len(best.round_ms)} rounds)"
+        f"kept the plugin default: the fastest candidate {faithful}, {best.label} at {ratio:.2f}x its step "
+        f"time, is within noise (spread {best.spread or 0:.0%} / {default.spread or 0:.0%} over "
+        f"{len(best.round_ms)} rounds)"
     )
-
-
-def _essence(message: str) -> str:
-    """The telling line of an OpenVINO exception (its first lines are source locations)."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    telling = [line for line in lines if not line.startswith("Exception from ")]
-    return (telling[-1] if telling else lines[0] if lines else "failed")[:200]
-
-
-def _describe(candidate: PropertyCandidate) -> str:
-    if candidate.error is not None:
-        return candidate.error
-    spread = "" if candidate.spread is None else f" ±{candidate.spread / 2:.0%}"
-    return f"{candidate.step_ms:.3f} ms/step{spread}, agreement {candidate.agreement}"

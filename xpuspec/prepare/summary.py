@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpuspec.executor.properties import readable
 from xpuspec.model_bundle import ModelBundle
 
 
@@ -67,6 +68,12 @@ def summarize_bundle(bundle: ModelBundle) -> str:
         lines.append(f"pairing: FORCED despite a mismatch: {pairing['mismatch']}")
     else:
         lines.append(f"pairing: {'checked, tokenizers match' if pairing.get('checked') else 'not checked'}")
+    for device, record in (manifest.get("default_properties") or {}).items():
+        for role in ("target", "draft"):
+            if isinstance(record.get(role), dict):
+                lines.append(f"default properties, {role} on {device}: {readable(record[role])}")
+        if record.get("speculation"):
+            lines.append(f"  speculation: {record['speculation']}")
     placement = bundle.placement
     if placement:
         lines += ["placement (recorded by `xpuspec plan --write`):", *describe_placement(placement)]

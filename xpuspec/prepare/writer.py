@@ -19,6 +19,7 @@ from typing import Any
 
 from xpuspec.model_bundle import FORMAT_VERSION, MANIFEST_NAME, hash_tree
 from xpuspec.prepare.config import PrepareError
+from xpuspec.prepare.default_properties import default_properties_record
 from xpuspec.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ def write_manifest(
         "tokenizer": tokenizer,
         "pairing": pairing,
         "eagle3": eagle3,  # the EAGLE-3 head (xpuspec.prepare.eagle3), or None
+        # What the models compile with when nobody chooses (xpuspec.prepare.default_properties).
+        "default_properties": default_properties_record(models),
         "placement": None,
         "files": hash_tree(staging),
     }
