@@ -126,7 +126,12 @@ def stream_chat(
     first = None
     pieces: list[str] = []
     usage_tokens = None
-    with client.stream("POST", f"{base_url}/v1/chat/completions", json=payload, timeout=600) as response:
+    # One connection per request, for both servers alike: llama-server's HTTP library closes a kept-alive
+    # connection after a few requests, and a reused connection it closed fails the next request.
+    headers = {"Connection": "close"}
+    with client.stream(
+        "POST", f"{base_url}/v1/chat/completions", json=payload, headers=headers, timeout=600
+    ) as response:
         if response.status_code != 200:
             response.read()
             raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
@@ -241,8 +246,17 @@ def run_serve_comparison(
     for index in range(rounds):
         shift = index % len(rows)
         for row in rows[shift:] + rows[:shift]:
+            if row.label in comparison.not_run:
+                continue
             opened = _open_server(row, bundle_path, gguf, binary, logs / f"{row.label}.log", context)
-            comparison.rounds.setdefault(row.label, []).append(_run_row(row, prompts, max_tokens, opened))
+            try:
+                comparison.rounds.setdefault(row.label, []).append(_run_row(row, prompts, max_tokens, opened))
+            except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
+                # One line, and the row stays out of later rounds; its log says the rest.
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                comparison.not_run[row.label] = f"{reason} (log: {logs / f'{row.label}.log'})"
+                comparison.rounds.pop(row.label, None)
+                logger.warning("%s: not run: %s", row.label, reason)
     exact = _open_server(EXACT_ROW, bundle_path, None, None, logs / "exact.log", context)
     comparison.exact_texts = [r.text for r in _run_row(EXACT_ROW, prompts, max_tokens, exact).results]
     return comparison
