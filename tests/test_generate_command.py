@@ -129,3 +129,28 @@ def test_max_tokens_beyond_the_context_is_refused_before_loading(monkeypatch, ca
     assert main(["generate", "--bundle", "demo", "x", "--max-tokens", "1000000"]) == 2
     err = capsys.readouterr().err
     assert "--max-tokens 1000000" in err and "context of 512 tokens" in err
+
+
+def test_stable_keeps_the_target_at_f32_and_the_draft_at_its_defaults(monkeypatch, capsys):
+    seen: dict[str, object] = {}
+
+    def recording(*args, **kwargs):  # `generate` imports Pipeline when it runs
+        seen.update(kwargs)
+        return Pipeline(*args, **kwargs)
+
+    monkeypatch.setattr("xpuspec.pipeline.Pipeline", recording)
+    command = ["generate", "--bundle", "demo", "--stable", "--max-tokens", "6", "--json", "def add(a, b):"]
+    assert main(command) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"]
+    assert seen["properties"]["INFERENCE_PRECISION_HINT"] == "f32"
+    assert seen["properties"]["KV_CACHE_PRECISION"] == "f32"
+    assert seen["draft_properties"] == {}
+
+
+def test_exact_and_stable_exclude_each_other(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "--bundle", "demo", "--exact", "--stable", "x"])
+    assert exited.value.code == 2
+    assert "--stable" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.errors import CommandError
 from xpuspec.sample.draft_tree import parse_draft_tree_text
@@ -71,12 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an OpenVINO compile property for both models, e.g. INFERENCE_PRECISION_HINT=f32 (repeatable)",
     )
-    parser.add_argument(
-        "--exact",
-        action="store_true",
-        help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
-        "preset); --property values still apply on top",
-    )
+    add_precision_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
     parser.set_defaults(func=run)
 
@@ -100,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             num_draft_tokens=args.num_draft_tokens,
             draft_tree=draft_tree,
         )
-        properties = with_preset("exact" if args.exact else None, parse_properties(args.property))
+        properties = with_preset(precision_preset(args), parse_properties(args.property))
     except ValueError as error:
         raise CommandError(str(error).replace("\n", "; ")) from error
     started = time.perf_counter()
@@ -118,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             draft_device=args.draft_device,
             drafter="none" if args.no_draft else args.drafter,
             properties=properties,
+            draft_properties=draft_precision(args),
             draft_tree=draft_tree,
         )
     except ValueError as error:

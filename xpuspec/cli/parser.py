@@ -62,3 +62,32 @@ def finish_subparsers(subparsers: argparse._SubParsersAction) -> None:
         ):
             if not any(flag in subparser._option_string_actions for flag in flags):
                 subparser.add_argument(*flags, action="store_true", default=argparse.SUPPRESS, help=help_text)
+
+
+def add_precision_flags(parser: argparse.ArgumentParser) -> None:
+    """``--exact`` and ``--stable``: the two presets above the fast default (docs/exactness.md)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
+        "preset); --property values still apply on top",
+    )
+    group.add_argument(
+        "--stable",
+        action="store_true",
+        help="the target at f32 compute and an f32 KV cache (the 'stable' preset): drafting and batch "
+        "mates change no greedy answer, at a lower speed than the default; the draft keeps its defaults",
+    )
+
+
+def precision_preset(args: argparse.Namespace) -> str | None:
+    """The properties preset the precision flags name, or None for the default."""
+    return "exact" if args.exact else "stable" if args.stable else None
+
+
+def draft_precision(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The draft's properties for the precision flags: ``--stable`` leaves the draft at its own defaults
+    (what it proposes never changes the answer, only how many drafts are accepted); otherwise None,
+    the target's."""
+    return {} if args.stable else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.bundles import model_names
+from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
 from xpuspec.server.config import (
@@ -112,12 +113,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="an OpenVINO compile property for both models (repeatable)",
     )
-    parser.add_argument(
-        "--exact",
-        action="store_true",
-        help="exact mode: f32 compute, f32 KV cache, no dynamic quantisation (the 'exact' properties "
-        "preset); --property values still apply on top",
-    )
+    add_precision_flags(parser)
 
 
 def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
@@ -243,6 +239,7 @@ class _Settings:
     config: ServerConfig
     limits: ListenerLimits
     properties: dict[str, Any] | None
+    draft_properties: dict[str, Any] | None
     grammar_limits: GrammarLimits
 
 
@@ -294,7 +291,8 @@ def _settings(args: argparse.Namespace) -> _Settings:
                 # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
                 max_request_body_bytes=4 * args.max_body_bytes,
             ),
-            properties=with_preset("exact" if args.exact else None, parse_properties(args.property)),
+            properties=with_preset(precision_preset(args), parse_properties(args.property)),
+            draft_properties=draft_precision(args),
             grammar_limits=GrammarLimits(
                 compile_seconds=args.grammar_compile_timeout,
                 max_lexer_states=args.grammar_max_lexer_states,
@@ -317,6 +315,7 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
             draft_device=args.draft_device,
             drafter=args.drafter,
             properties=settings.properties,
+            draft_properties=settings.draft_properties,
             num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
         )
