@@ -17,7 +17,6 @@ or given with ``--llama-server PATH``; nothing in xpuspec's runtime uses it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -30,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from xpuspec.bench.server_process import ServerProcess, free_port
+from xpuspec.bench.server_process import ServerProcess, free_port, sse_events
 from xpuspec.model_bundle import ModelBundle, cache_dir
 
 logger = logging.getLogger(__name__)
@@ -132,13 +131,7 @@ def stream_chat(
     with client.stream(
         "POST", f"{base_url}/v1/chat/completions", json=payload, headers=headers, timeout=600
     ) as response:
-        if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: ") :])
+        for event in sse_events(response):
             for choice in event.get("choices") or ():
                 content = (choice.get("delta") or {}).get("content")
                 if content:

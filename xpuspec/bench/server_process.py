@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -129,6 +129,22 @@ class ServerProcess:
                 except ValueError:
                     continue
         return samples
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The JSON events of an OpenAI-style server-sent event stream (``data: {...}`` lines up to
+    ``data: [DONE]``); ``RuntimeError`` for a response that is not a 200, or an error event."""
+    if response.status_code != 200:
+        response.read()
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[len("data: ") :])
+        if "error" in event:
+            error = event["error"]
+            raise RuntimeError(str(error.get("message") if isinstance(error, dict) else error))
+        yield event
 
 
 @dataclass

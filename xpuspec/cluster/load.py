@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from xpuspec.bench.server_process import sse_events
+
 FILLER = (
     "The maintenance log lists each machine on the floor, its last inspection, the parts replaced "
     "and the technician who signed it off. "
@@ -143,15 +145,7 @@ def _complete(
     usage: dict[str, Any] = {}
     try:
         with http.stream("POST", f"{config.url}/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                response.read()
-                raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[len("data: ") :])
-                if "error" in event:
-                    raise RuntimeError(str(event["error"].get("message")))
+            for event in sse_events(response):
                 for choice in event.get("choices", ()):
                     if choice.get("text"):
                         first = first or time.perf_counter()
