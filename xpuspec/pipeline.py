@@ -130,22 +130,16 @@ class Pipeline:
             eagle3_head, head, core, draft_properties, properties, draft_vocab, runner_limits
         )
         self._build_engine(proposer, config, overlap)
-        self._calibrate(
-            {
-                "bundle": str(self.bundle.root.resolve()),
-                "manifest": self.bundle.manifest,
-                "properties": properties,
-                "draft_properties": draft_properties,
-                "devices": [self.target_device.device, self.draft_device and self.draft_device.device],
-                "drafter": self.drafter,
-                "eagle3_head": str(eagle3_head) if eagle3_head is not None else None,
-                "draft_vocab": draft_vocab,
-                "engine": dataclasses.asdict(config),
-                "overlap": self.overlap,
-                "num_kv_blocks": num_kv_blocks,
-            },
-            startup_cache,
-        )
+        # What the calibration's timings depend on, beside the machine (calibration_cache.machine_facts).
+        setup = {
+            "properties": properties,
+            "draft_properties": draft_properties,
+            "eagle3_head": str(eagle3_head) if eagle3_head is not None else None,
+            "draft_vocab": draft_vocab,
+            "engine": dataclasses.asdict(config),
+            "num_kv_blocks": num_kv_blocks,
+        }
+        self._calibrate(setup, startup_cache)
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).
         self.last_stats: dict[str, Any] | None = None
@@ -329,6 +323,14 @@ class Pipeline:
         if not cached:
             self.engine.calibrate()
             return
+        setup = {
+            **setup,
+            "bundle": str(self.bundle.root.resolve()),
+            "manifest": self.bundle.manifest,
+            "devices": [self.target_device.device, self.draft_device and self.draft_device.device],
+            "drafter": self.drafter,
+            "overlap": self.overlap,
+        }
         key = calibration_cache.calibration_key(setup)
         stored = calibration_cache.load(key)
         timings = self.engine.calibrate(stored=stored)

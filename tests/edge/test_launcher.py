@@ -104,13 +104,15 @@ def test_archive_contents(archives: dict[str, Path], capsys: pytest.CaptureFixtu
     # The names `xpuspec serve` answers for the same folder: the plain name, then the keyed one.
     assert plain["bundle"] == {"path": "bundle", "name": "tiny-pair", "aliases": ["tiny-pair-0123456789ab"]}
     assert manifest["bundle"] == {"path": "bundle", "name": "bundle", "aliases": []}  # the pair's folder
-    # The served bundle ships once, under bundle/: the wheel leaves the model folders it carries out.
+    # The served bundle ships once, under bundle/: the wheel leaves out the default draft and head it
+    # would carry again; the small demo pair stays, so `--bundle demo` works on the box.
     with tarfile.open(archives["plain"]) as opened:
         wheel = next(m for m in opened.getmembers() if m.name.endswith(".whl"))
         with zipfile.ZipFile(io.BytesIO(opened.extractfile(wheel).read())) as wheel_zip:
-            for folder in ("xpuspec/demo/bundle/", "xpuspec/default_draft/", "xpuspec/default_eagle3/"):
+            for folder in ("xpuspec/default_draft/", "xpuspec/default_eagle3/"):
                 assert not [n for n in wheel_zip.namelist() if n.startswith(folder)]
             assert "xpuspec/edge/verify_edge.py" in wheel_zip.namelist()
+            assert "xpuspec/demo/bundle/xpuspec.json" in wheel_zip.namelist()
 
 
 def test_launcher_installs_offline_and_serves(archives: dict[str, Path], tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from tests.devices.fake_core import FakeCore, laptop_core
 from xpuspec.devices import DevicePlugin
+from xpuspec.executor.properties import PER_TOKEN_KEYS
 from xpuspec_plugins.cpu import CpuPlugin
 from xpuspec_plugins.gpu import GpuPlugin
 from xpuspec_plugins.npu import NpuPlugin
@@ -64,13 +65,17 @@ def test_missing_properties_are_left_empty():
 def test_cpu_properties_per_role():
     plugin = CpuPlugin()
     for role in ("target", "draft"):
+        # The target's keys are quantised per token (a block's bytes do not depend on how it was filled);
+        # the draft's cache changes no answer and keeps the plugin's mode.
+        keys = PER_TOKEN_KEYS if role == "target" else {}
         # Unknown or uncompressed weights: the plugin's own precisions (bf16 compute and cache here).
-        assert plugin.compile_properties(role) == {"PERFORMANCE_HINT": "LATENCY"}
-        assert plugin.compile_properties(role, weights="fp16") == {"PERFORMANCE_HINT": "LATENCY"}
+        assert plugin.compile_properties(role) == {"PERFORMANCE_HINT": "LATENCY", **keys}
+        assert plugin.compile_properties(role, weights="fp16") == {"PERFORMANCE_HINT": "LATENCY", **keys}
         # int8/int4 weights: f32 compute with dynamic int8 activations in groups of 128, u8 cache.
         for weights in ("int8", "int4"):
             assert plugin.compile_properties(role, weights=weights) == {
                 "PERFORMANCE_HINT": "LATENCY",
+                **keys,
                 "INFERENCE_PRECISION_HINT": "f32",
                 "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128,
                 "KV_CACHE_PRECISION": "u8",
@@ -90,6 +95,7 @@ def test_user_properties_override_plugin_defaults():
     for weights in (None, "int8"):
         assert CpuPlugin().compile_properties("target", exact, weights=weights) == {
             "PERFORMANCE_HINT": "LATENCY",
+            **PER_TOKEN_KEYS,
             **exact,
         }
     gpu = GpuPlugin().compile_properties("draft", {"INFERENCE_PRECISION_HINT": "f32"})

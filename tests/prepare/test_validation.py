@@ -144,7 +144,8 @@ def test_each_stage_prints_once_and_library_output_goes_to_the_log(
     assert [line.split(" ", 1)[0] for line in stages] == [f"[{i}/5]" for i in range(1, 6)], result.stderr
     assert all(line.endswith("s") for line in stages)  # each finished line carries its time, once
     assert "Warning" not in result.stderr and "Warning" not in result.stdout
-    assert "TracerWarning" in log.read_text()  # torch's export warnings are kept, in the log
+    # Libraries' own output is kept, in the log (torch's tracing warnings are silenced at the source).
+    assert "Convert Huggingface Fast tokenizer pipeline" in log.read_text()
     assert result.stdout.startswith("bundle written to")
 
 

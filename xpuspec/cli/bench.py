@@ -29,6 +29,23 @@ def _integers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``--mode serve`` alone: llama.cpp's server."""
+    parser.add_argument(
+        "--llama-server",
+        type=Path,
+        default=None,
+        help="serve: the llama-server binary (default: $XPUSPEC_LLAMA_SERVER, the one "
+        "scripts/build-llama-server.sh built into the cache, or llama-server on the PATH)",
+    )
+    parser.add_argument(
+        "--llama-threads",
+        type=_integers,
+        default=(1, 2),
+        help="serve: llama.cpp's thread counts (default: 1,2)",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
@@ -58,19 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve: one chat at a time through `xpuspec serve` and llama.cpp's llama-server on the "
         "bundle's GGUF (not in all)",
     )
-    parser.add_argument(
-        "--llama-server",
-        type=Path,
-        default=None,
-        help="serve: the llama-server binary (default: $XPUSPEC_LLAMA_SERVER, the one "
-        "scripts/build-llama-server.sh built into the cache, or llama-server on the PATH)",
-    )
-    parser.add_argument(
-        "--llama-threads",
-        type=_integers,
-        default=(1, 2),
-        help="serve: llama.cpp's thread counts (default: 1,2)",
-    )
+    _add_serve_arguments(parser)
     parser.add_argument("--turns", type=int, default=4, help="multiturn: turns of the conversation")
     parser.add_argument(
         "--quick",

@@ -157,6 +157,39 @@ def _chat_page_paths() -> dict[str, Any]:
     }
 
 
+def _operations_paths(refs: dict[str, Any]) -> dict[str, Any]:
+    """The operational routes: engine state, readiness, metrics."""
+    return {
+        "/v1/xpuspec/state": {
+            "get": {
+                "summary": "Engine state (KV blocks in use, running and waiting requests)",
+                "responses": {"200": {"description": "state", "content": _json(refs["EngineState"])}},
+            }
+        },
+        "/health": {
+            "get": {
+                "summary": "Readiness (no authentication)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "ready"},
+                    "503": {"description": "loading, failed or draining"},
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "metrics",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
 def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
     refs, definitions = _component_schemas()
     document: dict[str, Any] = {
@@ -196,34 +229,8 @@ def openapi_document(served_model_name: str, with_auth: bool) -> dict[str, Any]:
                     },
                 }
             },
-            "/v1/xpuspec/state": {
-                "get": {
-                    "summary": "Engine state (KV blocks in use, running and waiting requests)",
-                    "responses": {"200": {"description": "state", "content": _json(refs["EngineState"])}},
-                }
-            },
-            "/health": {
-                "get": {
-                    "summary": "Readiness (no authentication)",
-                    "security": [],
-                    "responses": {
-                        "200": {"description": "ready"},
-                        "503": {"description": "loading, failed or draining"},
-                    },
-                }
-            },
+            **_operations_paths(refs),
             **ollama_openapi.ollama_paths(refs),
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {
-                        "200": {
-                            "description": "metrics",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
         },
         "components": {
             "schemas": {
