@@ -1,5 +1,5 @@
 """Start-up caches (xpuspec.calibration_cache): a second start of the same setup replays the first
-start's calibration timings, and OpenVINO's compiled models land in the xpuspec cache."""
+start's calibration timings."""
 
 from __future__ import annotations
 
@@ -81,17 +81,3 @@ def test_a_damaged_store_is_ignored(tmp_path, monkeypatch):
     (folder / "k.json").write_text("{not json")
     assert calibration_cache.load("k") is None
     assert calibration_cache.load("absent") is None
-
-
-def test_compiled_models_are_cached(pair_bundle, tmp_path, monkeypatch):
-    monkeypatch.setenv("XPUSPEC_CACHE", str(tmp_path))
-    Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
-    folder = calibration_cache.compiled_models_dir()
-    assert folder is not None and any(folder.glob("*.blob"))
-
-
-def test_an_unwritable_cache_means_no_compiled_cache(tmp_path, monkeypatch):
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    monkeypatch.setenv("XPUSPEC_CACHE", str(blocked / "cache"))  # under a file: cannot be made
-    assert calibration_cache.compiled_models_dir() is None

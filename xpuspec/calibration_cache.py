@@ -1,7 +1,6 @@
-"""What a start computes, kept for the next: OpenVINO's compiled models (in :func:`compiled_models_dir`,
-keyed by OpenVINO itself) and the calibration timings. A pipeline that starts again on the same
-models, with the same properties, devices and engine limits, on the same machine, replays the timings
-its first start measured instead of timing dozens of dummy steps again.
+"""Calibration timings kept between starts: a pipeline that starts again on the same models, with the
+same properties, devices and engine limits, on the same machine, replays the timings its first start
+measured instead of timing dozens of dummy steps again.
 
 The stored figures only seed the cost model: every real step refreshes it, as after a fresh
 calibration. A changed machine (CPU, core count), OpenVINO or xpuspec version makes another key.
@@ -25,20 +24,7 @@ from xpuspec.version import __version__
 logger = logging.getLogger(__name__)
 
 FOLDER = "calibration"
-COMPILED_FOLDER = "compiled"
 FORMAT = 1
-
-
-def compiled_models_dir() -> Path | None:
-    """OpenVINO's ``CACHE_DIR`` for compiled models, in the xpuspec cache; None where that cannot be
-    written (a read-only image, say): OpenVINO would fail the compile rather than skip its cache."""
-    folder = cache_dir() / COMPILED_FOLDER
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        logger.debug("no compiled-model cache (%s); every start compiles", error)
-        return None
-    return folder if os.access(folder, os.W_OK) else None
 
 
 def machine_facts() -> dict[str, Any]:

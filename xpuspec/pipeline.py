@@ -87,9 +87,10 @@ class Pipeline:
         draft_vocab: int | None = None,
         startup_cache: bool = True,
     ):
-        """``startup_cache``: keep what a start computes in the xpuspec cache for later starts of the
-        same setup on this machine: OpenVINO's compiled models (``CACHE_DIR``) and the cost model's
-        calibration timings (:mod:`xpuspec.calibration_cache`). False: compile and time everything.
+        """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
+        starts of the same setup on this machine (:mod:`xpuspec.calibration_cache`). False: time them.
+        (OpenVINO's compiled-model cache, ``CACHE_DIR``, is not used: two processes starting at once on
+        one cache folder hung in ``compile_model``; docs/benchmarks.md.)
         ``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
@@ -107,10 +108,6 @@ class Pipeline:
         # None: the default model; "demo": the demo pair; an opened bundle is used as it is.
         self.bundle = bundle if isinstance(bundle, ModelBundle) else resolve_bundle(bundle)
         core = ov.Core()
-        compiled_cache = calibration_cache.compiled_models_dir() if startup_cache else None
-        if compiled_cache is not None:
-            # OpenVINO keys each compiled blob by the model, device and properties itself.
-            core.set_property({"CACHE_DIR": str(compiled_cache)})
         registry = default_registry()
         requested = Placement(target_device, draft_device, drafter)
         eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)
