@@ -17,7 +17,7 @@ from typing import TypeVar, cast
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from xpuspec.server import ollama_models, tools
+from xpuspec.server import ollama_models
 from xpuspec.server.choices import PreparedRequest, prepare_chat, prepare_completion
 from xpuspec.server.errors import APIError
 from xpuspec.server.json_body import parse_json_object
@@ -34,13 +34,8 @@ from xpuspec.server.ollama_requests import (
 )
 from xpuspec.server.ollama_responses import OllamaContext, created_at, ollama_body, ollama_stream
 from xpuspec.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
-from xpuspec.server.openai_routes import (
-    CLIENT_CLOSED_REQUEST,
-    TrackedStream,
-    ready_pipeline,
-    start_generation,
-)
-from xpuspec.server.responses import ClientGone, Kind, collect, stream
+from xpuspec.server.openai_routes import Framing, ready_pipeline, respond, start_generation
+from xpuspec.server.responses import Kind
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import server_state
 
@@ -101,27 +96,12 @@ def _respond(
     generation, started = start_generation(kind, prepared, OllamaContext)
     context = cast(OllamaContext, started)
     context.received, context.requested_model, context.generate = received, model, generate
-    state = server_state()
-    state.response_opened(streamed=bool(body.stream))
-    if body.stream:
-        frames = stream(generation, context, False, state.stream_interval)
-        if prepared.tools is not None:
-            frames = tools.rewrite_stream(frames, prepared.tools.max_calls, prepared.tools.forced)
-        lines = TrackedStream(ollama_stream(frames, context), lambda: state.response_closed(streamed=True))
-        return Response(
-            lines,  # type: ignore[arg-type]
-            mimetype="application/x-ndjson",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    try:
-        reply = collect(generation, context)
-        if prepared.tools is not None:
-            reply = tools.rewrite_body(reply, prepared.tools.max_calls, prepared.tools.forced)
-        return jsonify(ollama_body(reply, context))
-    except ClientGone:
-        return Response(status=CLIENT_CLOSED_REQUEST)
-    finally:
-        state.response_closed()
+    framing = Framing(
+        "application/x-ndjson",
+        lambda frames: ollama_stream(frames, context),
+        lambda reply: ollama_body(reply, context),
+    )
+    return respond(generation, context, prepared, bool(body.stream), framing)
 
 
 @ollama_api.post("/chat")

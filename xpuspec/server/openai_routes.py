@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from flask import Blueprint, Response, jsonify, request
@@ -113,27 +114,55 @@ def _generate(
         for choice in prepared.choices:
             choice.provenance = True
     generation, context = start_generation(kind, prepared)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    speculation = None
+    if body.stream and body.stream_options is not None and body.stream_options.include_speculation:
+        speculation = speculation_of(prepared.choices[0].params, ready_pipeline(server_state()).drafter)
+    streamed = bool(body.stream)
+    return respond(generation, context, prepared, streamed, OPENAI_FRAMING, include_usage, speculation)
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a protocol writes a generation's response: its stream's mimetype, its frames made from the
+    OpenAI frames, and its whole body made from the OpenAI body."""
+
+    mimetype: str
+    frames: Callable[[Iterator[str]], Iterator[str]]
+    body: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+OPENAI_FRAMING = Framing("text/event-stream", lambda frames: frames, lambda body: body)
+
+
+def respond(
+    generation: Generation,
+    context: ResponseContext,
+    prepared: PreparedRequest,
+    streamed: bool,
+    framing: Framing,
+    include_usage: bool = False,
+    speculation: Any = None,
+) -> Response:
+    """A submitted generation's response, streamed or whole, tool calls rewritten, in ``framing``'s
+    protocol; shared with the Ollama routes. The state counts the response open until it is closed."""
     state = server_state()
-    state.response_opened(streamed=bool(body.stream))
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        speculation = None
-        if body.stream_options is not None and body.stream_options.include_speculation:
-            speculation = speculation_of(prepared.choices[0].params, ready_pipeline(state).drafter)
+    state.response_opened(streamed=streamed)
+    if streamed:
         frames_of = stream(generation, context, include_usage, state.stream_interval, speculation)
         if prepared.tools is not None:
             frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls, prepared.tools.forced)
-        frames = TrackedStream(frames_of, lambda: state.response_closed(streamed=True))
+        frames = TrackedStream(framing.frames(frames_of), lambda: state.response_closed(streamed=True))
         return Response(
             frames,  # type: ignore[arg-type]
-            mimetype="text/event-stream",
+            mimetype=framing.mimetype,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     try:
         body_out = collect(generation, context)
         if prepared.tools is not None:
             body_out = tools.rewrite_body(body_out, prepared.tools.max_calls, prepared.tools.forced)
-        return jsonify(body_out)
+        return jsonify(framing.body(body_out))
     except ClientGone:
         return Response(status=CLIENT_CLOSED_REQUEST)
     finally:
