@@ -14,7 +14,8 @@ One pipeline serves both settings; each request runs with the shared index on an
 alternating request by request, and every round starts from an empty index (so that a round cannot
 replay an earlier round's answers). Prefix caching is off, so that neither setting finds the other's
 prompt cached. Reported per workload: tokens per second of each setting and their ratio (the median
-over rounds of the ratio of the round's totals), the shared drafts' acceptance, the share of
+over rounds of the ratio of the round's totals; also per CPU second of the process, which other
+processes' load sways less than wall time), the shared drafts' acceptance, the share of
 requests whose tokens agree, and the index's lookup cost at its full size.
 
 Run: ``python -m research.bench.suffix_drafter --bundle demo --rounds 3`` (exact preset) or
@@ -76,11 +77,16 @@ def fresh_prompts(chat: bool, count: int) -> list[Prompt]:
 class Totals:
     tokens: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # the process's CPU time: less swayed than wall time by other processes' load
     outputs: list[list[int]] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_cpu_second(self) -> float:
+        return self.tokens / self.cpu_seconds if self.cpu_seconds else 0.0
 
 
 def run_round(pipe: Any, prompts: list[Prompt], params: SamplingParams, capacity: int) -> dict[str, Any]:
@@ -91,9 +97,10 @@ def run_round(pipe: Any, prompts: list[Prompt], params: SamplingParams, capacity
     for number, prompt in enumerate(prompts):
         for setting in ("on", "off") if number % 2 == 0 else ("off", "on"):
             lookup.shared = index if setting == "on" else None
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             result = pipe.generate(prompt, params)[0]
             totals[setting].seconds += time.perf_counter() - started
+            totals[setting].cpu_seconds += time.process_time() - cpu_started
             totals[setting].tokens += len(result.token_ids)
             totals[setting].outputs.append(result.token_ids)
     lookup.shared = None
@@ -102,6 +109,7 @@ def run_round(pipe: Any, prompts: list[Prompt], params: SamplingParams, capacity
         "on_tps": totals["on"].tokens_per_second,
         "off_tps": totals["off"].tokens_per_second,
         "ratio": totals["on"].tokens_per_second / totals["off"].tokens_per_second,
+        "cpu_ratio": totals["on"].tokens_per_cpu_second / totals["off"].tokens_per_cpu_second,
         "shared_drafted": lookup.shared_drafted - drafted,
         "shared_accepted": lookup.shared_accepted - accepted,
         "same_tokens": f"{same}/{len(prompts)}",
@@ -173,6 +181,8 @@ def main() -> None:
             "requests": len(prompts),
             "ratio_median": statistics.median(r["ratio"] for r in rounds),
             "ratios": [round(r["ratio"], 3) for r in rounds],
+            "cpu_ratio_median": statistics.median(r["cpu_ratio"] for r in rounds),
+            "cpu_ratios": [round(r["cpu_ratio"], 3) for r in rounds],
             "on_tps": statistics.median(r["on_tps"] for r in rounds),
             "off_tps": statistics.median(r["off_tps"] for r in rounds),
             "shared_acceptance": sum(r["shared_accepted"] for r in rounds) / drafted if drafted else None,
