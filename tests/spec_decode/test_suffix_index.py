@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from xpuspec.spec_decode.suffix_index import MAX_CANDIDATES, MAX_MATCH, SharedSuffixIndex, SuffixMatch
+from xpuspec.spec_decode.suffix_index import (
+    MAX_CANDIDATES,
+    MAX_MATCH,
+    TOKEN_BITS,
+    SharedSuffixIndex,
+    SuffixMatch,
+)
 
 
 def _brute_force(
@@ -132,3 +138,12 @@ def test_settings_are_checked() -> None:
         SharedSuffixIndex(capacity=0)
     with pytest.raises(ValueError, match="key_length"):
         SharedSuffixIndex(key_length=0)
+
+
+def test_a_document_with_a_token_id_no_key_holds_is_not_indexed() -> None:
+    index = SharedSuffixIndex()
+    index.add(None, [1, 2, 3, 1 << TOKEN_BITS, 5])
+    index.add(None, [1, 2, 3, -1, 5])
+    assert index.num_documents == 0
+    index.add(None, [(1 << TOKEN_BITS) - 1] * 3 + [7])
+    assert index.lookup(None, [(1 << TOKEN_BITS) - 1] * 3, 1) == SuffixMatch([7], 3)

@@ -42,8 +42,11 @@ KEY_LENGTH = 3
 MAX_CANDIDATES = 4
 # How far back a match is measured: enough to tell a verbatim repeat from a shared phrase.
 MAX_MATCH = 32
-DEFAULT_CAPACITY = 65536
+DEFAULT_CAPACITY = 32768  # a few dozen recent requests; its memory: docs/suffix-drafter.md
 _SEPARATOR = -1  # between documents: no key spans it, no continuation runs past it
+# A key is its tokens packed into one int, TOKEN_BITS each (a tuple took twice the memory). Token ids
+# are below every vocabulary's size; a document with a larger one is not indexed.
+TOKEN_BITS = 21
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,7 @@ class _TenantTokens:
     tokens: list[int] = field(default_factory=list)
     base: int = 0
     dead: int = 0
-    keys: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # key -> recent ends, oldest first
-
-    def token(self, position: int) -> int:
-        return self.tokens[position - self.base + self.dead]
+    keys: dict[int, list[int]] = field(default_factory=dict)  # packed key -> recent ends, oldest first
 
     @property
     def end(self) -> int:
@@ -83,6 +83,7 @@ class SharedSuffixIndex:
             raise ValueError(f"key_length must be an integer >= 1, got {key_length!r}")
         self.capacity = capacity
         self.key_length = key_length
+        self._key_mask = (1 << (TOKEN_BITS * key_length)) - 1
         self._tenants: dict[str | None, _TenantTokens] = {}
         # Every tenant's documents in the order added: (tenant, first position, length).
         self._documents: deque[tuple[str | None, int, int]] = deque()
@@ -99,8 +100,8 @@ class SharedSuffixIndex:
         """Index one finished request's tokens (prompt and output) under ``tenant``; evict the oldest
         documents while the index holds more than its capacity."""
         tokens = list(token_ids[-self.capacity :])
-        if len(tokens) <= self.key_length:
-            return  # no key with a continuation
+        if len(tokens) <= self.key_length or min(tokens) < 0 or max(tokens) >> TOKEN_BITS:
+            return  # no key with a continuation, or a token id no key can hold
         while self._documents and self.num_tokens + len(tokens) > self.capacity:
             self._evict_oldest()
         store = self._tenants.get(tenant)
@@ -109,11 +110,12 @@ class SharedSuffixIndex:
         start = store.end
         store.tokens.extend(tokens)
         store.tokens.append(_SEPARATOR)
-        keys, key_length = store.keys, self.key_length
+        keys, key_length, mask = store.keys, self.key_length, self._key_mask
+        key = self._pack(tokens[: key_length - 1])
         # Ends are the positions start + i for i in [key_length - 1, len - 2]: a key inside the
         # document, followed by one of its tokens.
         for i in range(key_length - 1, len(tokens) - 1):
-            key = tuple(tokens[i - key_length + 1 : i + 1])
+            key = ((key << TOKEN_BITS) | tokens[i]) & mask
             ends = keys.get(key)
             if ends is None:
                 keys[key] = [start + i]
@@ -132,7 +134,7 @@ class SharedSuffixIndex:
         key_length = self.key_length
         if store is None or num_tokens <= 0 or len(token_ids) < key_length:
             return None
-        ends = store.keys.get(tuple(token_ids[-key_length:]))
+        ends = store.keys.get(self._pack(token_ids[-key_length:]))
         if not ends:
             return None
         best_end, best_length = -1, -1
@@ -153,14 +155,24 @@ class SharedSuffixIndex:
             continuation = continuation[: continuation.index(_SEPARATOR)]
         return SuffixMatch(continuation, best_length)
 
+    @staticmethod
+    def _pack(tokens: Sequence[int]) -> int:
+        key = 0
+        for token in tokens:
+            key = (key << TOKEN_BITS) | token
+        return key
+
     def _evict_oldest(self) -> None:
         tenant, start, length = self._documents.popleft()
         store = self._tenants[tenant]
         assert store.base == start  # a tenant's documents leave in the order they came
-        keys, key_length = store.keys, self.key_length
+        keys, key_length, mask = store.keys, self.key_length, self._key_mask
+        first = start - store.base + store.dead  # the document's first token in store.tokens
+        tokens = store.tokens[first : first + length]
+        key = self._pack(tokens[: key_length - 1])
         for i in range(key_length - 1, length - 1):
             position = start + i
-            key = tuple(store.token(position - j) for j in range(key_length - 1, -1, -1))
+            key = ((key << TOKEN_BITS) | tokens[i]) & mask
             ends = keys.get(key)
             if ends and ends[0] == position:  # the oldest end of its key, if not pushed out already
                 del ends[0]
