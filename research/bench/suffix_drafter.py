@@ -7,6 +7,8 @@ Two workloads, one request at a time, greedy:
   loop runs its steps twice, the second time with refreshed headers, as an agent re-running its
   steps does. The requests share no conversation: what the shared index can
   offer is the earlier requests' tokens.
+* ``retry``: the first ``--prompts / 2`` fresh requests, then the same again (a client retrying or
+  regenerating at temperature 0): the most an index of earlier answers can give.
 * ``fresh``: fresh requests that share nothing but the chat template (held-out chat instructions on a
   chat model, held-out code windows on the demo pair): where the shared index must not lose.
 
@@ -71,6 +73,14 @@ def fresh_prompts(chat: bool, count: int) -> list[Prompt]:
         lines = HELDOUT_CHAT.read_text(encoding="utf-8").splitlines()
         return [json.loads(line)["messages"] for line in lines if line.strip()][:count]
     return [p.text for p in heldout_code_prompts(count, prompt_chars=500, seed=3)]
+
+
+def workload_prompts(workload: str, chat: bool, count: int) -> list[Prompt]:
+    if workload == "agent":
+        return agent_prompts(chat, count)
+    if workload == "retry":
+        return fresh_prompts(chat, max(1, count // 2)) * 2
+    return fresh_prompts(chat, count)
 
 
 @dataclass
@@ -166,11 +176,7 @@ def main() -> None:
     print(json.dumps({"bundle": args.bundle, "drafter": pipe.drafter, **lookup_microseconds(args.capacity)}))
     pipe.generate(fresh_prompts(not demo, 1)[0], params)  # warm-up
     for workload in args.workloads.split(","):
-        prompts = (
-            agent_prompts(not demo, args.prompts)
-            if workload == "agent"
-            else fresh_prompts(not demo, args.prompts)
-        )
+        prompts = workload_prompts(workload, not demo, args.prompts)
         rounds = []
         for number in range(args.rounds):
             rounds.append(run_round(pipe, prompts, params, args.capacity))
