@@ -38,7 +38,8 @@ class EngineConfig:
     # itself and that predicts more tokens per second (xpuspec.spec_decode.prompt_lookup).
     prompt_lookup: bool = True
     # With prompt lookup, its cross-request index (xpuspec.spec_decode.suffix_index) holds the tokens
-    # of recent finished requests, up to this many tokens over all tenants; 0: none.
+    # of recent finished requests, up to this many tokens over all tenants (suffix_index.DEFAULT_CAPACITY
+    # is a fair size); 0: none. Off by default: why, in docs/suffix-drafter.md.
     shared_lookup_tokens: int = 0
 
     def __post_init__(self) -> None:
