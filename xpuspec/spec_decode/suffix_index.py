@@ -140,7 +140,14 @@ class SharedSuffixIndex:
         best_end, best_length = -1, -1
         limit = min(MAX_MATCH, len(token_ids))
         tokens, offset = store.tokens, store.dead - store.base  # tokens[position + offset]
+        suffix = list(token_ids[-limit:])
         for end in reversed(ends):  # most recent first: it wins a tie
+            start = end - limit + 1 + offset
+            if start >= store.dead and tokens[start : end + 1 + offset] == suffix:
+                length = limit  # a verbatim repeat as long as measured: one list comparison
+                if best_length < length:
+                    best_end, best_length = end, length
+                break  # nothing older can match further
             length = key_length
             while length < limit:
                 index = end - length + offset
