@@ -11,7 +11,7 @@ from xpuspec import Pipeline, SamplingParams
 from xpuspec.core.proposal import Proposal
 from xpuspec.engine.engine import LLMEngine
 from xpuspec.engine.outputs import EngineConfig
-from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
+from xpuspec.spec_decode.suffix_index import DEFAULT_CAPACITY, SharedSuffixIndex
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0)
 # An agent re-sending one tool result under changing headers: the answers repeat across requests.
@@ -88,7 +88,8 @@ def test_a_tenants_requests_never_draft_from_another_tenants(pipe, target_only):
     assert engine.prompt_lookup.shared.tenants() == ["key-a", "key-b", None]
 
 
-def test_off_unless_asked_and_refused_below_zero():
-    assert EngineConfig().shared_lookup_tokens == 0
+def test_on_by_default_off_at_zero_and_refused_below_zero():
+    assert EngineConfig().shared_lookup_tokens == DEFAULT_CAPACITY > 0
+    assert EngineConfig(shared_lookup_tokens=0).shared_lookup_tokens == 0
     with pytest.raises(ValueError, match="shared_lookup_tokens"):
         EngineConfig(shared_lookup_tokens=-1)

@@ -112,7 +112,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="beside a draft model, also draft from the tokens of recent finished requests with the same "
-        "API key, keeping up to N tokens, e.g. 32768 (docs/suffix-drafter.md; default: off)",
+        "API key, keeping up to N tokens (docs/suffix-drafter.md; default: 32768; 0: off)",
     )
     parser.add_argument(
         "--property",

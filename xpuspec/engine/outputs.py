@@ -9,6 +9,7 @@ import numpy as np
 
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.core.sequence import SequenceStatus
+from xpuspec.spec_decode.suffix_index import DEFAULT_CAPACITY
 from xpuspec.structured.matcher import GuidedRequest
 
 FINISH_REASONS = {
@@ -38,9 +39,9 @@ class EngineConfig:
     # itself and that predicts more tokens per second (xpuspec.spec_decode.prompt_lookup).
     prompt_lookup: bool = True
     # With prompt lookup, its cross-request index (xpuspec.spec_decode.suffix_index) holds the tokens
-    # of recent finished requests, up to this many tokens over all tenants (suffix_index.DEFAULT_CAPACITY
-    # is a fair size); 0: none. Off by default: why, in docs/suffix-drafter.md.
-    shared_lookup_tokens: int = 0
+    # of recent finished requests, up to this many tokens over all tenants; 0: none. On by default: on
+    # fresh chat the cost model seldom picks its drafts and it did not lose (docs/suffix-drafter.md).
+    shared_lookup_tokens: int = DEFAULT_CAPACITY
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
