@@ -135,6 +135,16 @@ def test_shared_acceptance_is_tracked_apart_and_stops_shared_drafts_that_fail() 
     assert both is not None and not both.shared and both.token_ids[0] == 9
 
 
+def test_a_request_never_admitted_reads_no_tenants_documents() -> None:
+    lookup, policy = PromptLookup(shared=SharedSuffixIndex(1000)), _policy()
+    lookup.admit("earlier", None)
+    lookup.retire("earlier", [40, 41, 42, 43, 44, 45])
+    plain = 1000 / VERIFY_MS[1]
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43], "unknown"), policy, plain, 1, None) is None
+    lookup.admit("anonymous", None)
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43], "anonymous"), policy, plain, 1, None) is not None
+
+
 def test_a_request_joins_the_index_when_it_retires() -> None:
     lookup = PromptLookup(shared=SharedSuffixIndex(1000))
     lookup.admit("r", None)

@@ -98,8 +98,8 @@ class PromptLookup:
         tokens, ngram = self._indexes.propose_with_match(request_id, sequence.token_ids, max_tokens)
         if tokens:
             candidates.append((tokens, ngram, False, self.acceptance[ngram >= LONG_MATCH]))
-        if self.shared is not None:
-            match = self.shared.lookup(self._tenants.get(request_id), sequence.token_ids, max_tokens)
+        if self.shared is not None and request_id in self._tenants:  # never another tenant's by default
+            match = self.shared.lookup(self._tenants[request_id], sequence.token_ids, max_tokens)
             if match is not None and match.token_ids:
                 long = match.match_length >= SHARED_LONG_MATCH
                 candidates.append((match.token_ids, match.match_length, True, self.shared_acceptance[long]))
