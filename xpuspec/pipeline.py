@@ -86,6 +86,7 @@ class Pipeline:
         eagle3_head: str | Path | None = None,
         draft_vocab: int | None = None,
         startup_cache: bool = True,
+        shared_lookup_tokens: int | None = None,
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
         starts of the same setup on this machine (:mod:`xpuspec.calibration_cache`). False: time them.
@@ -116,6 +117,8 @@ class Pipeline:
         config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
         if not enable_prefix_caching:  # either switch turns it off
             config = dataclasses.replace(config, enable_prefix_caching=False)
+        if shared_lookup_tokens is not None:  # the cross-request lookup's bound (EngineConfig; 0: off)
+            config = dataclasses.replace(config, shared_lookup_tokens=shared_lookup_tokens)
         runner_limits = {
             "max_draft_tokens": config.max_draft_tokens,
             "max_sequences": config.max_num_seqs,

@@ -9,6 +9,7 @@ from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.cost_model import CostModel
 from xpuspec.spec_decode.prompt_lookup import LONG_MATCH, PromptLookup
 from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 
 # A target whose verification grows 10% per extra token, a draft pass at 30% of a target step.
 VERIFY_MS = {n: 10.0 * (1 + 0.1 * (n - 1)) for n in range(1, 10)}
@@ -95,3 +96,61 @@ def test_lookup_acceptance_is_its_own_and_stops_lookups_that_fail() -> None:
     lookup.forget("r")
     other = _sequence(REPEATING, "other")  # a new sequence starts from the pool: low as well
     assert lookup.choose(other, policy, 1000 / VERIFY_MS[1], 1, None) is None
+
+
+def _shared_lookup() -> PromptLookup:
+    """A lookup whose index holds one earlier request of tenant "key": "40 41 42 43 44 45 46 47"."""
+    lookup = PromptLookup(shared=SharedSuffixIndex(1000))
+    lookup.admit("earlier", "key")
+    lookup.retire("earlier", [40, 41, 42, 43, 44, 45, 46, 47])
+    return lookup
+
+
+def test_an_earlier_requests_continuation_is_drafted_for_the_same_tenant_only() -> None:
+    lookup, policy = _shared_lookup(), _policy()
+    plain = 1000 / VERIFY_MS[1]
+    sequence = _sequence([1, 2, 41, 42, 43])  # nothing recurs in its own tokens
+    lookup.admit("r", "key")
+    draft = lookup.choose(sequence, policy, plain, 1, None)
+    assert draft is not None and draft.shared and draft.ngram == 3
+    assert draft.token_ids == [44, 45, 46, 47][: len(draft.token_ids)]
+    lookup.admit("other", "another key")
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43], "other"), policy, plain, 1, None) is None
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43], "anonymous"), policy, plain, 1, None) is None
+
+
+def test_shared_acceptance_is_tracked_apart_and_stops_shared_drafts_that_fail() -> None:
+    lookup, policy = _shared_lookup(), _policy()
+    plain = 1000 / VERIFY_MS[1]
+    own_rate = lookup.acceptance[True].pool.rate
+    lookup.admit("r", "key")
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43]), policy, plain, 1, None) is not None
+    for _ in range(40):  # every shared draft rejected at once
+        lookup.update("r", 3, 4, 0, shared=True)
+    assert lookup.shared_drafted == 160 and lookup.shared_accepted == 0
+    assert lookup.acceptance[True].pool.rate == own_rate  # the sequence's own lookups keep theirs
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43]), policy, plain, 1, None) is None
+    # Its own recurring tail is still drafted, by its own rate.
+    both = lookup.choose(_sequence([41, 42, 43, 9, 41, 42, 43]), policy, plain, 1, None)
+    assert both is not None and not both.shared and both.token_ids[0] == 9
+
+
+def test_a_request_never_admitted_reads_no_tenants_documents() -> None:
+    lookup, policy = PromptLookup(shared=SharedSuffixIndex(1000)), _policy()
+    lookup.admit("earlier", None)
+    lookup.retire("earlier", [40, 41, 42, 43, 44, 45])
+    plain = 1000 / VERIFY_MS[1]
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43], "unknown"), policy, plain, 1, None) is None
+    lookup.admit("anonymous", None)
+    assert lookup.choose(_sequence([1, 2, 41, 42, 43], "anonymous"), policy, plain, 1, None) is not None
+
+
+def test_a_request_joins_the_index_when_it_retires() -> None:
+    lookup = PromptLookup(shared=SharedSuffixIndex(1000))
+    lookup.admit("r", None)
+    lookup.forget("r")  # forgotten, not retired: nothing indexed
+    assert lookup.shared.num_documents == 0
+    lookup.admit("r", None)
+    lookup.retire("r", [5, 6, 7, 8, 9])
+    assert lookup.shared.num_documents == 1 and lookup.shared.tenants() == [None]
+    PromptLookup().retire("r", [5, 6, 7, 8, 9])  # without an index: only forgotten

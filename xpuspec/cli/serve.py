@@ -107,6 +107,14 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="recompute every prompt (default: reuse the KV of prompt prefixes seen before)",
     )
     parser.add_argument(
+        "--shared-lookup-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="beside a draft model, also draft from the tokens of recent finished requests with the same "
+        "API key, keeping up to N tokens (docs/suffix-drafter.md; default: 32768; 0: off)",
+    )
+    parser.add_argument(
         "--property",
         action="append",
         default=[],
@@ -318,6 +326,7 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
             draft_properties=settings.draft_properties,
             num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
+            shared_lookup_tokens=args.shared_lookup_tokens,
         )
         if pipeline.engine.grammar is not None:
             pipeline.engine.grammar.limits = settings.grammar_limits

@@ -31,3 +31,5 @@ class Proposal:
     # Drafted by the engine's prompt lookup beside the drafter (LLMEngine.prompt_lookup): the length
     # of the n-gram that matched (0: the drafter's). Its acceptance is tracked apart.
     lookup_ngram: int = 0
+    # The lookup's match came from other requests' tokens (xpuspec.spec_decode.suffix_index).
+    lookup_shared: bool = False

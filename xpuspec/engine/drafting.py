@@ -85,6 +85,7 @@ class Drafting:
                 lookups[c.sequence.request_id].token_ids[: c.num_draft_tokens],
                 None,
                 lookup_ngram=lookups[c.sequence.request_id].ngram,
+                lookup_shared=lookups[c.sequence.request_id].shared,
             )
             for c in wanted
             if c.sequence.request_id in lookups

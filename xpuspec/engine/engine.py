@@ -85,6 +85,7 @@ from xpuspec.spec_decode.cost_model import CostModel
 from xpuspec.spec_decode.prompt_lookup import PromptLookup
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
 from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
@@ -205,7 +206,7 @@ class LLMEngine:
             # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
             # EAGLE-3 head, which must see every target state in order).
             prompt_lookup=(
-                PromptLookup()
+                PromptLookup(shared=self._shared_index())
                 if self.config.prompt_lookup and caps.is_draft_model and not caps.needs_every_target_state
                 else None
             ),
@@ -214,6 +215,10 @@ class LLMEngine:
             is_guided=lambda request_id: self.states[request_id].guide is not None,
             last_target_shape=lambda: self.step_shape.last,
         )
+
+    def _shared_index(self) -> SharedSuffixIndex | None:
+        tokens = self.config.shared_lookup_tokens
+        return SharedSuffixIndex(tokens) if tokens else None
 
     def build_scheduler(self) -> None:
         """A new scheduler and block manager (at construction, and after a failed step)."""
@@ -256,8 +261,13 @@ class LLMEngine:
         return 0
 
     # ----------------------------------------------------------------- requests
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, tenant: str | None = None
+    ) -> None:
         """Queue a request, or raise ValueError and change nothing.
+
+        ``tenant`` (a digest of the client's API key; None: the anonymous tenant) scopes the
+        cross-request lookup: its drafts come from the same tenant's earlier requests only.
 
         Everything is checked and built (parameters, token ids, context, random stream) before the
         request enters any engine structure, so a rejected request leaves no trace.
@@ -288,6 +298,8 @@ class LLMEngine:
         self.scheduler.add(sequence)  # the last check (the KV cache), and the first insertion
         self.sequences[request_id] = sequence
         self.states[request_id] = state
+        if self.prompt_lookup is not None:
+            self.prompt_lookup.admit(request_id, tenant)
 
     def abort(self, request_id: str, finish_reason: str = "abort", num_dropped_tokens: int = 0) -> bool:
         """Stop a request at any time; its KV blocks are freed at once. The caller reports the end.
@@ -420,7 +432,7 @@ class LLMEngine:
         self.sequences.pop(sequence.request_id, None)
         self.acceptance.forget(sequence.request_id)
         if self.prompt_lookup is not None:
-            self.prompt_lookup.forget(sequence.request_id)
+            self.prompt_lookup.retire(sequence.request_id, sequence.token_ids)
         self._release_kv(sequence.request_id)
 
     def _on_preempted(self, sequence: Sequence) -> None:

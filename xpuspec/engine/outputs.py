@@ -9,6 +9,7 @@ import numpy as np
 
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.core.sequence import SequenceStatus
+from xpuspec.spec_decode.suffix_index import DEFAULT_CAPACITY
 from xpuspec.structured.matcher import GuidedRequest
 
 FINISH_REASONS = {
@@ -37,6 +38,10 @@ class EngineConfig:
     # Beside a draft model, adaptive γ also drafts by prompt lookup where the sequence repeats
     # itself and that predicts more tokens per second (xpuspec.spec_decode.prompt_lookup).
     prompt_lookup: bool = True
+    # With prompt lookup, its cross-request index (xpuspec.spec_decode.suffix_index) holds the tokens
+    # of recent finished requests, up to this many tokens over all tenants; 0: none. On by default: on
+    # fresh chat the cost model seldom picks its drafts and it did not lose (docs/suffix-drafter.md).
+    shared_lookup_tokens: int = DEFAULT_CAPACITY
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
@@ -48,6 +53,8 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if not 0 <= self.max_draft_tokens <= 16:
             raise ValueError(f"max_draft_tokens must be in [0, 16], got {self.max_draft_tokens}")
+        if self.shared_lookup_tokens < 0:
+            raise ValueError(f"shared_lookup_tokens must be >= 0 (0: none), got {self.shared_lookup_tokens}")
         if self.decode_burst_steps < 1:
             raise ValueError(f"decode_burst_steps must be >= 1 (1: no bursts), got {self.decode_burst_steps}")
         if not self.decode_burst_seconds >= 0:

@@ -154,7 +154,11 @@ class Verifier:
             prompt_lookup = engine.prompt_lookup
             if proposal.lookup_ngram and prompt_lookup is not None:
                 prompt_lookup.update(
-                    sequence.request_id, proposal.lookup_ngram, num_drafted, result.num_accepted
+                    sequence.request_id,
+                    proposal.lookup_ngram,
+                    num_drafted,
+                    result.num_accepted,
+                    shared=proposal.lookup_shared,
                 )
                 state.stats.record_lookup(num_drafted, result.num_accepted)
             else:

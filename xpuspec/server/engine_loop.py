@@ -84,6 +84,8 @@ class ChoiceRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     provenance: bool = False  # its events say which tokens and text were accepted drafts
+    # Scopes the cross-request lookup (LLMEngine.add_request): a digest of the client's API key.
+    tenant: str | None = None
 
 
 @dataclass
@@ -354,7 +356,9 @@ class EngineLoop:
         assert self.pipeline is not None
         try:
             # Atomic: a request the engine rejects leaves no trace in it.
-            self.pipeline.engine.add_request(request_id, choice.prompt_token_ids, choice.params)
+            self.pipeline.engine.add_request(
+                request_id, choice.prompt_token_ids, choice.params, tenant=choice.tenant
+            )
         except ValueError as error:
             event = ChoiceEvent(choice.index, "", 0, finish_reason="error", error=str(error))
             self._outbox.append((generation, event))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -67,6 +68,16 @@ class TrackedStream:
                 self._on_close = None
 
 
+def tenant_of(authorization: str) -> str | None:
+    """The tenant of a request with this Authorization header: a digest of its bearer key (the key
+    itself is kept nowhere), or None (the anonymous tenant) without one. The engine's cross-request
+    lookup drafts a request from its own tenant's earlier requests only."""
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
+
+
 def start_generation(
     kind: Kind, prepared: PreparedRequest, context_type: type[ResponseContext] = ResponseContext
 ) -> tuple[Generation, ResponseContext]:
@@ -82,6 +93,9 @@ def start_generation(
             param="n",
             code="invalid_value",
         )
+    tenant = tenant_of(request.headers.get("Authorization", ""))
+    for choice in prepared.choices:
+        choice.tenant = tenant
     try:
         generation = state.loop.submit(prepared.choices)
     except QueueFullError as error:

@@ -20,6 +20,14 @@ matches of one token and of more (:data:`LONG_MATCH`), since all are accepted at
 rates. The draft model's cache is not run for a lookup step: its next pass catches up over the tokens
 it missed, as after a stretch of γ = 0.
 
+Given a :class:`~xpuspec.spec_decode.suffix_index.SharedSuffixIndex`, the lookup also reads the
+recent finished requests' tokens of the same tenant (``admit`` says a request's tenant; ``retire``
+adds its tokens to the index). Its continuation is weighed by the same rule, with its own acceptance
+rates (:data:`SHARED_LONG_MATCH` splits them by match length), and the candidate that predicts the
+most tokens per second, of the sequence's own lookup, the shared one and the draft model, wins.
+Where the shared drafts are rarely accepted (fresh chat), their pooled rate falls and the cost model
+stops choosing them: their own rates keep them from dragging the sequence's own lookups down.
+
 Fixed γ (``num_draft_tokens``), seeded requests, trees and output constraints' forced tokens keep
 the drafter alone, so a fixed-γ comparison with another engine's draft model stays like for like.
 Lookup drafts are deterministic: verification treats q as one-hot, as for the n-gram drafter.
@@ -33,6 +41,7 @@ from xpuspec.core.sequence import Sequence
 from xpuspec.spec_decode.acceptance import AcceptanceRates
 from xpuspec.spec_decode.ngram_proposer import NgramIndexes, NgramProposer
 from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 
 MIN_NGRAM = 1
 MAX_NGRAM = 4
@@ -40,6 +49,9 @@ MAX_NGRAM = 4
 # often than a longer one, on code often enough to pay. Pooled together, a chat request's many weak
 # 1-token matches pulled down the rate of its strong ones (docs/experiments/code-comment-figures.md).
 LONG_MATCH = 2
+# Shared matches start at the index's key length; the chat template's tail alone matches several
+# tokens in every earlier request, while a verbatim repeat (a re-sent tool result) soon matches many.
+SHARED_LONG_MATCH = 12
 
 
 @dataclass(frozen=True)
@@ -48,16 +60,28 @@ class LookupDraft:
 
     token_ids: list[int]
     ngram: int
+    shared: bool = False  # from the cross-request index, not the sequence's own tokens
 
 
 class PromptLookup:
     """Chooses, per sequence and step, a lookup draft over the draft model's chain (module docstring)."""
 
-    def __init__(self, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM) -> None:
+    def __init__(
+        self, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM, shared: SharedSuffixIndex | None = None
+    ) -> None:
         self.lookup = NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram)
         self._indexes = NgramIndexes(self.lookup)  # each sequence's n-grams so far
         # Acceptance of lookups by match length: short (1 token) and long (LONG_MATCH or more).
         self.acceptance = {False: AcceptanceRates(), True: AcceptanceRates()}
+        self.shared = shared  # recent finished requests' tokens, per tenant (None: own tokens only)
+        # Acceptance of shared lookups: matches shorter than SHARED_LONG_MATCH, and longer.
+        self.shared_acceptance = {False: AcceptanceRates(), True: AcceptanceRates()}
+        self._tenants: dict[str, str | None] = {}  # each request's tenant, from admit to retire
+        self.shared_drafted = self.shared_accepted = 0  # shared draft tokens verified, accepted
+
+    def admit(self, request_id: str, tenant: str | None) -> None:
+        """``request_id``'s lookups read, and its tokens go to, ``tenant``'s documents."""
+        self._tenants[request_id] = tenant
 
     def choose(
         self,
@@ -69,33 +93,53 @@ class PromptLookup:
     ) -> LookupDraft | None:
         """The lookup draft for ``sequence`` this step, or None when the draft model's best choice
         (``model_tokens_per_second``, γ = 0 included) predicts as much."""
-        tokens, ngram = self._indexes.propose_with_match(
-            sequence.request_id, sequence.token_ids, policy.max_draft_tokens
-        )
-        if not tokens:
-            return None
-        rates = self.acceptance[ngram >= LONG_MATCH]
-        gamma, tokens_per_second = policy.best(
-            rates.rate(sequence.request_id, pooled_prior=True),
-            num_sequences,
-            num_sequences,
-            previous_tokens_per_sequence,
-            drafting=False,
-            max_gamma=len(tokens),
-        )
-        if gamma == 0 or tokens_per_second <= model_tokens_per_second:
-            return None
-        return LookupDraft(tokens[:gamma], ngram)
+        request_id, max_tokens = sequence.request_id, policy.max_draft_tokens
+        candidates = []
+        tokens, ngram = self._indexes.propose_with_match(request_id, sequence.token_ids, max_tokens)
+        if tokens:
+            candidates.append((tokens, ngram, False, self.acceptance[ngram >= LONG_MATCH]))
+        if self.shared is not None and request_id in self._tenants:  # never another tenant's by default
+            match = self.shared.lookup(self._tenants[request_id], sequence.token_ids, max_tokens)
+            if match is not None and match.token_ids:
+                long = match.match_length >= SHARED_LONG_MATCH
+                candidates.append((match.token_ids, match.match_length, True, self.shared_acceptance[long]))
+        best: LookupDraft | None = None
+        best_rate = model_tokens_per_second
+        for tokens, ngram, shared, rates in candidates:
+            gamma, tokens_per_second = policy.best(
+                rates.rate(request_id, pooled_prior=True),
+                num_sequences,
+                num_sequences,
+                previous_tokens_per_sequence,
+                drafting=False,
+                max_gamma=len(tokens),
+            )
+            if gamma > 0 and tokens_per_second > best_rate:
+                best, best_rate = LookupDraft(tokens[:gamma], ngram, shared), tokens_per_second
+        return best
 
-    def update(self, request_id: str, ngram: int, num_drafted: int, num_accepted: int) -> None:
-        """A verified lookup of an ``ngram``-token match (0: a step without drafts, which decays both)."""
-        if ngram:
+    def update(
+        self, request_id: str, ngram: int, num_drafted: int, num_accepted: int, shared: bool = False
+    ) -> None:
+        """A verified lookup of an ``ngram``-token match (0: a step without drafts, which decays all)."""
+        if ngram and shared:
+            self.shared_acceptance[ngram >= SHARED_LONG_MATCH].update(request_id, num_drafted, num_accepted)
+            self.shared_drafted += num_drafted
+            self.shared_accepted += num_accepted
+        elif ngram:
             self.acceptance[ngram >= LONG_MATCH].update(request_id, num_drafted, num_accepted)
         else:
-            for rates in self.acceptance.values():
+            for rates in (*self.acceptance.values(), *self.shared_acceptance.values()):
                 rates.update(request_id, 0, 0)
+
+    def retire(self, request_id: str, token_ids: list[int]) -> None:
+        """The request ended with ``token_ids`` (prompt and output): they join its tenant's documents."""
+        if self.shared is not None and request_id in self._tenants:
+            self.shared.add(self._tenants[request_id], token_ids)
+        self.forget(request_id)
 
     def forget(self, request_id: str) -> None:
         self._indexes.forget(request_id)
-        for rates in self.acceptance.values():
+        self._tenants.pop(request_id, None)
+        for rates in (*self.acceptance.values(), *self.shared_acceptance.values()):
             rates.forget(request_id)
