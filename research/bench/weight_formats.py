@@ -12,9 +12,9 @@ Each variant is a bundle of the target alone (a copy of the default bundle's tar
 run by ``Pipeline(drafter="none")`` at the default properties (the same for every variant: the CPU
 plugin's defaults follow the manifest's weight label, which is none of "int4"/"int8" here), and:
 
-- ``step ms``: the median batch-1 decode step (time after the first token / tokens after it), in
-  interleaved rounds (order reversed every other round), ``ratio``: the median of the per-round ratios to
-  the first variant's;
+- ``step ms``: the median batch-1 decode step (time after the first token / tokens after it) over
+  slots: in each round each timed prompt goes through every variant in turn (order reversed every other
+  slot); ``ratio``: the median of the per-slot ratios to the first variant's;
 - ``vs exact``: greedy text (EOS honoured) against the *first* variant's text in exact mode (f32 compute,
   f32 KV, no dynamic quantisation), the reference today's default is judged by;
 - ``vs own exact``: the variant at default properties against itself in exact mode;
@@ -115,7 +115,7 @@ class Variant:
     pipe: Any = None
     tokens: list[list[int]] = field(default_factory=list)
     exact_tokens: list[list[int]] = field(default_factory=list)
-    steps_ms: list[float] = field(default_factory=list)  # one median per round
+    steps_ms: list[float] = field(default_factory=list)  # one per slot (a prompt in a round)
 
     @property
     def bin_mb(self) -> float:
@@ -135,21 +135,28 @@ def _greedy(pipe: Any, prompts: list[Any], max_tokens: int) -> list[list[int]]:
 
 
 def _timed_round(variants: list[Variant], prompts: list[Any], max_tokens: int, reverse: bool) -> None:
+    """Each prompt through every variant in turn (one slot per prompt): the load of a shared machine moves
+    in seconds, so variants compared within one slot see nearly the same."""
     from xpuspec.sample.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for variant in variants[::-1] if reverse else variants:
-        steps = []
-        for prompt in prompts:
+    for prompt in prompts:
+        for variant in variants[::-1] if reverse else variants:
             (result,) = variant.pipe.generate([prompt], params)
             step = decode_step_ms(result.stats)
-            if step is not None:
-                steps.append(step)
-        variant.steps_ms.append(statistics.median(steps))
+            variant.steps_ms.append(step if step is not None else float("nan"))
+        reverse = not reverse
 
 
 def measure(
-    labels: tuple[str, ...], base: Path, work: Path, prompts: int, max_tokens: int, rounds: int, timed: int
+    labels: tuple[str, ...],
+    base: Path,
+    work: Path,
+    prompts: int,
+    max_tokens: int,
+    rounds: int,
+    timed: int,
+    agreement: bool = True,
 ) -> list[dict[str, Any]]:
     from xpuspec.planning.agreement import compare
 
@@ -157,29 +164,33 @@ def measure(
     variants = [Variant(label, variant_bundle(base, work, label)) for label in labels]
     instructions = chat_instructions(prompts)
     for variant in variants:  # exact mode first, one pipeline at a time: its memory goes before the next
-        pipe = _pipeline(variant.bundle, "exact")
-        variant.exact_tokens = _greedy(pipe, instructions, max_tokens)
-        del pipe
-        gc.collect()
+        if agreement:
+            pipe = _pipeline(variant.bundle, "exact")
+            variant.exact_tokens = _greedy(pipe, instructions, max_tokens)
+            del pipe
+            gc.collect()
         variant.pipe = _pipeline(variant.bundle, None)
-        variant.tokens = _greedy(variant.pipe, instructions, max_tokens)
-        logger.info("%s: agreement measured", variant.label)
+        variant.tokens = _greedy(variant.pipe, instructions if agreement else instructions[:1], max_tokens)
+        logger.info("%s: ready", variant.label)
     for index in range(rounds):
         _timed_round(variants, instructions[:timed], max_tokens, reverse=index % 2 == 1)
         logger.info("round %d: %s", index + 1, {v.label: round(v.steps_ms[-1], 2) for v in variants})
+    agree = (lambda reference, got: compare(reference, got).describe()) if agreement else (lambda *_: "-")
     reference = variants[0]
     rows = []
     for variant in variants:
-        ratios = [s / b for s, b in zip(variant.steps_ms, reference.steps_ms, strict=True)]
+        ratios = [
+            s / b for s, b in zip(variant.steps_ms, reference.steps_ms, strict=True) if s == s and b == b
+        ]
         rows.append(
             {
                 "variant": variant.label,
-                "step_ms": round(statistics.median(variant.steps_ms), 2),
+                "step_ms": round(statistics.median(v for v in variant.steps_ms if v == v), 2),
                 "ratio": round(statistics.median(ratios), 3),
                 "ratios": [round(r, 3) for r in ratios],
-                "vs_reference_exact": compare(reference.exact_tokens, variant.tokens).describe(),
-                "vs_own_exact": compare(variant.exact_tokens, variant.tokens).describe(),
-                "exact_vs_reference_exact": compare(reference.exact_tokens, variant.exact_tokens).describe(),
+                "vs_reference_exact": agree(reference.exact_tokens, variant.tokens),
+                "vs_own_exact": agree(variant.exact_tokens, variant.tokens),
+                "exact_vs_reference_exact": agree(reference.exact_tokens, variant.exact_tokens),
                 "bin_mb": round(variant.bin_mb, 1),
             }
         )
@@ -214,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed-prompts", type=int, default=3, help="prompts per variant per timed round")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--timing-only", action="store_true", help="no agreement (its columns show -)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.bundle is None:
