@@ -10,9 +10,11 @@ import pytest
 
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from tests.support.tiny_gguf import write_gguf_from_checkpoint
+from xpuspec import Pipeline, SamplingParams
+from xpuspec.model_bundle import ModelBundle
 from xpuspec.prepare.compress import count_low_precision_weights
-from xpuspec.prepare.config import PrepareError
-from xpuspec.prepare.gguf import convert_gguf
+from xpuspec.prepare.config import PrepareConfig, PrepareError
+from xpuspec.prepare.gguf import convert_gguf, prepare_gguf_bundle
 from xpuspec.prepare.gguf_model import GgufModel
 from xpuspec.prepare.gguf_weights import GgufWeightFormat, embedding_and_head, recompress_ir, weight_outputs
 
@@ -33,13 +35,18 @@ def test_unknown_labels_are_refused_with_the_choices(label):
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama (untied embedding and LM head) written as an F16 GGUF and converted by GenAI's reader."""
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama (untied embedding and LM head) written as an F16 GGUF."""
     work = tmp_path_factory.mktemp("gguf_weights")
     checkpoint = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=2, seed=0)
-    gguf = write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")
-    convert_gguf(GgufModel.read(gguf, "target"), work / "ir")
-    return work / "ir" / "openvino_model.xml"
+    return write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_gguf: Path) -> Path:
+    """The tiny GGUF converted by GenAI's reader."""
+    convert_gguf(GgufModel.read(tiny_gguf, "target"), tiny_gguf.parent / "ir")
+    return tiny_gguf.parent / "ir" / "openvino_model.xml"
 
 
 def _logits(xml: Path, token_ids: np.ndarray) -> np.ndarray:
@@ -77,3 +84,29 @@ def test_the_head_alone_is_recompressed_and_the_layers_are_left_as_converted(con
     recompress_ir(converted, out, GgufWeightFormat.parse("gguf+head_int4_sym_g32"))
     int8, int4 = count_low_precision_weights(ov.Core().read_model(str(out)))
     assert (int8, int4) == (0, 2)
+
+
+def test_prepare_records_the_weight_format_and_why_and_the_bundle_runs(tiny_gguf, tmp_path):
+    config = PrepareConfig(
+        target=str(tiny_gguf),
+        output=tmp_path / "bundle",
+        gguf_weight_format="int4_sym_g32+head_int8_asym",
+        gguf_weight_reason="faster here",
+    )
+    bundle = ModelBundle.open(prepare_gguf_bundle(config), verify=True)
+    compression = bundle.target.facts["compression"]
+    assert compression["weights"] == "int4_sym_g32+head_int8_asym" and compression["gguf_weights"] == "F16"
+    assert compression["recompressed"]["reason"] == "faster here"
+    assert compression["int4_constants"] > 0 and compression["int8_constants"] == 2
+    pipe = Pipeline(bundle, drafter="none", properties="exact", use_placement=False)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert len(pipe.generate("def add(a, b):", greedy)[0].token_ids) == 8
+
+
+def test_a_weight_format_beside_weights_or_an_unknown_one_is_refused(tiny_gguf, tmp_path):
+    with pytest.raises(ValueError, match="give one"):
+        PrepareConfig(
+            target=str(tiny_gguf), output=tmp_path / "b", weights="int8", gguf_weight_format="int8_sym"
+        )
+    with pytest.raises(ValueError, match="int4_sym_g64"):
+        PrepareConfig(target=str(tiny_gguf), output=tmp_path / "b", gguf_weight_format="int3")
