@@ -11,12 +11,14 @@ import pytest
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from tests.support.tiny_gguf import write_gguf_from_checkpoint
 from xpuspec import Pipeline, SamplingParams
+from xpuspec.devices.executors import model_weights
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.prepare.compress import count_low_precision_weights
 from xpuspec.prepare.config import PrepareConfig, PrepareError
 from xpuspec.prepare.gguf import convert_gguf, prepare_gguf_bundle
 from xpuspec.prepare.gguf_model import GgufModel
 from xpuspec.prepare.gguf_weights import GgufWeightFormat, embedding_and_head, recompress_ir, weight_outputs
+from xpuspec_plugins.cpu import CpuPlugin
 
 
 def test_labels_parse_and_print_back():
@@ -98,6 +100,11 @@ def test_prepare_records_the_weight_format_and_why_and_the_bundle_runs(tiny_gguf
     assert compression["weights"] == "int4_sym_g32+head_int8_asym" and compression["gguf_weights"] == "F16"
     assert compression["recompressed"]["reason"] == "faster here"
     assert compression["int4_constants"] > 0 and compression["int8_constants"] == 2
+    # The label is no bare "int4"/"int8": the CPU's defaults stay the ones the format was measured at.
+    plugin = CpuPlugin()
+    assert plugin.compile_properties("target", weights=model_weights(bundle.target)) == (
+        plugin.compile_properties("target", weights="F16")
+    )
     pipe = Pipeline(bundle, drafter="none", properties="exact", use_placement=False)
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     assert len(pipe.generate("def add(a, b):", greedy)[0].token_ids) == 8
