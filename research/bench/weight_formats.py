@@ -175,7 +175,10 @@ def measure(
     for index in range(rounds):
         _timed_round(variants, instructions[:timed], max_tokens, reverse=index % 2 == 1)
         logger.info("round %d: %s", index + 1, {v.label: round(v.steps_ms[-1], 2) for v in variants})
-    agree = (lambda reference, got: compare(reference, got).describe()) if agreement else (lambda *_: "-")
+
+    def agree(reference: list[list[int]], got: list[list[int]]) -> str:
+        return compare(reference, got).describe() if agreement else "-"
+
     reference = variants[0]
     rows = []
     for variant in variants:
@@ -236,7 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         labels = tuple(label.strip() for label in args.only.split(",") if label.strip())
     rows = measure(
-        labels, args.bundle, args.work, args.prompts, args.max_tokens, args.rounds, args.timed_prompts
+        labels,
+        args.bundle,
+        args.work,
+        args.prompts,
+        args.max_tokens,
+        args.rounds,
+        args.timed_prompts,
+        agreement=not args.timing_only,
     )
     for row in rows:
         print(json.dumps(row), flush=True)
