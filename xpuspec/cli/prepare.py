@@ -97,6 +97,14 @@ def _add_compression_arguments(parser: argparse.ArgumentParser) -> None:
     symmetry.add_argument(
         "--asym", dest="sym", action="store_const", const=False, help="asymmetric (default: from --for)"
     )
+    parser.add_argument(
+        "--weight-format",
+        metavar="FORMAT",
+        help="GGUF targets: re-compress the converted weights with NNCF: the layers' format "
+        "(int4_sym_g32/64/128, int4_asym_g32/64/128, int8_sym, int8_asym, or gguf: as converted), then "
+        "optionally +head_FORMAT for the embedding / LM head, e.g. int4_sym_g64+head_int8_asym "
+        "(default: as converted; docs/benchmarks.md, Target weight formats)",
+    )
     parser.add_argument("--ratio", type=float, help="share of int4 layers, rest int8 (default: from --for)")
     parser.add_argument("--awq", action="store_true", help="data-aware AWQ (int4)")
     parser.add_argument("--scale-estimation", action="store_true", help="data-aware scale estimation (int4)")
@@ -177,6 +185,8 @@ def _config(args: argparse.Namespace) -> PrepareConfig:
         group_size_fallback=args.group_size_fallback,
         eagle3=args.eagle3,
         draft_vocab=args.draft_vocab,
+        gguf_weight_format=args.weight_format,
+        gguf_weight_reason="asked for (xpuspec prepare --weight-format)" if args.weight_format else None,
     )
 
 
@@ -193,6 +203,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         if gguf_source:
             _check_gguf_options(config)
         else:
+            if config.gguf_weight_format is not None:
+                raise PrepareError("--weight-format applies to GGUF targets; use --weights for checkpoints")
             _check_paths(config)
     except PrepareError as error:
         report_error(one_line(str(error)))

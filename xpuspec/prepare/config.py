@@ -129,6 +129,10 @@ class PrepareConfig:
     # The draft proposes only the first draft_vocab ids (recorded in the manifest; the runtime cuts the
     # draft's LM head to them, xpuspec.executor.graph_edits.cut_logits_vocab).
     draft_vocab: int | None = None
+    # A GGUF target's converted weights re-compressed with NNCF (xpuspec.prepare.gguf_weights label, e.g.
+    # int4_sym_g64); None or "gguf": as GenAI's reader converts them. The reason is recorded with it.
+    gguf_weight_format: str | None = None
+    gguf_weight_reason: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output", Path(self.output).expanduser())
@@ -153,6 +157,15 @@ class PrepareConfig:
                 raise ValueError("draft_vocab given without a draft model")
             if not isinstance(self.draft_vocab, int) or self.draft_vocab < 1:
                 raise ValueError(f"draft_vocab must be a positive number of ids, got {self.draft_vocab!r}")
+        if self.gguf_weight_format is not None:
+            from xpuspec.prepare.gguf_weights import GgufWeightFormat  # it imports PrepareError from here
+
+            try:
+                as_converted = GgufWeightFormat.parse(self.gguf_weight_format).as_converted
+            except PrepareError as error:
+                raise ValueError(str(error)) from error
+            if self.weights is not None and not as_converted:
+                raise ValueError("--weights and --weight-format both re-compress the target: give one")
         if self.force_pair and self.draft is None:
             raise ValueError("force_pair given without a draft model")
         if self.group_size_fallback not in GROUP_SIZE_FALLBACKS:

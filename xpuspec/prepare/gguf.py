@@ -23,6 +23,7 @@ from typing import Any
 from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
+from xpuspec.prepare.gguf_weights import AS_IS, GgufWeightFormat, recompress_ir
 from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
@@ -111,8 +112,10 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
     """`xpuspec prepare TARGET.gguf [--draft DRAFT] -o BUNDLE`: the GGUF counterpart of ``prepare_bundle``.
 
     The target keeps its GGUF quantisation. ``--weights`` re-compresses with NNCF only an unquantised
-    (F32/F16) GGUF; on a quantised one it is refused, naming the GGUF's types. On any failure or
-    interrupt the output path is left untouched.
+    (F32/F16) GGUF; on a quantised one it is refused, naming the GGUF's types. ``--weight-format``
+    (``config.gguf_weight_format``) re-compresses the converted weights of any GGUF target to another
+    format (:mod:`xpuspec.prepare.gguf_weights`), recorded in the manifest with its reason. On any failure
+    or interrupt the output path is left untouched.
     """
     output = config.output.resolve()
     check_output_path(output, config.overwrite)
@@ -126,7 +129,8 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
         draft_gguf.check_supported("draft")
     roles = ["target"] + (["draft"] if draft_spec else [])
     head_steps = 1 if config.eagle3 is not None else 0
-    steps = StepProgress(total_steps=2 + 2 * len(roles) + head_steps, sink=progress)
+    recompress_steps = 0 if _target_weight_format(config).as_converted else 1
+    steps = StepProgress(total_steps=2 + 2 * len(roles) + head_steps + recompress_steps, sink=progress)
     with staging_folder(output) as staging:
         with steps.step("reading GGUF metadata" + (", checking the pair" if draft_spec else "")):
             pairing, draft_source = _check_gguf_pair(target, draft_spec, draft_gguf, config.force_pair)
@@ -211,6 +215,12 @@ def _prepare_gguf_model(
             f"keeping {role} weights as {model.weight_format} (the GGUF's own; no NNCF recompression)"
         ):
             compression.update(_count_weights(model_dir))
+    weight_format = _target_weight_format(config)
+    if role == "target" and not weight_format.as_converted:
+        with steps.step(
+            f"re-compressing {role} weights to {weight_format.label} (NNCF, from the GGUF's own)"
+        ):
+            compression = _recompress_converted(model_dir, model, weight_format, config.gguf_weight_reason)
     return {
         "role": role,
         "path": role,
@@ -241,6 +251,35 @@ def _recompress(model_dir: Path, compression: Any) -> dict[str, Any]:
         (scratch / name).replace(model_dir / name)
     scratch.rmdir()
     return {"mode": compression.mode, "weights": compression.weights, **_count_weights(model_dir)}
+
+
+def _target_weight_format(config: PrepareConfig) -> GgufWeightFormat:
+    return GgufWeightFormat.parse(config.gguf_weight_format or AS_IS)
+
+
+def _recompress_converted(
+    model_dir: Path, model: GgufModel, weight_format: GgufWeightFormat, reason: str | None
+) -> dict[str, Any]:
+    """The converted IR's weights re-compressed to ``weight_format``, with the record of what and why.
+
+    The recorded ``weights`` is the format's label, never a bare "int4"/"int8": the devices' defaults for
+    those (the CPU's f32 compute with dynamic quantisation) were not what the format was measured at."""
+    import gc
+
+    scratch = model_dir / ".recompress"
+    scratch.mkdir()
+    done = recompress_ir(model_dir / IR_FILES[0], scratch / IR_FILES[0], weight_format)
+    gc.collect()
+    for name in IR_FILES[:2]:
+        (scratch / name).replace(model_dir / name)
+    scratch.rmdir()
+    return {
+        "mode": f"gguf {model.weight_format} recompressed {weight_format.label}",
+        "weights": weight_format.label,
+        "gguf_weights": model.weight_format,
+        "recompressed": {**done, "reason": reason},
+        **_count_weights(model_dir),
+    }
 
 
 def _count_weights(model_dir: Path) -> dict[str, int]:
