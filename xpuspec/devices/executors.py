@@ -105,15 +105,19 @@ def compile_ahead(
     """Start compiling ``model`` for a paged executor in a thread, as :func:`create_runner` would with
     the same arguments (a draft: with its decode lane); pass the result as its ``precompiled``. None
     where the device's executor is not the paged one (those compile in :func:`create_runner`).
-    ``max_sequences`` and ``max_context`` size the KV cache, which :func:`create_runner` allocates:
-    taken here only so that one set of options can go to both."""
+    With ``max_context``, the thread also runs the compiled graphs' first passes at that context
+    (:func:`~xpuspec.executor.paged_runner.warm_up_compiled`), the slow ones, so that the runner's own
+    warm-up finds them done. ``max_sequences`` sizes the KV cache, which :func:`create_runner`
+    allocates: taken here only so that one set of options can go to both."""
     if device.plugin.executor_kind != "paged":
         return None
     from xpuspec.executor.paged_compile import compile_in_background, compile_paged
+    from xpuspec.executor.paged_runner import warm_up_compiled
 
     properties = _role_properties(device, model, role, user_properties, tuned_properties, max_draft_tokens)
-    return compile_in_background(
-        lambda: compile_paged(
+
+    def work() -> Any:
+        compiled = compile_paged(
             model.path,
             device.device,
             properties,
@@ -121,7 +125,11 @@ def compile_ahead(
             decode_lane=role == "draft",
             logits_vocab=logits_vocab,
         )
-    )
+        if max_context is not None:
+            warm_up_compiled(compiled, max_context)
+        return compiled
+
+    return compile_in_background(work)
 
 
 def _role_properties(

@@ -372,6 +372,16 @@ def _token_axis(tensor: ov.Tensor, block_size: int) -> int | None:
     return None
 
 
+def warm_up_compiled(compiled: PagedCompile, max_context: int) -> None:
+    """:meth:`PagedModelRunner.warm_up` through a throwaway runner on ``compiled``, with a KV cache of
+    one block (the pass reads and writes block 0 only). What makes a compiled graph's first passes slow,
+    its buffers and the kernels of these shapes, stays with the compiled model: a runner built on it
+    later starts warm. For a model compiled in a thread while another compiles."""
+    PagedModelRunner(compiled.model_dir, compiled.device, num_blocks=1, compiled=compiled).warm_up(
+        max_context
+    )
+
+
 PAGE_BYTES = 4096  # cache tensors start on a page boundary, as the plugin's own allocations do
 
 
