@@ -11,8 +11,7 @@ import pytest
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.executor.graph_edits import SAMPLED_TOKEN_INDICES, make_paged_model
-from xpuspec.executor.paged_compile import MODEL_FILE
-from xpuspec.executor.paged_runner import PagedModelRunner
+from xpuspec.executor.paged_runner import MODEL_FILE, PagedModelRunner
 
 pytestmark = pytest.mark.slow
 

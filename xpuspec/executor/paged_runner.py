@@ -25,6 +25,7 @@ import openvino as ov
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import ExecutorCaps
 from xpuspec.executor.hidden_taps import Projection
+from xpuspec.executor.paged_compile import MODEL_FILE as MODEL_FILE  # the runner's input file, named here too
 from xpuspec.executor.paged_compile import PagedCompile, compile_paged
 from xpuspec.executor.paged_inputs import (
     BATCH_INPUTS,

@@ -33,7 +33,7 @@ import openvino as ov
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import ExecutorCaps
-from xpuspec.executor.paged_compile import MODEL_FILE
+from xpuspec.executor.paged_runner import MODEL_FILE
 
 logger = logging.getLogger(__name__)
 
