@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from xpuspec import calibration_cache
 from xpuspec.bundles import resolve_bundle
 from xpuspec.core.interfaces import Drafter
-from xpuspec.devices.executors import create_runner
+from xpuspec.devices.executors import compile_ahead, create_runner
 from xpuspec.devices.placement import (
     DRAFTERS,
     TREE_DRAFTERS,
@@ -90,8 +90,6 @@ class Pipeline:
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
         starts of the same setup on this machine (:mod:`xpuspec.calibration_cache`). False: time them.
-        (OpenVINO's compiled-model cache, ``CACHE_DIR``, is not used: two processes starting at once on
-        one cache folder hung in ``compile_model``; docs/benchmarks.md.)
         ``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
@@ -125,10 +123,8 @@ class Pipeline:
             "max_context": config.max_model_len,
             "core": core,
         }
-        head = self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits)
-        proposer = self._build_drafter(
-            eagle3_head, head, core, draft_properties, properties, draft_vocab, runner_limits
-        )
+        finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
+        proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
         self._build_engine(proposer, config, overlap)
         # What the calibration's timings depend on, beside the machine (calibration_cache.machine_facts).
         setup = {
@@ -260,41 +256,49 @@ class Pipeline:
         )
         return head
 
-    def _build_drafter(
+    def _start_drafter(
         self,
         eagle3_head: str | Path | None,
-        head: HeadFolder | None,
-        core: Any,
         draft_properties: PropertiesArg,
         properties: PropertiesArg,
         draft_vocab: int | None,
         runner_limits: dict[str, Any],
-    ) -> Drafter | None:
-        """The drafter the placement chose: an EAGLE-3 head, a draft model, n-grams, or none."""
+    ) -> Callable[[HeadFolder | None], Drafter | None]:
+        """The drafter the placement chose (an EAGLE-3 head, a draft model, n-grams, or none), finished
+        once the target is built. A draft model compiles meanwhile, in a thread: it needs only the
+        target's KV blocks, taken after, so the start waits for the longer compile rather than both."""
         if self.drafter == "eagle3":
-            return self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
+            core = runner_limits["core"]
+            return lambda head: self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
         if self.draft_device is None:
-            return NgramDraftProposer() if self.drafter == "ngram" else None
+            drafter = NgramDraftProposer() if self.drafter == "ngram" else None
+            return lambda head: drafter
         if draft_vocab is None:
             draft_vocab = self.bundle.draft.facts.get("draft_vocab")  # type: ignore[union-attr]
         self.draft_vocab = draft_vocab
-        draft_runner = create_runner(
-            self.draft_device,
-            self.bundle.draft,  # type: ignore[arg-type]
-            "draft",
-            draft_properties if draft_properties is not None else properties,
-            tuned_properties=self.tuned_properties["draft"],
-            num_blocks=self.target_runner.num_blocks,
-            block_size=self.target_runner.block_size,
-            logits_vocab=draft_vocab,
-            **runner_limits,
-        )
-        if draft_runner.block_size != self.target_runner.block_size:
-            raise ValueError(
-                f"draft KV block size {draft_runner.block_size} differs from the target's "
-                f"{self.target_runner.block_size}: put both models on devices with the same block size"
+        user = draft_properties if draft_properties is not None else properties
+        draft = (self.draft_device, self.bundle.draft, "draft", user)
+        tuned = self.tuned_properties["draft"]
+        options = dict(tuned_properties=tuned, logits_vocab=draft_vocab, **runner_limits)
+        ahead = compile_ahead(*draft, **options)  # type: ignore[arg-type]
+
+        def finish(head: HeadFolder | None) -> Drafter:
+            target = self.target_runner
+            draft_runner = create_runner(
+                *draft,  # type: ignore[arg-type]
+                num_blocks=target.num_blocks,
+                block_size=target.block_size,
+                precompiled=ahead.result() if ahead is not None else None,
+                **options,
             )
-        return DraftModelProposer(draft_runner, self.target_runner.vocab_size)
+            if draft_runner.block_size != target.block_size:
+                raise ValueError(
+                    f"draft KV block size {draft_runner.block_size} differs from the target's "
+                    f"{target.block_size}: put both models on devices with the same block size"
+                )
+            return DraftModelProposer(draft_runner, target.vocab_size)
+
+        return finish
 
     def _build_engine(self, proposer: Drafter | None, config: EngineConfig, overlap: bool | None) -> None:
         """The engine over the target and the drafter, with grammar support (calibrated next)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from xpuspec.devices.placement import ResolvedDevice
@@ -30,6 +31,7 @@ def create_runner(
     hidden_state_layers: Sequence[int] | None = None,
     logits_vocab: int | None = None,
     hidden_state_projection: Any = None,
+    precompiled: Any = None,
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
@@ -42,10 +44,11 @@ def create_runner(
     ``logits_vocab``: a draft proposing only the first ids of the shared
     vocabulary (:func:`xpuspec.executor.graph_edits.cut_logits_vocab`); the other executors keep the
     whole LM head and draft from every id (output is exact either way; only the cost differs).
+    ``precompiled``: what :func:`compile_ahead` returned for the same arguments (a paged executor's
+    compiled models), so only the KV cache is left to build.
     """
     plugin = device.plugin
-    user = layer_tuned(tuned_properties, resolve_properties(user_properties))
-    properties = _compile_properties(plugin, role, user, model, max_draft_tokens)
+    properties = _role_properties(device, model, role, user_properties, tuned_properties, max_draft_tokens)
     logger.debug("%s on %s (%s executor): %s", role, device.device, plugin.executor_kind, properties)
     if hidden_state_layers is not None and plugin.executor_kind != "paged":
         raise ValueError(
@@ -69,6 +72,7 @@ def create_runner(
             hidden_state_layers=hidden_state_layers,
             hidden_state_projection=hidden_state_projection,
             logits_vocab=logits_vocab,
+            compiled=precompiled,
         )
     if logits_vocab is not None:
         logger.debug(
@@ -83,6 +87,62 @@ def create_runner(
             raise ValueError(f"plugin {plugin.name} has executor_kind 'reference' but no create_runner()")
         return plugin.create_runner(model.path, model.facts, properties, num_blocks, block_size)
     raise ValueError(f"plugin {plugin.name}: unknown executor_kind {plugin.executor_kind!r}")
+
+
+def compile_ahead(
+    device: ResolvedDevice,
+    model: ModelInfo,
+    role: Role,
+    user_properties: PropertiesArg,
+    *,
+    tuned_properties: dict[str, Any] | None = None,
+    max_draft_tokens: int,
+    core: Any,
+    logits_vocab: int | None = None,
+    max_sequences: int | None = None,
+    max_context: int | None = None,
+) -> Future[Any] | None:
+    """Start compiling ``model`` for a paged executor in a thread, as :func:`create_runner` would with
+    the same arguments (a draft: with its decode lane); pass the result as its ``precompiled``. None
+    where the device's executor is not the paged one (those compile in :func:`create_runner`).
+    With ``max_context``, the thread also runs the compiled graphs' first passes at that context
+    (:func:`~xpuspec.executor.paged_runner.warm_up_compiled`), the slow ones, so that the runner's own
+    warm-up finds them done. ``max_sequences`` sizes the KV cache, which :func:`create_runner`
+    allocates: taken here only so that one set of options can go to both."""
+    if device.plugin.executor_kind != "paged":
+        return None
+    from xpuspec.executor.paged_compile import compile_in_background, compile_paged
+    from xpuspec.executor.paged_runner import warm_up_compiled
+
+    properties = _role_properties(device, model, role, user_properties, tuned_properties, max_draft_tokens)
+
+    def work() -> Any:
+        compiled = compile_paged(
+            model.path,
+            device.device,
+            properties,
+            core,
+            decode_lane=role == "draft",
+            logits_vocab=logits_vocab,
+        )
+        if max_context is not None:
+            warm_up_compiled(compiled, max_context)
+        return compiled
+
+    return compile_in_background(work)
+
+
+def _role_properties(
+    device: ResolvedDevice,
+    model: ModelInfo,
+    role: Role,
+    user_properties: PropertiesArg,
+    tuned_properties: dict[str, Any] | None,
+    max_draft_tokens: int,
+) -> dict[str, Any]:
+    """The compile properties for ``role``: the user's over the tuned ones, through the plugin."""
+    user = layer_tuned(tuned_properties, resolve_properties(user_properties))
+    return _compile_properties(device.plugin, role, user, model, max_draft_tokens)
 
 
 def _compile_properties(

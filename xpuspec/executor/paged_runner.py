@@ -24,8 +24,9 @@ import openvino as ov
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import ExecutorCaps
-from xpuspec.executor.graph_edits import cut_logits_vocab, make_paged_model
-from xpuspec.executor.hidden_taps import Projection, add_hidden_state_taps
+from xpuspec.executor.hidden_taps import Projection
+from xpuspec.executor.paged_compile import MODEL_FILE as MODEL_FILE  # the runner's input file, named here too
+from xpuspec.executor.paged_compile import PagedCompile, compile_paged
 from xpuspec.executor.paged_inputs import (
     BATCH_INPUTS,
     INITIAL_CAPACITY,
@@ -40,7 +41,6 @@ from xpuspec.executor.paged_inputs import (
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILE = "openvino_model.xml"
 DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 _CACHE_INPUT = re.compile(r"^(key|value)_cache\.(\d+)$")
 
@@ -85,24 +85,30 @@ class PagedModelRunner:
         hidden_state_layers: Sequence[int] | None = None,
         logits_vocab: int | None = None,
         hidden_state_projection: Projection | None = None,
+        compiled: PagedCompile | None = None,
     ) -> None:
-        model_path = Path(model_dir) / MODEL_FILE
-        if not model_path.is_file():
-            raise ValueError(f"no {MODEL_FILE} in {model_dir}: expected an optimum-intel stateful export")
+        """``compiled``: the models :func:`~xpuspec.executor.paged_compile.compile_paged` compiled for
+        this runner ahead (in a thread, while another model compiled); the arguments that shape the
+        graph (``decode_lane``, the taps, ``logits_vocab``) are then those it was compiled with.
+        Without it, the runner compiles ``model_dir`` itself."""
         if num_blocks is not None and cache_bytes is not None:
             raise ValueError("give num_blocks or cache_bytes, not both")
         if num_blocks is not None and num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        core = core or ov.Core()
-        model = make_paged_model(core.read_model(model_path))
-        if logits_vocab is not None:
-            cut_logits_vocab(model, logits_vocab)
-        self.hidden_state_layers: tuple[int, ...] | None = None
-        tapped_name = None
-        if hidden_state_layers is not None:
-            self.hidden_state_layers = tuple(int(layer) for layer in hidden_state_layers)
-            tapped_name = add_hidden_state_taps(model, self.hidden_state_layers, hidden_state_projection)
-        self.compiled_model = core.compile_model(model, device, dict(properties or {}))
+        if compiled is None:
+            compiled = compile_paged(
+                model_dir,
+                device,
+                properties,
+                core,
+                decode_lane,
+                hidden_state_layers,
+                logits_vocab,
+                hidden_state_projection,
+            )
+        self.hidden_state_layers: tuple[int, ...] | None = compiled.hidden_state_layers
+        tapped_name = compiled.tapped_name
+        self.compiled_model = compiled.main
         ports = _compiled_input_names(self.compiled_model)
         cache_ports = self._check_inputs(ports)
         self._allocate_cache(
@@ -138,12 +144,8 @@ class PagedModelRunner:
         # one token per sequence, so neither copy changes shape within a step. It costs a second copy
         # of the weights.
         self._decode_lane = (
-            Lane(
-                core.compile_model(model, device, dict(properties or {})),
-                self.cache_tensors,
-                self.supports_tree_masks,
-            )
-            if decode_lane
+            Lane(compiled.decode_lane, self.cache_tensors, self.supports_tree_masks)
+            if compiled.decode_lane is not None
             else None
         )
 
@@ -369,6 +371,16 @@ def _token_axis(tensor: ov.Tensor, block_size: int) -> int | None:
     if len(shape) == 4 and shape[3] == block_size:
         return 3
     return None
+
+
+def warm_up_compiled(compiled: PagedCompile, max_context: int) -> None:
+    """:meth:`PagedModelRunner.warm_up` through a throwaway runner on ``compiled``, with a KV cache of
+    one block (the pass reads and writes block 0 only). What makes a compiled graph's first passes slow,
+    its buffers and the kernels of these shapes, stays with the compiled model: a runner built on it
+    later starts warm. For a model compiled in a thread while another compiles."""
+    PagedModelRunner(compiled.model_dir, compiled.device, num_blocks=1, compiled=compiled).warm_up(
+        max_context
+    )
 
 
 PAGE_BYTES = 4096  # cache tensors start on a page boundary, as the plugin's own allocations do
