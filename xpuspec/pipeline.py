@@ -12,7 +12,6 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
+from xpuspec.generation_result import GenerationError, GenerationResult
 from xpuspec.model_bundle import ModelBundle
 from xpuspec.request_text import RequestText, apply_output
 from xpuspec.sample.draft_tree import parse_draft_tree
@@ -47,22 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Messages = list[dict[str, str]]
-
-
-@dataclass
-class GenerationResult:
-    """One request's output. finish_reason "error" means the request failed alone (its sampling,
-    its text) or with the whole engine step; ``error`` says why, and the text is what came before."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    stats: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-
-
-class GenerationError(RuntimeError):
-    """A streamed request ended with finish_reason "error"."""
 
 
 class Pipeline:
