@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.bench.workloads import CHAT_QUESTIONS
-from xpuspec.prepare.gguf_weights import INT4_GROUPS, GgufWeightFormat, recompress_ir
+from xpuspec.prepare.gguf_formats import INT4_GROUPS, GgufWeightFormat
+from xpuspec.prepare.gguf_weights import recompress_ir
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ from xpuspec.model_bundle import ModelBundle
 from xpuspec.prepare.compress import count_low_precision_weights
 from xpuspec.prepare.config import PrepareConfig, PrepareError
 from xpuspec.prepare.gguf import convert_gguf, prepare_gguf_bundle
+from xpuspec.prepare.gguf_formats import GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel
-from xpuspec.prepare.gguf_weights import GgufWeightFormat, embedding_and_head, recompress_ir, weight_outputs
+from xpuspec.prepare.gguf_weights import embedding_and_head, recompress_ir, weight_outputs
 from xpuspec_plugins.cpu import CpuPlugin
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpuspec.prepare.errors import PrepareError
+from xpuspec.prepare.gguf_formats import GgufWeightFormat
 from xpuspec.prepare.presets import (
     CHANNEL_WISE,
     DEVICE_PRESETS,
@@ -29,10 +31,6 @@ BUILTIN_CALIBRATION_PROMPTS: tuple[str, ...] = (
 
 
 GROUP_SIZE_FALLBACKS = ("error", "ignore", "adjust")
-
-
-class PrepareError(Exception):
-    """`xpuspec prepare` cannot go on; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -158,8 +156,6 @@ class PrepareConfig:
             if not isinstance(self.draft_vocab, int) or self.draft_vocab < 1:
                 raise ValueError(f"draft_vocab must be a positive number of ids, got {self.draft_vocab!r}")
         if self.gguf_weight_format is not None:
-            from xpuspec.prepare.gguf_weights import GgufWeightFormat  # it imports PrepareError from here
-
             try:
                 as_converted = GgufWeightFormat.parse(self.gguf_weight_format).as_converted
             except PrepareError as error:

@@ -22,8 +22,9 @@ from typing import Any
 
 from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
+from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
-from xpuspec.prepare.gguf_weights import AS_IS, GgufWeightFormat, recompress_ir
+from xpuspec.prepare.gguf_weights import recompress_ir
 from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
