@@ -203,3 +203,11 @@ def test_a_real_comparison_with_llama_server(tmp_path):
     assert all(row["tokens_per_s"] > 0 and row["peak_rss_mb"] for row in rows.values())
     assert "Paris" in comparison.exact_texts[0]
     assert os.path.exists(tmp_path / "servers" / "llama.cpp -t 1.log")
+
+
+def test_the_serve_mode_refuses_a_client_count_below_one(capfd):
+    from xpuspec.cli import main
+    from xpuspec.errors import EXIT_USAGE
+
+    assert main(["bench", "--mode", "serve", "--concurrency", "0", "--bundle", "demo"]) == EXIT_USAGE
+    assert "client counts must be >= 1" in capfd.readouterr().err
