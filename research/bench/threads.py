@@ -132,7 +132,7 @@ def _ratios(runs: list[dict[str, Any]], configs: list[str], loads: list[str]) ->
     return table
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -144,7 +144,7 @@ def main() -> int:
     parser.add_argument("--loads", default="quiet,busy")
     parser.add_argument("--out", type=Path, default=Path("threads.json"))
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.worker:
         print(json.dumps(worker(args.worker, args.bundle, args.prompts, args.max_tokens)))
