@@ -1,8 +1,10 @@
-"""llama.cpp's ``llama-server`` as a peer: one chat at a time through each server's OpenAI chat route.
+"""llama.cpp's ``llama-server`` as a peer: chats through each server's OpenAI chat route.
 
 `xpuspec bench --mode serve` runs the bundle's own GGUF (a bundle prepared from one records its
-path) in ``llama-server`` beside ``xpuspec serve`` on the bundle, with the same chat messages, one
-request at a time, greedy. Rows:
+path) in ``llama-server`` beside ``xpuspec serve`` on the bundle, with the same chat messages, greedy,
+at each client count asked for (``--concurrency``, default one: a laptop's single chat): N clients
+send the chat instructions back to back (xpuspec.bench.chat_clients), and llama-server gets N slots
+(``-np N``, N slots' context). Rows:
 
 - xpuspec's default (its drafter, prefix caching on), xpuspec target-only (``--drafter none``);
 - llama.cpp at 1 and 2 threads, each with and without its n-gram speculation (``--spec-type
@@ -10,9 +12,11 @@ request at a time, greedy. Rows:
 
 Every row starts its server afresh each round (so llama.cpp's shared n-gram pool cannot replay the
 benchmark's earlier answers, and every round times a start), in an order that rotates with the
-rounds. xpuspec's exact mode answers each prompt once, untimed: each row's greedy agreement with it
-is reported. ``llama-server`` is built by ``scripts/build-llama-server.sh`` into the xpuspec cache,
-or given with ``--llama-server PATH``; nothing in xpuspec's runtime uses it.
+rounds. Per row and client count: aggregate tokens/s, TTFT p50 and p99 over every request, start
+time, peak RSS; per client count, xpuspec's default over llama.cpp's best row. xpuspec's exact mode
+answers each prompt once, untimed: each row's greedy agreement with it is reported. ``llama-server``
+is built by ``scripts/build-llama-server.sh`` into the xpuspec cache, or given with ``--llama-server
+PATH``; nothing in xpuspec's runtime uses it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 
 import httpx
 
-from xpuspec.bench.server_process import ServerProcess, free_port, sse_events
+from xpuspec.bench.chat_clients import ChatResult, ClientsRound, Messages, percentile, run_clients
+from xpuspec.bench.server_process import ServerProcess, free_port
 from xpuspec.model_bundle import ModelBundle, cache_dir
 
 logger = logging.getLogger(__name__)
@@ -88,60 +93,24 @@ XPUSPEC_ROWS = [
 EXACT_ROW = Row("xpuspec", "xpuspec exact", ("--exact", "--drafter", "none"))
 
 
-class LlamaServer(ServerProcess):
-    """``llama-server`` on the GGUF, on a free loopback port; one slot, like a laptop's single chat."""
+def slot_context(bundle: ModelBundle, max_tokens: int) -> int:
+    """Each llama-server slot's context: a chat instruction and its answer, within the model's window.
+    llama-server allocates every slot's KV cache at start, so a larger one would only cost it memory."""
+    return min(bundle.max_context, max(2048, max_tokens + 1024))
 
-    def __init__(self, binary: Path, gguf: Path, row: Row, context: int, log_path: Path) -> None:
+
+class LlamaServer(ServerProcess):
+    """``llama-server`` on the GGUF, on a free loopback port, with one slot per client: ``-np N`` and a
+    context of N slots (``-c`` is split between the slots); continuous batching is its default."""
+
+    def __init__(
+        self, binary: Path, gguf: Path, row: Row, context: int, log_path: Path, slots: int = 1
+    ) -> None:
         super().__init__(None, log_path, startup_timeout_s=120.0)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port)]
-        self.command += ["-c", str(context), "-np", "1", "--no-webui", *row.args]
-
-
-@dataclass
-class ChatResult:
-    text: str
-    tokens: int
-    seconds: float
-    ttft_s: float | None
-
-
-def stream_chat(
-    client: httpx.Client, base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int
-) -> ChatResult:
-    """One streamed greedy /v1/chat/completions; the text, the completion tokens (usage, else one per
-    chunk with content), the wall time and the time to the first content."""
-    payload = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "seed": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    started = time.perf_counter()
-    first = None
-    pieces: list[str] = []
-    usage_tokens = None
-    # One connection per request, for both servers alike: llama-server's HTTP library closes a kept-alive
-    # connection after a few requests, and a reused connection it closed fails the next request.
-    headers = {"Connection": "close"}
-    with client.stream(
-        "POST", f"{base_url}/v1/chat/completions", json=payload, headers=headers, timeout=600
-    ) as response:
-        for event in sse_events(response):
-            for choice in event.get("choices") or ():
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    first = first or time.perf_counter()
-                    pieces.append(content)
-            if event.get("usage"):
-                usage_tokens = int(event["usage"]["completion_tokens"])
-    seconds = time.perf_counter() - started
-    tokens = usage_tokens if usage_tokens is not None else len(pieces)
-    return ChatResult("".join(pieces), tokens, seconds, None if first is None else first - started)
+        self.command += ["-c", str(context * slots), "-np", str(slots), "--no-webui", *row.args]
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -157,75 +126,89 @@ def peak_rss_mb(pid: int) -> float | None:
 
 @dataclass
 class RowRound:
-    """One row's round: a fresh server, every prompt once."""
+    """One row's round at one client count: a fresh server, every prompt at least once."""
 
     start_s: float
-    results: list[ChatResult]
+    clients_round: ClientsRound
     peak_rss_mb: float | None
 
     @property
+    def results(self) -> list[ChatResult]:
+        return self.clients_round.results
+
+    @property
     def tokens_per_s(self) -> float:
-        return sum(r.tokens for r in self.results) / max(sum(r.seconds for r in self.results), 1e-9)
+        return self.clients_round.tokens_per_s
 
 
 @dataclass
 class ServeComparison:
     rows: list[Row]
-    rounds: dict[str, list[RowRound]] = field(default_factory=dict)
+    clients: tuple[int, ...] = (1,)
+    # By (row label, client count): one entry per round.
+    rounds: dict[tuple[str, int], list[RowRound]] = field(default_factory=dict)
     exact_texts: list[str] = field(default_factory=list)
     not_run: dict[str, str] = field(default_factory=dict)
 
 
+def _not_run_key(label: str, clients: int) -> str:
+    return label if clients == 1 else f"{label} at {clients} clients"
+
+
 def _open_server(
-    row: Row, bundle_path: Path | None, gguf: Path | None, binary: Path | None, log: Path, context: int
+    row: Row,
+    bundle_path: Path | None,
+    gguf: Path | None,
+    binary: Path | None,
+    log: Path,
+    context: int,
+    clients: int,
 ) -> ServerProcess:
     if row.engine == "llama.cpp":
         assert binary is not None and gguf is not None
-        return LlamaServer(binary, gguf, row, context, log)
-    # Prefix caching as `xpuspec serve` has it by default (llama-server keeps its prompt cache too).
+        return LlamaServer(binary, gguf, row, context, log, slots=clients)
+    # Prefix caching as `xpuspec serve` has it by default (llama-server keeps its prompt cache too). Its
+    # continuous batching takes any number of requests in flight: nothing to size per client count.
     return ServerProcess(bundle_path, log, prefix_caching=True, extra_args=row.args)
 
 
 def _run_row(
-    row: Row,
-    prompts: list[list[dict[str, str]]],
-    max_tokens: int,
-    opened: ServerProcess,
+    row: Row, prompts: list[Messages], max_tokens: int, opened: ServerProcess, clients: int
 ) -> RowRound:
     started = time.perf_counter()
-    with opened as server, httpx.Client() as client:
+    with opened as server:
         start_s = time.perf_counter() - started
-        results = [
-            stream_chat(client, server.base_url, server.model, messages, max_tokens) for messages in prompts
-        ]
+        clients_round = run_clients(server.base_url, server.model, prompts, clients, max_tokens)
         assert server.process is not None
         rss = peak_rss_mb(server.process.pid)
     logger.info(
-        "%s: %.1f tokens/s, start %.1f s",
+        "%s at %d clients: %.1f tokens/s, start %.1f s",
         row.label,
-        sum(r.tokens for r in results) / max(sum(r.seconds for r in results), 1e-9),
+        clients,
+        clients_round.tokens_per_s,
         start_s,
     )
-    return RowRound(start_s, results, rss)
+    return RowRound(start_s, clients_round, rss)
 
 
 def run_serve_comparison(
     bundle_path: Path | None,
     bundle: ModelBundle,
-    prompts: list[list[dict[str, str]]],
+    prompts: list[Messages],
     *,
     rounds: int,
     max_tokens: int,
     out: Path,
     llama_server: Path | None = None,
     threads: Sequence[int] = (1, 2),
+    clients: Sequence[int] = (1,),
 ) -> ServeComparison:
-    """Every row's server, fresh each round, in an order rotating with the rounds; then xpuspec's exact
-    mode once, for agreement."""
+    """At each client count, every row's server, fresh each round, in an order rotating with the
+    rounds; then xpuspec's exact mode once, one request at a time, for agreement."""
     binary = find_llama_server(llama_server)
     gguf = bundle_gguf(bundle)
     rows = list(XPUSPEC_ROWS)
-    comparison = ServeComparison(rows)
+    comparison = ServeComparison(rows, tuple(clients))
     if binary is None:
         comparison.not_run["llama.cpp"] = (
             f"no llama-server: build one with {BUILD_SCRIPT}, or pass --llama-server PATH"
@@ -234,58 +217,77 @@ def run_serve_comparison(
         comparison.not_run["llama.cpp"] = "the bundle was not prepared from a GGUF file llama.cpp can read"
     else:
         rows += llama_rows(threads)
-    context = min(bundle.max_context, 4096)
+    context = slot_context(bundle, max_tokens)
     logs = out / "servers"
-    for index in range(rounds):
-        shift = index % len(rows)
-        for row in rows[shift:] + rows[:shift]:
-            if row.label in comparison.not_run:
-                continue
-            opened = _open_server(row, bundle_path, gguf, binary, logs / f"{row.label}.log", context)
-            try:
-                comparison.rounds.setdefault(row.label, []).append(_run_row(row, prompts, max_tokens, opened))
-            except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
-                # One line, and the row stays out of later rounds; its log says the rest.
-                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-                comparison.not_run[row.label] = f"{reason} (log: {logs / f'{row.label}.log'})"
-                comparison.rounds.pop(row.label, None)
-                logger.warning("%s: not run: %s", row.label, reason)
-    exact = _open_server(EXACT_ROW, bundle_path, None, None, logs / "exact.log", context)
-    comparison.exact_texts = [r.text for r in _run_row(EXACT_ROW, prompts, max_tokens, exact).results]
+    for count in clients:
+        for index in range(rounds):
+            shift = index % len(rows)
+            for row in rows[shift:] + rows[:shift]:
+                key = _not_run_key(row.label, count)
+                if key in comparison.not_run:
+                    continue
+                log = logs / f"{key}.log"
+                opened = _open_server(row, bundle_path, gguf, binary, log, context, count)
+                try:
+                    result = _run_row(row, prompts, max_tokens, opened, count)
+                except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
+                    # One line, and the row stays out of this client count's later rounds; its log says
+                    # the rest.
+                    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                    comparison.not_run[key] = f"{reason} (log: {log})"
+                    comparison.rounds.pop((row.label, count), None)
+                    logger.warning("%s: not run: %s", key, reason)
+                    continue
+                comparison.rounds.setdefault((row.label, count), []).append(result)
+    exact = _open_server(EXACT_ROW, bundle_path, None, None, logs / "exact.log", context, 1)
+    comparison.exact_texts = _run_row(EXACT_ROW, prompts, max_tokens, exact, 1).clients_round.texts_by_prompt(
+        len(prompts)
+    )
     return comparison
 
 
+def _summarise_row(row: Row, clients: int, rounds: list[RowRound], exact_texts: list[str]) -> dict[str, Any]:
+    ttfts = [1000 * r.ttft_s for round_ in rounds for r in round_.results if r.ttft_s is not None]
+    texts = rounds[0].clients_round.texts_by_prompt(len(exact_texts))
+    rss = [round_.peak_rss_mb for round_ in rounds if round_.peak_rss_mb is not None]
+    return {
+        "engine": row.engine,
+        "row": row.label,
+        "clients": clients,
+        "tokens_per_s": statistics.median(round_.tokens_per_s for round_ in rounds),
+        "tokens_per_s_by_round": [round(round_.tokens_per_s, 2) for round_ in rounds],
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p99_ms": percentile(ttfts, 99),
+        "requests": sum(len(round_.results) for round_ in rounds),
+        "start_s": statistics.median(round_.start_s for round_ in rounds),
+        "peak_rss_mb": max(rss) if rss else None,
+        "agreement_with_exact": sum(a == b for a, b in zip(texts, exact_texts, strict=True)),
+        "prompts": len(texts),
+    }
+
+
 def summarise(comparison: ServeComparison) -> dict[str, Any]:
-    """Per row: median tokens/s and TTFT over rounds, median start, peak RSS, agreement with exact."""
+    """Per row and client count: median aggregate tokens/s over rounds, TTFT p50 and p99 over every
+    request, median start, peak RSS, agreement with exact; and, per client count, xpuspec's default
+    over llama.cpp's best row."""
     rows: list[dict[str, Any]] = []
-    for row in comparison.rows:
-        rounds = comparison.rounds.get(row.label, [])
-        if not rounds:
-            continue
-        ttfts = [r.ttft_s for round_ in rounds for r in round_.results if r.ttft_s is not None]
-        texts = [r.text for r in rounds[0].results]
-        rss = [round_.peak_rss_mb for round_ in rounds if round_.peak_rss_mb is not None]
-        rows.append(
-            {
-                "engine": row.engine,
-                "row": row.label,
-                "tokens_per_s": statistics.median(round_.tokens_per_s for round_ in rounds),
-                "tokens_per_s_by_round": [round(round_.tokens_per_s, 2) for round_ in rounds],
-                "ttft_ms": 1000 * statistics.median(ttfts) if ttfts else None,
-                "start_s": statistics.median(round_.start_s for round_ in rounds),
-                "peak_rss_mb": max(rss) if rss else None,
-                "agreement_with_exact": sum(
-                    a == b for a, b in zip(texts, comparison.exact_texts, strict=True)
-                ),
-                "prompts": len(texts),
-            }
-        )
-    llama = [r["tokens_per_s"] for r in rows if r["engine"] == "llama.cpp"]
-    best = max(llama) if llama else None
-    for entry in rows:
-        entry["vs_llama_cpp_best"] = entry["tokens_per_s"] / best if best else None
+    default_vs_best: dict[str, float | None] = {}
+    for clients in comparison.clients:
+        level = [
+            _summarise_row(row, clients, comparison.rounds[(row.label, clients)], comparison.exact_texts)
+            for row in comparison.rows
+            if comparison.rounds.get((row.label, clients))
+        ]
+        llama = [r["tokens_per_s"] for r in level if r["engine"] == "llama.cpp"]
+        best = max(llama) if llama else None
+        for entry in level:
+            entry["vs_llama_cpp_best"] = entry["tokens_per_s"] / best if best else None
+        default = [r for r in level if r["row"] == XPUSPEC_ROWS[0].label]
+        default_vs_best[str(clients)] = default[0]["vs_llama_cpp_best"] if default else None
+        rows += level
     return {
         "rows": rows,
+        "default_vs_llama_cpp_best": default_vs_best,
         "not_run": comparison.not_run,
         "rounds": max((len(v) for v in comparison.rounds.values()), default=0),
     }
@@ -293,8 +295,9 @@ def summarise(comparison: ServeComparison) -> dict[str, Any]:
 
 def markdown(summary: dict[str, Any]) -> str:
     lines = [
-        "| row | tokens/s (median) | × llama.cpp best | TTFT ms | start s | peak RSS MB | = exact |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| row | clients | tokens/s (median) | × llama.cpp best | TTFT p50 ms | TTFT p99 ms | start s "
+        "| peak RSS MB | = exact |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def number(value: float | None, digits: int) -> str:
@@ -302,9 +305,10 @@ def markdown(summary: dict[str, Any]) -> str:
 
     for row in summary["rows"]:
         lines.append(
-            f"| {row['row']} | {number(row['tokens_per_s'], 1)} | {number(row['vs_llama_cpp_best'], 2)} | "
-            f"{number(row['ttft_ms'], 1)} | {number(row['start_s'], 2)} | {number(row['peak_rss_mb'], 0)} | "
-            f"{row['agreement_with_exact']}/{row['prompts']} |"
+            f"| {row['row']} | {row['clients']} | {number(row['tokens_per_s'], 1)} | "
+            f"{number(row['vs_llama_cpp_best'], 2)} | {number(row['ttft_p50_ms'], 1)} | "
+            f"{number(row['ttft_p99_ms'], 1)} | {number(row['start_s'], 2)} | "
+            f"{number(row['peak_rss_mb'], 0)} | {row['agreement_with_exact']}/{row['prompts']} |"
         )
     for peer, reason in summary["not_run"].items():
         lines.append(f"\n{peer}: not run: {reason}")

@@ -72,8 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["latency", "load", "all", "multiturn", "serve"],
         default="all",
         help="multiturn: TTFT per turn with and without prefix caching, beside GenAI's (not in all); "
-        "serve: one chat at a time through `xpuspec serve` and llama.cpp's llama-server on the "
-        "bundle's GGUF (not in all)",
+        "serve: chats through `xpuspec serve` and llama.cpp's llama-server on the bundle's GGUF, "
+        "one at a time or from --concurrency clients (not in all)",
     )
     _add_serve_arguments(parser)
     parser.add_argument("--turns", type=int, default=4, help="multiturn: turns of the conversation")
@@ -97,7 +97,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"fixed draft lengths {default('draft_lengths')}",
     )
     parser.add_argument(
-        "--concurrency", type=_integers, default=None, help=f"client counts {default('concurrency')}"
+        "--concurrency",
+        type=_integers,
+        default=None,
+        help=f"client counts {default('concurrency')}; serve: clients sending chats back to back "
+        "(default: 1)",
     )
     parser.add_argument(
         "--prompts", type=int, default=None, help=f"number of prompts {default('num_prompts')}"
@@ -201,6 +205,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     from xpuspec.bench.llama_cpp import markdown, run_serve_comparison, summarise
     from xpuspec.bench.workloads import load_workload
 
+    if args.concurrency is not None and (not args.concurrency or min(args.concurrency) < 1):
+        raise CommandError(f"client counts must be >= 1, got {list(args.concurrency)}")
     bundle = resolve_bundle(args.bundle)
     quiet_third_parties()
     # Chat instructions unless a workload is named: the single chat is what this mode measures.
@@ -219,6 +225,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         out=args.out,
         llama_server=args.llama_server,
         threads=args.llama_threads,
+        clients=args.concurrency or (1,),
     )
     summary = summarise(comparison)
     args.out.mkdir(parents=True, exist_ok=True)

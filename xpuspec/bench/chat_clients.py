@@ -1,0 +1,138 @@
+"""Chat clients for the serve comparison: N threads sending streamed greedy chat requests back to back.
+
+The same client drives ``xpuspec serve`` and ``llama-server`` through their OpenAI chat routes. At N
+clients, the round's requests (every prompt once, cycled when there are fewer prompts than clients)
+sit in one queue; each client takes the next as soon as its previous answer is complete, so N requests
+are in flight until the queue runs dry. A round's aggregate throughput is its tokens over its wall
+time, from the first request sent to the last answer complete.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from xpuspec.bench.server_process import sse_events
+
+Messages = list[dict[str, str]]
+
+
+@dataclass
+class ChatResult:
+    text: str
+    tokens: int
+    seconds: float
+    ttft_s: float | None
+    prompt_index: int = 0
+
+
+@dataclass
+class ClientsRound:
+    """One round at one client count: every request's result (in the order they completed) and the
+    round's wall time."""
+
+    clients: int
+    results: list[ChatResult]
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(r.tokens for r in self.results) / max(self.wall_s, 1e-9)
+
+    def texts_by_prompt(self, prompts: int) -> list[str]:
+        """The first answer to each prompt, in prompt order ("" for one that got none)."""
+        texts: dict[int, str] = {}
+        for result in self.results:
+            texts.setdefault(result.prompt_index, result.text)
+        return [texts.get(index, "") for index in range(prompts)]
+
+
+def stream_chat(
+    client: httpx.Client, base_url: str, model: str, messages: Messages, max_tokens: int
+) -> ChatResult:
+    """One streamed greedy /v1/chat/completions; the text, the completion tokens (usage, else one per
+    chunk with content), the wall time and the time to the first content."""
+    payload = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first = None
+    pieces: list[str] = []
+    usage_tokens = None
+    # One connection per request, for both servers alike: llama-server's HTTP library closes a kept-alive
+    # connection after a few requests, and a reused connection it closed fails the next request.
+    headers = {"Connection": "close"}
+    with client.stream(
+        "POST", f"{base_url}/v1/chat/completions", json=payload, headers=headers, timeout=600
+    ) as response:
+        for event in sse_events(response):
+            for choice in event.get("choices") or ():
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    first = first or time.perf_counter()
+                    pieces.append(content)
+            if event.get("usage"):
+                usage_tokens = int(event["usage"]["completion_tokens"])
+    seconds = time.perf_counter() - started
+    tokens = usage_tokens if usage_tokens is not None else len(pieces)
+    return ChatResult("".join(pieces), tokens, seconds, None if first is None else first - started)
+
+
+def run_clients(
+    base_url: str, model: str, prompts: Sequence[Messages], clients: int, max_tokens: int
+) -> ClientsRound:
+    """``clients`` threads answering the round's requests back to back; the first failure is raised
+    once every thread has stopped (the others stop taking new requests after it)."""
+    queue = list(range(max(len(prompts), clients)))
+    lock = threading.Lock()
+    results: list[ChatResult] = []
+    failures: list[BaseException] = []
+
+    def client() -> None:
+        with httpx.Client() as http:
+            while True:
+                with lock:
+                    if not queue or failures:
+                        return
+                    index = queue.pop(0) % len(prompts)
+                try:
+                    result = stream_chat(http, base_url, model, prompts[index], max_tokens)
+                except (httpx.HTTPError, RuntimeError, ValueError) as error:
+                    with lock:
+                        failures.append(error)
+                    return
+                result.prompt_index = index
+                with lock:
+                    results.append(result)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall_s = time.perf_counter() - started
+    if failures:
+        raise failures[0]
+    return ClientsRound(clients, results, wall_s)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100), linear between the closest ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
