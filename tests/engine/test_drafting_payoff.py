@@ -11,7 +11,13 @@ from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import PROMPTS
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine import drafting_payoff
-from xpuspec.engine.drafting_payoff import CYCLE_STEPS, MAX_CYCLE_STEPS, PROBE_OFF_STEPS, DraftingPayoff
+from xpuspec.engine.drafting_payoff import (
+    CYCLE_STEPS,
+    FIRST_CYCLE_STEPS,
+    MAX_CYCLE_STEPS,
+    PROBE_OFF_STEPS,
+    DraftingPayoff,
+)
 
 
 def run(payoff: DraftingPayoff, steps: int, on_rate: float, off_rate: float, batch: int = 4) -> list[bool]:
@@ -32,9 +38,9 @@ def test_batch_one_is_left_to_the_cost_model() -> None:
 
 def test_drafting_that_loses_stops_after_a_cycle_and_is_retried_ever_more_rarely() -> None:
     payoff = DraftingPayoff()
-    first = run(payoff, CYCLE_STEPS, on_rate=0.7, off_rate=1.0)
-    # A new bucket drafts, and measures the other way in the cycle's last steps.
-    assert first == [True] * (CYCLE_STEPS - PROBE_OFF_STEPS) + [False] * PROBE_OFF_STEPS
+    first = run(payoff, FIRST_CYCLE_STEPS, on_rate=0.7, off_rate=1.0)
+    # A new bucket drafts, and measures the other way in its short first cycle's last steps.
+    assert first == [True] * (FIRST_CYCLE_STEPS - PROBE_OFF_STEPS) + [False] * PROBE_OFF_STEPS
     on, off = payoff.rates(4)
     assert on == pytest.approx(700) and off == pytest.approx(1000)
     # Stopped: the next cycles draft only in their probe steps, and each confirmation doubles them.
@@ -51,7 +57,7 @@ def test_drafting_that_loses_stops_after_a_cycle_and_is_retried_ever_more_rarely
 def test_drafting_within_the_margin_stays_on_and_drafting_that_recovers_comes_back() -> None:
     payoff = DraftingPayoff()
     ways = run(payoff, 3 * CYCLE_STEPS, on_rate=0.97, off_rate=1.0)  # within MARGIN: a draw
-    assert all(ways[: CYCLE_STEPS - PROBE_OFF_STEPS]) and sum(ways) > 0.85 * len(ways)
+    assert all(ways[: FIRST_CYCLE_STEPS - PROBE_OFF_STEPS]) and sum(ways) > 0.85 * len(ways)
     payoff = DraftingPayoff()
     run(payoff, 2 * CYCLE_STEPS, on_rate=0.5, off_rate=1.0)
     assert not payoff.pays(4)

@@ -25,8 +25,8 @@ Each bucket runs in cycles:
   (:data:`PROBE_OFF_STEPS` or :data:`PROBE_ON_STEPS`), so both rates stay current;
 - at its end, once both ways are measured, drafting stays on unless its rate is below the "off"
   rate by more than :data:`MARGIN`;
-- a cycle is :data:`CYCLE_STEPS` long, and doubles (up to :data:`MAX_CYCLE_STEPS`) each time its
-  end confirms the way chosen.
+- a bucket's first cycle is :data:`FIRST_CYCLE_STEPS` long, a cycle after a change of way
+  :data:`CYCLE_STEPS`; each doubles (up to :data:`MAX_CYCLE_STEPS`) when its end confirms the way.
 
 A new bucket starts with drafting on, so until its first "off" steps the cost model alone decides.
 The first step after a switch pays the change of shapes either way and is left out of both rates.
@@ -41,7 +41,10 @@ from dataclasses import dataclass, field
 from xpuspec.spec_decode.verify_costs import batch_bucket
 
 DECAY = 0.9  # per recorded step of the same way: a memory of ~10 steps
-CYCLE_STEPS = 96  # the first cycle; each that confirms the last decision doubles it ...
+# A new bucket decides after a short first cycle: a server's batch sizes come and go, and a whole
+# burst of requests can end inside a long one, all of it drafting on the cost model's word alone.
+FIRST_CYCLE_STEPS = 24
+CYCLE_STEPS = 96  # a cycle after a change of way; each that confirms the last decision doubles it ...
 MAX_CYCLE_STEPS = 768  # ... up to this
 PROBE_OFF_STEPS = 8  # while drafting is on, the last steps of each cycle run without it ...
 PROBE_ON_STEPS = 12  # ... and while it is off, with it
@@ -73,7 +76,7 @@ class _Bucket:
     off: _Rate = field(default_factory=_Rate)
     drafting: bool = True  # the way chosen, outside the probe steps
     step: int = 0  # steps into the cycle
-    cycle: int = CYCLE_STEPS
+    cycle: int = FIRST_CYCLE_STEPS
     last_way: bool | None = None  # the way of the last recorded step
 
     def drafts_now(self) -> bool:
@@ -87,7 +90,11 @@ class _Bucket:
         if self.on.steps < MIN_STEPS or self.off.steps < MIN_STEPS:
             return
         drafting = self.on.rate >= (1.0 - MARGIN) * self.off.rate
-        self.cycle = min(2 * self.cycle, MAX_CYCLE_STEPS) if drafting == self.drafting else CYCLE_STEPS
+        self.cycle = (
+            max(min(2 * self.cycle, MAX_CYCLE_STEPS), CYCLE_STEPS)
+            if drafting == self.drafting
+            else CYCLE_STEPS
+        )
         self.drafting = drafting
 
 
