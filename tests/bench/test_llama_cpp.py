@@ -135,13 +135,11 @@ NO_LLAMA_SERVER = (
 def tiny_gguf_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bundle prepared from a tiny random Llama written as an F16 GGUF, which llama-server loads too."""
     pytest.importorskip("gguf")
-    from tests.support.tiny_checkpoints import make_tiny_checkpoint
-    from tests.support.tiny_gguf import write_gguf_from_checkpoint
+    from tests.support.tiny_gguf import tiny_llama_gguf
     from xpuspec.cli import main
 
     work = tmp_path_factory.mktemp("tiny_gguf")
-    checkpoint = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=2, seed=0)
-    gguf = write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")
+    gguf = tiny_llama_gguf(work)
     assert main(["prepare", str(gguf), "-o", str(work / "bundle")]) == 0
     return work / "bundle"
 
@@ -179,10 +177,7 @@ def test_concurrent_clients_reach_both_servers(tiny_gguf_bundle: Path, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.smollm2
-@pytest.mark.skipif(
-    BUILT_LLAMA_SERVER is None,
-    reason="no llama-server built (scripts/build-llama-server.sh takes 10-30 min on 2 cores; not in CI)",
-)
+@pytest.mark.skipif(BUILT_LLAMA_SERVER is None, reason=NO_LLAMA_SERVER)
 def test_a_real_comparison_with_llama_server(tmp_path):
     bundle = resolve_bundle(None)
     prompts = [[{"role": "user", "content": "What is the capital of France?"}]]

@@ -8,8 +8,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from tests.support.tiny_checkpoints import make_tiny_checkpoint
-from tests.support.tiny_gguf import write_gguf_from_checkpoint
+from tests.support.tiny_gguf import tiny_llama_gguf
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.devices.executors import model_weights
 from xpuspec.model_bundle import ModelBundle
@@ -40,9 +39,7 @@ def test_unknown_labels_are_refused_with_the_choices(label):
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama (untied embedding and LM head) written as an F16 GGUF."""
-    work = tmp_path_factory.mktemp("gguf_weights")
-    checkpoint = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=2, seed=0)
-    return write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")
+    return tiny_llama_gguf(tmp_path_factory.mktemp("gguf_weights"))
 
 
 @pytest.fixture(scope="module")

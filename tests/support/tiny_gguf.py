@@ -103,3 +103,12 @@ def write_gguf_from_checkpoint(
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def tiny_llama_gguf(work: Path) -> Path:
+    """The tests' tiny random Llama (``work/target``) written as ``work/tiny.gguf`` in F16: a GGUF that
+    OpenVINO GenAI's reader and llama-server both load."""
+    from tests.support.tiny_checkpoints import make_tiny_checkpoint
+
+    checkpoint = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=2, seed=0)
+    return write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")

@@ -140,13 +140,10 @@ def tiny_target_ir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama written as GGUF and converted by OpenVINO GenAI: a stateful IR as SmolLM2's is."""
     pytest.importorskip("openvino_genai")
     from research.training.train_smollm2 import convert_target
-    from tests.support.tiny_checkpoints import make_tiny_checkpoint
-    from tests.support.tiny_gguf import write_gguf_from_checkpoint
+    from tests.support.tiny_gguf import tiny_llama_gguf
 
     work = tmp_path_factory.mktemp("teacher")
-    checkpoint = make_tiny_checkpoint(work / "hf", "llama", hidden_size=64, num_layers=2, seed=0)
-    gguf_path = write_gguf_from_checkpoint(checkpoint, work / "tiny.gguf", dtype="F16")
-    return convert_target(gguf_path, work / "ir")
+    return convert_target(tiny_llama_gguf(work), work / "ir")
 
 
 def test_scoring_in_padded_batches_equals_scoring_alone_and_resumes(tiny_target_ir, tmp_path):
