@@ -149,10 +149,10 @@ def poisoned_admission(served_app: Flask):  # type: ignore[no-untyped-def]
     engine = server_state(served_app).loop.pipeline.engine  # type: ignore[union-attr]
     real_add = engine.add_request
 
-    def add_request(request_id, prompt_token_ids, params):  # type: ignore[no-untyped-def]
+    def add_request(request_id, prompt_token_ids, params, **options):  # type: ignore[no-untyped-def]
         if list(prompt_token_ids) == POISON:
             raise ValueError("injected fault for this request")
-        return real_add(request_id, prompt_token_ids, params)
+        return real_add(request_id, prompt_token_ids, params, **options)
 
     engine.add_request = add_request
     yield
@@ -189,6 +189,27 @@ def test_a_request_that_fails_alone_ends_with_error_and_the_others_are_untouched
     state = client.get("/v1/xpuspec/state").get_json()
     assert state["num_in_flight"] == 0 and state["kv_blocks_used"] == 0
     assert client.get("/health").get_json() == {"status": "ok"}
+
+
+def test_an_unexpected_admission_error_fails_its_request_and_the_loop_serves_on(
+    client: FlaskClient, served_app: Flask
+) -> None:
+    """Not the engine's refusal (ValueError) but a bug: it must not end the loop every request needs."""
+    engine = server_state(served_app).loop.pipeline.engine  # type: ignore[union-attr]
+
+    def add_request(*args, **options):  # type: ignore[no-untyped-def]
+        raise TypeError("a bug in admission")
+
+    body = {"model": MODEL, "prompt": "a b c", "max_tokens": 8, "temperature": 0}
+    engine.add_request = add_request
+    try:
+        failed = client.post("/v1/completions", json=body)
+    finally:
+        del engine.add_request  # back to the class's method
+    assert failed.status_code == 500
+    assert "a bug in admission" in failed.get_json()["error"]["message"]
+    served = client.post("/v1/completions", json=body)
+    assert served.status_code == 200 and served.get_json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_health_says_stalled_while_the_engine_does_not_step(client: FlaskClient, served_app: Flask) -> None:

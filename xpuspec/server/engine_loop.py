@@ -359,7 +359,9 @@ class EngineLoop:
             self.pipeline.engine.add_request(
                 request_id, choice.prompt_token_ids, choice.params, tenant=choice.tenant
             )
-        except ValueError as error:
+        except Exception as error:  # the request fails alone; anything else escaping would end the loop
+            if not isinstance(error, ValueError):  # ValueError is the engine's refusal; the rest are bugs
+                logger.exception("admitting %s failed", request_id)
             event = ChoiceEvent(choice.index, "", 0, finish_reason="error", error=str(error))
             self._outbox.append((generation, event))
             self._num_ended += 1
