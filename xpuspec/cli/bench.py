@@ -112,6 +112,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--rounds", type=int, default=None, help=f"batch-1 rounds, interleaved and paired {default('rounds')}"
     )
+    _add_transformers_arguments(parser)
+    parser.add_argument("--f32", action="store_true", help="f32 compute and KV cache (default: CPU defaults)")
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="compare the engines in exact mode (f32 compute, f32 KV, no dynamic quantisation)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _add_transformers_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that add transformers as a peer."""
     parser.add_argument(
         "--hf-target",
         type=Path,
@@ -121,13 +133,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--hf-draft", type=Path, default=None, help="HF checkpoint of the draft (default: none)"
     )
-    parser.add_argument("--f32", action="store_true", help="f32 compute and KV cache (default: CPU defaults)")
-    parser.add_argument(
-        "--exact",
-        action="store_true",
-        help="compare the engines in exact mode (f32 compute, f32 KV, no dynamic quantisation)",
-    )
-    parser.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
