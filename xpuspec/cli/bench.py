@@ -179,7 +179,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_multiturn(args: argparse.Namespace) -> int:
-    import json
 
     from xpuspec.bench.multiturn import MultiturnConfig, markdown, run_multiturn
     from xpuspec.executor.properties import EXACT_PROPERTIES
@@ -195,17 +194,22 @@ def _run_multiturn(args: argparse.Namespace) -> int:
         raise CommandError(f"{error}; see `xpuspec bench --help`") from error
     resolve_bundle(config.bundle)
     result = run_multiturn(config)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "multiturn.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    text = markdown(result)
-    (args.out / "multiturn.md").write_text(text, encoding="utf-8")
-    print(text)
+    _write_report(args.out, "multiturn", result, markdown(result))
     print(f"xpuspec bench: wrote {args.out / 'multiturn.json'} and multiturn.md", file=sys.stderr)
     return 0
 
 
-def _run_serve(args: argparse.Namespace) -> int:
+def _write_report(out: Path, name: str, result: dict[str, Any], text: str) -> None:
+    """``out/NAME.json`` and ``out/NAME.md``; the Markdown goes to stdout too."""
     import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    (out / f"{name}.md").write_text(text, encoding="utf-8")
+    print(text)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
 
     from xpuspec.bench.llama_cpp import markdown, run_serve_comparison, summarise
     from xpuspec.bench.workloads import load_workload
@@ -233,11 +237,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         clients=args.concurrency or (1,),
     )
     summary = summarise(comparison)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "serve.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    table = markdown(summary)
-    (args.out / "serve.md").write_text(table, encoding="utf-8")
-    print(table)
+    _write_report(args.out, "serve", summary, markdown(summary))
     for peer, reason in summary["not_run"].items():
         print(f"xpuspec bench: {peer} not run: {reason}", file=sys.stderr)
     print(f"xpuspec bench: wrote {args.out / 'serve.json'} and {args.out / 'serve.md'}", file=sys.stderr)
