@@ -11,8 +11,8 @@ manifest has a chat template, such as the default model's) gets them as chat mes
 import sys
 
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.model_bundle import BundleError
-from xpuspec.request_text import chat_by_default
+from xpuspec.api.request_text import chat_by_default
+from xpuspec.models.bundle import BundleError
 
 try:
     pipe = Pipeline(bundle=sys.argv[1] if len(sys.argv) > 1 else "demo")

@@ -9,8 +9,8 @@ and is refused here (samples/generate.py takes it).
 import sys
 
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.model_bundle import BundleError
-from xpuspec.request_text import chat_by_default
+from xpuspec.api.request_text import chat_by_default
+from xpuspec.models.bundle import BundleError
 
 question = sys.argv[1] if len(sys.argv) > 1 else "Write a function that reverses a string."
 bundle = sys.argv[2] if len(sys.argv) > 2 else None

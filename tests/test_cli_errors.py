@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from xpuspec.demo import demo_bundle_path
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE
-from xpuspec.model_bundle import MANIFEST_NAME, BundleError, ModelBundle
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE
+from xpuspec.models.bundle import MANIFEST_NAME, BundleError, ModelBundle
+from xpuspec.models.demo import demo_bundle_path
 
 REPO = Path(__file__).resolve().parents[1]
 _SCRIPT = Path(sys.executable).parent / "xpuspec"
@@ -285,7 +285,7 @@ def test_serve_refuses_a_damaged_bundle(corrupt_bundle: tuple[Path, str], cache:
 
 def test_openvino_messages_lose_their_frames_and_check_conditions() -> None:
     # What the AVX2-only CPU plugin says to a bf16 KV cache (OpenVINO 2026.4): the user needs the last part.
-    from xpuspec.errors import describe_error
+    from xpuspec.api.errors import describe_error
 
     error = RuntimeError(
         "Exception from src/inference/src/cpp/core.cpp:117:\n"

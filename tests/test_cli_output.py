@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from xpuspec.cli import build_parser, main
-from xpuspec.demo import demo_bundle_path
-from xpuspec.model_bundle import MANIFEST_NAME
+from xpuspec.models.bundle import MANIFEST_NAME
+from xpuspec.models.demo import demo_bundle_path
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

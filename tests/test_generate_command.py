@@ -125,7 +125,7 @@ def test_max_tokens_beyond_the_context_is_refused_before_loading(monkeypatch, ca
     def no_loading(*args, **kwargs):  # noqa: ANN002, ANN003
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("xpuspec.pipeline.Pipeline.__init__", no_loading)
+    monkeypatch.setattr("xpuspec.api.pipeline.Pipeline.__init__", no_loading)
     assert main(["generate", "--bundle", "demo", "x", "--max-tokens", "1000000"]) == 2
     err = capsys.readouterr().err
     assert "--max-tokens 1000000" in err and "context of 512 tokens" in err
@@ -138,7 +138,7 @@ def test_stable_keeps_the_target_at_f32_and_the_draft_at_its_defaults(monkeypatc
         seen.update(kwargs)
         return Pipeline(*args, **kwargs)
 
-    monkeypatch.setattr("xpuspec.pipeline.Pipeline", recording)
+    monkeypatch.setattr("xpuspec.api.pipeline.Pipeline", recording)
     command = ["generate", "--bundle", "demo", "--stable", "--max-tokens", "6", "--json", "def add(a, b):"]
     assert main(command) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"]

@@ -77,17 +77,17 @@ def test_wheel_contents(tmp_path: Path) -> None:
     assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
 
     # The shipped models: the default draft and EAGLE-3 head with their training metrics, the demo pair.
-    for folder in ("xpuspec/default_draft", "xpuspec/default_eagle3"):
+    for folder in ("xpuspec/models/default_draft", "xpuspec/models/default_eagle3"):
         assert f"{folder}/training_metrics.json" in names and f"{folder}/draft_stamp.json" in names
-    assert any(n.startswith("xpuspec/demo/bundle/target/") for n in names)
-    assert "xpuspec/demo/smollm2_heldout.jsonl" in names
+    assert any(n.startswith("xpuspec/models/demo/bundle/target/") for n in names)
+    assert "xpuspec/models/demo/smollm2_heldout.jsonl" in names
     # The chat page served at / (and so the edge bundle, which installs this wheel).
     static = {p.relative_to(ROOT).as_posix() for p in (ROOT / "xpuspec/server/static").iterdir()}
     assert static and static <= set(names), sorted(static - set(names))
 
     # The lab stays in research/: none of its modules where they used to ship.
     lab = {p.stem for p in (ROOT / "research").rglob("*.py") if p.stem not in ("__init__", "conftest")}
-    former = ("xpuspec/bench", "xpuspec/demo", "xpuspec/structured")
+    former = ("xpuspec/bench", "xpuspec/models/demo", "xpuspec/structured")
     shipped_lab = sorted(f"{f}/{m}.py" for f in former for m in lab if f"{f}/{m}.py" in names)
     assert not shipped_lab, shipped_lab
     assert not any(n.startswith("xpuspec/bench/traces/") for n in names)

@@ -10,13 +10,13 @@ from xpuspec.version import __version__
 __all__ = ["Pipeline", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
 
 def __getattr__(name: str) -> Any:
     # The pipeline pulls in the OpenVINO runtime; keep `import xpuspec` light.
     if name == "Pipeline":
-        from xpuspec.pipeline import Pipeline
+        from xpuspec.api.pipeline import Pipeline
 
         return Pipeline
     raise AttributeError(name)

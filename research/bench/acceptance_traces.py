@@ -23,7 +23,7 @@ import numpy as np
 
 from xpuspec.bench.workloads import encode_prompts, load_workload
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.demo import SMOLLM2_HELDOUT
+from xpuspec.models.demo import SMOLLM2_HELDOUT
 from xpuspec.sample.sampling_params import SamplingParams
 
 HELDOUT_INSTRUCTIONS = SMOLLM2_HELDOUT
@@ -68,7 +68,7 @@ def greedy_continuation(engine: Any, ids: list[int], params: SamplingParams) -> 
 
 
 def collect(bundle: str | None, workload: str, count: int, max_tokens: int) -> dict[str, Any]:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
     pipe = Pipeline(bundle, drafter="draft", properties="exact", draft_properties="exact")
     prompts = load_workload(workload, count)

@@ -26,9 +26,9 @@ def measure(bundle_root: str | None, vocabs: list[int], steps: int, rounds: int,
     """Median ms of a γ = 2 drafting phase (two passes) after a target pass, per vocabulary: per round."""
     import openvino as ov
 
-    from xpuspec.bundles import resolve_bundle
     from xpuspec.core.chunks import SequenceChunk
     from xpuspec.executor.paged_runner import PagedModelRunner
+    from xpuspec.models.resolve import resolve_bundle
 
     bundle = resolve_bundle(bundle_root)
     if bundle.draft is None:

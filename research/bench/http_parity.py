@@ -170,7 +170,7 @@ def measure(
     prefix_caching: bool = False,
 ) -> list[ParityResult]:
     """Interleaved rounds for one draft length; one result per concurrency."""
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
     drafter = "none" if num_draft_tokens == 0 else "draft"
     label = "target-only" if num_draft_tokens == 0 else f"γ = {num_draft_tokens}"

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--ignore-eos", action="store_true")
     args = parser.parse_args(argv)
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
     bundle, workload = bundle_and_workload(args)
     pipe = Pipeline(bundle, drafter="none", properties="exact")

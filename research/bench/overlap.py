@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from xpuspec.api.pipeline import Pipeline
 from xpuspec.bench.workloads import heldout_code_prompts
-from xpuspec.pipeline import Pipeline
 from xpuspec.sample.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

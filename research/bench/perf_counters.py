@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated tokens per step: 1 is a decode step, n > 1 a verification pass of n",
     )
     args = parser.parse_args(argv)
-    from xpuspec.bundles import resolve_bundle
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.models.bundle import BundleError
+    from xpuspec.models.resolve import resolve_bundle
 
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = [name for name in names if name not in VARIANTS]

@@ -2,7 +2,7 @@
 
 Wall-clock benchmarks of adaptive γ on a shared CPU are noisy (±10% per round), which hides the 5%
 effects a policy change makes. This replay runs the real :class:`~xpuspec.engine.engine.LLMEngine`
-(its scheduler, :class:`~xpuspec.spec_decode.speculation_length.SpeculationLengthPolicy`, acceptance
+(its scheduler, :class:`~xpuspec.spec_decode.policy.speculation_length.SpeculationLengthPolicy`, acceptance
 tracking, cost model, calibration and probes: what ships) against a simulated target and draft on a
 simulated clock:
 

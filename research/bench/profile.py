@@ -114,7 +114,7 @@ def _patched(owner: Any, attribute: str, timers: Timers, name: str) -> Iterator[
 def instrumented(pipeline: Any, timers: Timers) -> Iterator[None]:
     """Time the phases of ``pipeline``'s engine steps (its phase hooks) and wrap timers around its
     executors and text path while the block runs."""
-    import xpuspec.pipeline as pipeline_module
+    import xpuspec.api.pipeline as pipeline_module
     from xpuspec.text.detokenizer import IncrementalDetokenizer
 
     engine = pipeline.engine
@@ -339,7 +339,7 @@ def _draft_length(value: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xpuspec.errors import describe_error
+    from xpuspec.api.errors import describe_error
 
     args = _parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from xpuspec.api.pipeline import Pipeline
     from xpuspec.executor.properties import parse_properties
-    from xpuspec.pipeline import Pipeline
 
     properties = parse_properties(args.property) or None
     prompts = [prompt.text for prompt in heldout_code_prompts(args.prompts)]

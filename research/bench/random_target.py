@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from xpuspec.demo import BUNDLE_DIR
+from xpuspec.models.demo import BUNDLE_DIR
 from xpuspec.prepare import PrepareConfig, prepare_bundle
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def _attach_draft_ir(bundle: Path, draft_bundle: Path) -> None:
     The pair shares one tokenizer (the target was built from the draft's), which is what the pairing
     check of prepare would confirm; the manifest records it as checked.
     """
-    from xpuspec.model_bundle import hash_tree
+    from xpuspec.models.bundle import hash_tree
 
     source = json.loads((draft_bundle / MANIFEST).read_text(encoding="utf-8"))
     manifest = json.loads((bundle / MANIFEST).read_text(encoding="utf-8"))
@@ -118,7 +118,7 @@ def random_target_bundle(
     hidden_size: int = 768, num_layers: int = 12, weights: str = "int8", cache_root: Path | None = None
 ) -> Path:
     """The random target (default ~110M parameters, int8) with the demo draft, built once into the cache."""
-    from xpuspec.model_bundle import cache_dir
+    from xpuspec.models.bundle import cache_dir
 
     root = Path(cache_root) if cache_root is not None else cache_dir() / "bench"
     bundle = root / f"random-llama-h{hidden_size}-l{num_layers}-{weights}-demo-draft"

@@ -44,8 +44,8 @@ def properties(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dic
 def measure_or_usage_error(parser: argparse.ArgumentParser, measure: Callable[[], Result]) -> Result:
     """``measure()``, with a bundle that does not open or does not fit, or properties this CPU does not
     compile (e.g. a bf16 KV cache without bf16 hardware), as a one-line usage error (exit 2)."""
-    from xpuspec.errors import openvino_message
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.api.errors import openvino_message
+    from xpuspec.models.bundle import BundleError
 
     try:
         return measure()

@@ -34,9 +34,9 @@ def measure(
     bundle_root: str | None, tokens: tuple[int, int], steps: int, rounds: int, properties: dict
 ) -> dict[str, list[float]]:
     """Per pattern, the mean ms of a pass in each round."""
-    from xpuspec.bundles import resolve_bundle
     from xpuspec.core.chunks import SequenceChunk
     from xpuspec.executor.paged_runner import PagedModelRunner
+    from xpuspec.models.resolve import resolve_bundle
 
     bundle = resolve_bundle(bundle_root)
     small, large = tokens

@@ -29,7 +29,7 @@ from xpuspec.planning.agreement import compare, greedy_token_ids
 
 logger = logging.getLogger(__name__)
 
-HELDOUT = Path(__file__).resolve().parents[2] / "xpuspec" / "demo" / "smollm2_heldout.jsonl"
+HELDOUT = Path(__file__).resolve().parents[2] / "xpuspec" / "models" / "demo" / "smollm2_heldout.jsonl"
 F32_G128 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128}
 # None: the plugin's defaults as Pipeline applies them (on main: for the default model's GGUF weights
 # bf16 compute and a u8 KV cache, keys per channel, per token only beside a drafter that can draft trees).

@@ -55,7 +55,7 @@ def cache_rows(bundle_name: str | None) -> list[str]:
     import openvino as ov
     import openvino_tokenizers  # noqa: F401  (the tokenizer models' operations, for every Core after)
 
-    from xpuspec.bundles import resolve_bundle
+    from xpuspec.models.resolve import resolve_bundle
 
     bundle = resolve_bundle(bundle_name)
     rows = []

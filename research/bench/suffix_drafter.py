@@ -39,7 +39,7 @@ from xpuspec.bench.workloads import heldout_code_prompts
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.suffix_index import DEFAULT_CAPACITY, SharedSuffixIndex
 
-HELDOUT_CHAT = Path(__file__).resolve().parents[2] / "xpuspec" / "demo" / "smollm2_heldout.jsonl"
+HELDOUT_CHAT = Path(__file__).resolve().parents[2] / "xpuspec" / "models" / "demo" / "smollm2_heldout.jsonl"
 INSTRUCTIONS = (
     "List the functions this file defines, one per line.",
     "Summarize what this file does in two sentences.",
@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="agent,fresh")
     args = parser.parse_args()
 
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
     demo = args.bundle == "demo"
     bundle = None if args.bundle == "default" else args.bundle

@@ -49,8 +49,8 @@ def worker(config: str, bundle: str | None, prompts: int, max_tokens: int) -> di
     """In a fresh process: build, warm up, time every prompt in both modes; tokens/s per mode."""
     import openvino as ov
 
+    from xpuspec.api.pipeline import Pipeline
     from xpuspec.bench.workloads import load_workload
-    from xpuspec.pipeline import Pipeline
     from xpuspec.sample.sampling_params import SamplingParams
 
     target, draft = CONFIGS[config]

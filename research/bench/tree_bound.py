@@ -6,7 +6,7 @@ little more than verifying one. Both are measured, and this prints what they all
 - **acceptance per level and rank** ``a(j, r)``: greedy held-out chat requests verify wide fixed
   trees (``--tree``); at each level j their accepted path reached, the target's token was the
   draft's rank-r child with probability a(j, r) (the counts of
-  :class:`~xpuspec.spec_decode.tree_policy.RankAcceptance`, not decayed). Levels that the
+  :class:`~xpuspec.spec_decode.policy.tree_policy.RankAcceptance`, not decayed). Levels that the
   accepted paths reached fewer than 30 times, down to level 8, take the deepest measured level's
   rates;
 - **costs**: the target's pass over 1 + n tokens and the draft's one-token pass, timed idle on the
@@ -117,7 +117,7 @@ def _measure_rates(pipeline: Any, prompts: list[str], max_tokens: int, tree: dic
     the levels that the accepted paths reached at least ``MIN_REACHED`` times; the levels below
     take the deepest of those levels' rates, down to ``EXTRAPOLATED_LEVELS``."""
     from xpuspec import SamplingParams
-    from xpuspec.spec_decode.tree_policy import MAX_RANK
+    from xpuspec.spec_decode.policy.tree_policy import MAX_RANK
 
     levels = tree["depth"]
     reached = np.zeros((levels, MAX_RANK))

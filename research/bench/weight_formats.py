@@ -43,7 +43,7 @@ from xpuspec.prepare.gguf_weights import recompress_ir
 
 logger = logging.getLogger(__name__)
 
-HELDOUT = Path(__file__).resolve().parents[2] / "xpuspec" / "demo" / "smollm2_heldout.jsonl"
+HELDOUT = Path(__file__).resolve().parents[2] / "xpuspec" / "models" / "demo" / "smollm2_heldout.jsonl"
 IR_FILES = ("openvino_model.xml", "openvino_model.bin")
 LAYER_VARIANTS = (
     ("gguf",)
@@ -78,7 +78,7 @@ def decode_step_ms(stats: dict[str, Any]) -> float | None:
 
 def variant_bundle(base: Path, work: Path, label: str) -> Path:
     """A bundle of ``base``'s target alone with its IR re-compressed to ``label`` (built once, kept)."""
-    from xpuspec.model_bundle import MANIFEST_NAME, hash_tree
+    from xpuspec.models.bundle import MANIFEST_NAME, hash_tree
 
     root = work / label
     if (root / MANIFEST_NAME).is_file():
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.bundle is None:
-        from xpuspec.default_model import default_bundle_path
+        from xpuspec.models.default_model import default_bundle_path
 
         args.bundle = default_bundle_path()
     labels = LAYER_VARIANTS if args.stage == "layers" else head_variants(args.layers)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from xpuspec.demo.heldout import HELDOUT_FILES
+from xpuspec.models.demo.heldout import HELDOUT_FILES
 
 logger = logging.getLogger(__name__)
 

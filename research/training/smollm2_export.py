@@ -1,7 +1,7 @@
-"""Turn a trained SmolLM2 draft checkpoint into the folder shipped as ``xpuspec/default_draft``.
+"""Turn a trained SmolLM2 draft checkpoint into the folder shipped as ``xpuspec/models/default_draft``.
 
     python -m research.training.smollm2_export --checkpoint DIR/draft --metrics DIR/metrics.json \
-        --out xpuspec/default_draft
+        --out xpuspec/models/default_draft
 
 Runs ``xpuspec prepare CHECKPOINT --weights int8`` (the draft alone, as a target-only bundle), then keeps
 the IR, ``config.json``, the tokenizer files for the pair check and the chat template; the target's
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from xpuspec.default_model import DRAFT_STAMP, write_draft_stamp
+from xpuspec.models.default_model import DRAFT_STAMP, write_draft_stamp
 
 logger = logging.getLogger(__name__)
 

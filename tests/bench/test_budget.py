@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from xpuspec.api.errors import EXIT_FAILED, CommandError
 from xpuspec.bench.budget import kv_blocks, kv_tokens, mem_available, peak_rss_bytes, rss_bytes
 from xpuspec.bench.config import QUICK, BenchConfig
 from xpuspec.bench.suite import check_budget, run_estimate
-from xpuspec.bundles import resolve_bundle
-from xpuspec.errors import EXIT_FAILED, CommandError
+from xpuspec.models.resolve import resolve_bundle
 
 
 def test_kv_is_sized_to_the_longest_request_within_the_context() -> None:

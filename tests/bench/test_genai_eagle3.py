@@ -41,7 +41,7 @@ from xpuspec.bench.latency_labels import (  # noqa: E402
 from xpuspec.bench.latency_ratios import peer_ratios  # noqa: E402
 from xpuspec.bench.latency_rows import configurations  # noqa: E402
 from xpuspec.executor.eagle3_graph import quantise_int8_rows  # noqa: E402
-from xpuspec.model_bundle import ModelBundle  # noqa: E402
+from xpuspec.models.bundle import ModelBundle  # noqa: E402
 from xpuspec.prepare.genai_eagle3_export import target_embedding_table  # noqa: E402
 from xpuspec.spec_decode.eagle3.config import Eagle3HeadConfig  # noqa: E402
 

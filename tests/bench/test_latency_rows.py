@@ -71,7 +71,7 @@ def _timed(engine: str, length, tokens: int, tpot_s: float, drafted=0, accepted=
 def test_fixed_gamma_rows_carry_leviathans_prediction_from_the_measured_cost_curve():
     from xpuspec.bench.cost_curves import cost_curve, median_curve
     from xpuspec.bench.figures import add_speedups
-    from xpuspec.spec_decode.cost_model import CostModel, expected_tokens_per_step
+    from xpuspec.spec_decode.policy.cost_model import CostModel, expected_tokens_per_step
 
     model = CostModel()
     for _ in range(10):

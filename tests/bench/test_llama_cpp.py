@@ -13,7 +13,7 @@ import pytest
 from xpuspec.bench import llama_cpp
 from xpuspec.bench.chat_clients import ChatResult, ClientsRound
 from xpuspec.bench.llama_cpp import Row, RowRound, ServeComparison
-from xpuspec.bundles import resolve_bundle
+from xpuspec.models.resolve import resolve_bundle
 
 
 def _executable(path: Path) -> Path:
@@ -201,8 +201,8 @@ def test_a_real_comparison_with_llama_server(tmp_path):
 
 
 def test_the_serve_mode_refuses_a_client_count_below_one(capfd):
+    from xpuspec.api.errors import EXIT_USAGE
     from xpuspec.cli import main
-    from xpuspec.errors import EXIT_USAGE
 
     assert main(["bench", "--mode", "serve", "--concurrency", "0", "--bundle", "demo"]) == EXIT_USAGE
     assert "client counts must be >= 1" in capfd.readouterr().err

@@ -15,7 +15,7 @@ from xpuspec.bench.config import QUICK, BenchConfig
 from xpuspec.bench.latency_labels import GENAI, XPUSPEC
 from xpuspec.bench.latency_rows import configurations
 from xpuspec.bench.quick import engine_groups, quick_rows
-from xpuspec.bundles import resolve_bundle
+from xpuspec.models.resolve import resolve_bundle
 
 QUICK_LATENCY_NAMES = [
     "xpuspec target-only",

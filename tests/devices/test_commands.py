@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import F32
 from xpuspec.cli import main
 from xpuspec.devices.placement import write_placement
-from xpuspec.model_bundle import MANIFEST_NAME, ModelBundle
+from xpuspec.models.bundle import MANIFEST_NAME, ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
 
 

@@ -10,11 +10,11 @@ import openvino as ov
 import pytest
 
 from tests.conftest import EXACT_PRESET
-from xpuspec.bundles import resolve_bundle
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.devices.executors import compile_ahead, create_runner
 from xpuspec.devices.placement import ResolvedDevice, resolve_device
 from xpuspec.devices.registry import default_registry
+from xpuspec.models.resolve import resolve_bundle
 from xpuspec_plugins.npu import NpuPlugin
 
 LIMITS = {"max_draft_tokens": 4, "max_sequences": 2, "max_context": 128}

@@ -17,7 +17,7 @@ from xpuspec.devices.placement import (
     write_placement,
 )
 from xpuspec.devices.registry import PluginRegistry
-from xpuspec.model_bundle import FORMAT_VERSION, MANIFEST_NAME, ModelBundle, hash_tree
+from xpuspec.models.bundle import FORMAT_VERSION, MANIFEST_NAME, ModelBundle, hash_tree
 from xpuspec_plugins import builtin_plugins
 
 CPU_ONLY = FakeCore({"CPU": {}})

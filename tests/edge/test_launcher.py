@@ -109,10 +109,10 @@ def test_archive_contents(archives: dict[str, Path], capsys: pytest.CaptureFixtu
     with tarfile.open(archives["plain"]) as opened:
         wheel = next(m for m in opened.getmembers() if m.name.endswith(".whl"))
         with zipfile.ZipFile(io.BytesIO(opened.extractfile(wheel).read())) as wheel_zip:
-            for folder in ("xpuspec/default_draft/", "xpuspec/default_eagle3/"):
+            for folder in ("xpuspec/models/default_draft/", "xpuspec/models/default_eagle3/"):
                 assert not [n for n in wheel_zip.namelist() if n.startswith(folder)]
             assert "xpuspec/edge/verify_edge.py" in wheel_zip.namelist()
-            assert "xpuspec/demo/bundle/xpuspec.json" in wheel_zip.namelist()
+            assert "xpuspec/models/demo/bundle/xpuspec.json" in wheel_zip.namelist()
 
 
 def test_launcher_installs_offline_and_serves(archives: dict[str, Path], tmp_path: Path) -> None:

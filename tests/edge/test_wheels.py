@@ -14,8 +14,8 @@ def test_the_edge_wheel_carries_the_demo_pair_but_not_the_default_draft_and_head
     wheel = build_xpuspec_wheel(tmp_path / "dist")
     with zipfile.ZipFile(wheel) as opened:
         names = opened.namelist()
-    for folder in ("xpuspec/default_draft/", "xpuspec/default_eagle3/"):
+    for folder in ("xpuspec/models/default_draft/", "xpuspec/models/default_eagle3/"):
         assert not [name for name in names if name.startswith(folder)], folder
-    assert "xpuspec/demo/bundle/xpuspec.json" in names
-    assert "xpuspec/default_model.py" in names and "xpuspec/edge/verify_edge.py" in names
+    assert "xpuspec/models/demo/bundle/xpuspec.json" in names
+    assert "xpuspec/models/default_model.py" in names and "xpuspec/edge/verify_edge.py" in names
     assert wheel.stat().st_size < 20_000_000  # code and the demo pair; with the default draft and head 50 MB

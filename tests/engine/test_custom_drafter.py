@@ -21,7 +21,7 @@ from xpuspec.core.request_stats import RequestStats
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.executor.paged_runner import PagedModelRunner
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15, 16], [20] * 9, [3]]
 MAX_TOKENS = 20

@@ -150,8 +150,8 @@ def _make_drafting_hopeless(engine) -> None:
     """Pessimistic drafting costs (10 s a phase at every γ): γ = 0 from now on. A probe's phase is a
     long catch-up, which the drafting curve leaves out, so the probes do not undo it. Prompt lookup,
     whose drafts cost nothing, is turned off: these tiny models repeat themselves."""
-    from xpuspec.spec_decode.cost_model import MAX_TOKENS_PER_SEQUENCE
-    from xpuspec.spec_decode.verify_costs import VerifyCostCurve
+    from xpuspec.spec_decode.policy.cost_model import MAX_TOKENS_PER_SEQUENCE
+    from xpuspec.spec_decode.policy.verify_costs import VerifyCostCurve
 
     engine.draft_choice.prompt_lookup = None
 
@@ -174,7 +174,7 @@ def test_probes_that_find_no_gain_come_ever_more_rarely(pair_bundle):
     """A probe changes the target's step shape twice and catches the draft up over every token since
     the last one. While probes keep finding γ = 0, the interval doubles (64, 128, 256 steps ...): over
     ~480 steps that is 3 probes, where a fixed interval of 64 steps would have probed 7 times."""
-    from xpuspec.engine.draft_choice import PROBE_INTERVAL_STEPS
+    from xpuspec.spec_decode.policy.draft_choice import PROBE_INTERVAL_STEPS
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     _make_drafting_hopeless(pipe.engine)  # γ = 0 from now on, except for the probes

@@ -14,9 +14,9 @@ import pytest
 from tests.engine.test_exactness import PROMPTS
 from tests.support.faults import EXACT, FaultyRunner, RaisingDetokenizer, RaisingStopMatcher, fail_nth
 from xpuspec import Pipeline, SamplingParams
-from xpuspec import request_text as request_text_module
+from xpuspec.api import request_text as request_text_module
+from xpuspec.api.pipeline import GenerationError
 from xpuspec.engine.engine import EngineConfig, LLMEngine
-from xpuspec.pipeline import GenerationError
 from xpuspec.spec_decode.proposal import NgramDraftProposer
 from xpuspec.text import IncrementalDetokenizer, StopStringMatcher
 

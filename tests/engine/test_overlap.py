@@ -10,7 +10,7 @@ from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.engine.overlap import OverlappedSteps, overlap_wanted
 from xpuspec.executor.stateful_runner import StatefulModelRunner
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.spec_decode.proposal import DraftModelProposer
 from xpuspec.text import Tokenizer
 

@@ -129,8 +129,8 @@ def test_lookups_do_not_keep_the_draft_models_probe_from_coming(pair_bundle):
     """With drafting priced hopeless, the draft model only drafts in probes. Lookup steps come often
     on these repetitive outputs; they must not count as the draft model drafting, or the probe that
     would re-measure a draft model estimated too low (on a busy moment) never comes."""
-    from xpuspec.spec_decode.cost_model import MAX_TOKENS_PER_SEQUENCE
-    from xpuspec.spec_decode.verify_costs import VerifyCostCurve
+    from xpuspec.spec_decode.policy.cost_model import MAX_TOKENS_PER_SEQUENCE
+    from xpuspec.spec_decode.policy.verify_costs import VerifyCostCurve
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     engine = pipe.engine

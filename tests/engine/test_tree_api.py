@@ -56,7 +56,7 @@ def test_a_request_gets_its_tree_from_a_pipeline_without_a_default_tree(pair_bun
 def test_metrics_expose_tree_figures(pair_bundle):
     """A request's tree figures, from a real tree run, reach the Prometheus exposition."""
     from xpuspec import Pipeline, SamplingParams
-    from xpuspec.server.engine_loop import EngineSnapshot
+    from xpuspec.api.engine_loop import EngineSnapshot
     from xpuspec.server.metrics import ServerMetrics
 
     pipe = Pipeline(pair_bundle, drafter="draft", properties="exact")

@@ -338,7 +338,7 @@ def test_warm_up_touches_block_zero_only(ir_dir: Path, runner: PagedModelRunner)
     np.testing.assert_array_equal(fresh.forward([chunk]), runner.forward([chunk]))
 
 
-DEMO_DRAFT = Path(__file__).resolve().parents[2] / "xpuspec" / "demo" / "bundle" / "draft"
+DEMO_DRAFT = Path(__file__).resolve().parents[2] / "xpuspec" / "models" / "demo" / "bundle" / "draft"
 
 
 @pytest.mark.parametrize("source", ["tiny", "demo-int8"])

@@ -109,7 +109,7 @@ def test_the_cpu_defaults_quantise_the_targets_keys_per_token_whatever_the_weigh
     assert readable({KEY_QUANT_MODE: "BY_TOKEN"}) == "keys=BY_TOKEN"
 
 
-# Code from the demo pair's held-out files (xpuspec.demo.heldout: lines 41-48 of six standard-library
+# Code from the demo pair's held-out files (xpuspec.models.demo.heldout: lines 41-48 of six standard-library
 # modules). At main's former defaults (keys quantised per channel) the demo pair's speculative text
 # differed from its target-only text on the glob prompt, and the target-only text of the bisect and csv
 # prompts changed when they ran again among the others; with per-token key scales none did.

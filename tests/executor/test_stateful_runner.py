@@ -12,7 +12,7 @@ from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine.engine import EngineConfig, LLMEngine
 from xpuspec.executor.paged_runner import PagedModelRunner
 from xpuspec.executor.stateful_runner import Rollback, StatefulModelRunner
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.spec_decode.proposal import DraftModelProposer
 
 PROMPTS = [

@@ -9,7 +9,7 @@ import pytest
 
 from xpuspec.cli import main
 from xpuspec.devices.placement import Placement, write_placement
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.planning.planner import Measurement, PlanConfig, decide
 from xpuspec.planning.trial import PropertyCandidate
 from xpuspec.planning.tuning import choose_properties, first_stage, group_stage
@@ -172,7 +172,7 @@ def test_plan_write_twice_records_what_its_measurements_show(tmp_path, capsys):
     clear winners), so the test asserts that each record follows from its own measurements: a
     record within noise keeps the default placement; a change is backed by every round of the
     chosen placement beating every round of the default."""
-    from xpuspec.demo import demo_bundle_path
+    from xpuspec.models.demo import demo_bundle_path
 
     bundle = tmp_path / "demo"
     shutil.copytree(demo_bundle_path(), bundle)
@@ -263,7 +263,7 @@ def test_quantized_weights_are_known_by_their_constants_whatever_the_format(comp
     from pathlib import Path
 
     from xpuspec.devices.executors import model_weights, quantized_weights
-    from xpuspec.model_bundle import ModelInfo
+    from xpuspec.models.bundle import ModelInfo
 
     facts = {} if compression is None else {"compression": compression}
     model = ModelInfo("target", Path("."), facts)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.prepare.conftest import TINY_GROUP_SIZE, BundleFactory
 from tests.support.tiny_checkpoints import ARCHITECTURES
-from xpuspec.model_bundle import MANIFEST_NAME, ModelBundle
+from xpuspec.models.bundle import MANIFEST_NAME, ModelBundle
 
 NUM_LAYERS = 2
 # Linear layers per decoder layer: q, k, v, o, gate, up, down; Phi-3 fuses qkv and gate_up.

@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from tests.conftest import EAGLE3_DRAFT_VOCAB, EAGLE3_TAPS, EXACT_PRESET  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE  # noqa: E402
 from xpuspec.cli import main  # noqa: E402
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE  # noqa: E402
-from xpuspec.model_bundle import BundleError, ModelBundle  # noqa: E402
+from xpuspec.models.bundle import BundleError, ModelBundle  # noqa: E402
 from xpuspec.prepare.config import PrepareError  # noqa: E402
 from xpuspec.prepare.eagle3 import write_head, write_safetensors  # noqa: E402
 from xpuspec.prepare.writer import STAGING_PREFIX  # noqa: E402

@@ -13,7 +13,7 @@ from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_check
 from tests.support.tiny_gguf import write_gguf_from_checkpoint
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.cli import main
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.prepare.config import PrepareConfig, PrepareError
 from xpuspec.prepare.gguf import prepare_gguf_bundle
 from xpuspec.prepare.gguf_model import GgufModel

@@ -11,7 +11,7 @@ import pytest
 from tests.support.tiny_gguf import tiny_llama_gguf
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.devices.executors import model_weights
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.prepare.compress import count_low_precision_weights
 from xpuspec.prepare.config import PrepareConfig, PrepareError
 from xpuspec.prepare.gguf import convert_gguf, prepare_gguf_bundle

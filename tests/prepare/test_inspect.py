@@ -9,7 +9,7 @@ import pytest
 
 from tests.prepare.conftest import BundleFactory
 from xpuspec.cli import main
-from xpuspec.model_bundle import MANIFEST_NAME
+from xpuspec.models.bundle import MANIFEST_NAME
 
 
 @pytest.mark.slow

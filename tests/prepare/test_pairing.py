@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.prepare import PairingError, PrepareConfig, prepare_bundle
 from xpuspec.prepare.config import PrepareError
 from xpuspec.prepare.pairing import check_pair

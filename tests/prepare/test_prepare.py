@@ -13,7 +13,7 @@ import pytest
 
 from tests.prepare.conftest import TINY_GROUP_SIZE
 from xpuspec.cli import main
-from xpuspec.model_bundle import MANIFEST_NAME, ModelBundle
+from xpuspec.models.bundle import MANIFEST_NAME, ModelBundle
 from xpuspec.prepare import PrepareConfig, PrepareError, prepare_bundle
 from xpuspec.prepare import pipeline as pipeline_module
 from xpuspec.prepare.export import import_conversion_module

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from xpuspec.cli import main
-from xpuspec.model_bundle import MANIFEST_NAME
+from xpuspec.models.bundle import MANIFEST_NAME
 from xpuspec.prepare import PrepareConfig, prepare_bundle
 from xpuspec.prepare.config import PrepareError
 
@@ -172,7 +172,7 @@ def test_auto_drafter_falls_back_to_ngrams_when_the_draft_cannot_draft(
     manifest = json.loads((bundle / MANIFEST_NAME).read_text())
     manifest["models"]["draft"]["vocab_size"] = manifest["models"]["target"]["vocab_size"] + 100
     (bundle / MANIFEST_NAME).write_text(json.dumps(manifest))
-    with caplog.at_level("WARNING", logger="xpuspec.pipeline"):
+    with caplog.at_level("WARNING", logger="xpuspec.api.pipeline"):
         pipe = Pipeline(bundle, drafter="auto")
     assert pipe.drafter == "ngram"
     assert any("drafting with n-grams instead" in record.getMessage() for record in caplog.records)

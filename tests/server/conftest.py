@@ -44,8 +44,8 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:  # ty
 @pytest.fixture(scope="session")
 def served_app(pair_bundle: Path) -> Iterator[Flask]:
     """The app in this process over the pair bundle (F32), with a short context for cheap fuzzing."""
+    from xpuspec.api.pipeline import Pipeline
     from xpuspec.engine.engine import EngineConfig
-    from xpuspec.pipeline import Pipeline
     from xpuspec.server import ServerConfig, create_app, server_state
 
     def load() -> Pipeline:
@@ -136,7 +136,7 @@ def live_server(pair_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def demo_live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A real server over the demo bundle (its context fits tool prompts), shared by the modules that
     need a real tokenizer's text."""
-    from xpuspec.demo import demo_bundle_path
+    from xpuspec.models.demo import demo_bundle_path
 
     server = start_server(demo_bundle_path(), tmp_path_factory.mktemp("demo-server") / "server.log")
     yield server

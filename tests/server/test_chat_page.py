@@ -393,7 +393,7 @@ def test_the_page_logged_no_error_and_fetched_only_from_its_server(
 def test_the_api_key_prompt_works_and_a_wrong_key_is_refused(
     browser: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from xpuspec.demo import demo_bundle_path
+    from xpuspec.models.demo import demo_bundle_path
 
     server = start_server(
         demo_bundle_path(), tmp_path_factory.mktemp("keyed") / "server.log", "--api-key", "s3cret"

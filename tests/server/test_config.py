@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from xpuspec.api.engine_loop import EngineLoop
 from xpuspec.server.config import MAX_STREAM_INTERVAL_S, ServerConfig
-from xpuspec.server.engine_loop import EngineLoop
 from xpuspec.server.metrics import ServerMetrics
 from xpuspec.server.state import ServerState
 

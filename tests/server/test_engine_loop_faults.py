@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import pytest
 
 from tests.support.faults import EXACT, FaultyRunner, RaisingDetokenizer, RaisingStopMatcher, fail_nth
-from xpuspec import request_text as request_text_module
-from xpuspec.pipeline import Pipeline
+from xpuspec.api import request_text as request_text_module
+from xpuspec.api.engine_loop import ChoiceRequest, EngineLoop, Generation
+from xpuspec.api.pipeline import Pipeline
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.server.engine_loop import ChoiceRequest, EngineLoop, Generation
 from xpuspec.text import IncrementalDetokenizer, StopStringMatcher
 
 PROMPTS = [

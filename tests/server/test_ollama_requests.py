@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from xpuspec.api.engine_loop import ChoiceRequest
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server.choices import PreparedRequest
-from xpuspec.server.engine_loop import ChoiceRequest
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_requests import (
     GENERATE,

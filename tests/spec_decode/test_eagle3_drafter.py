@@ -23,7 +23,7 @@ from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.core.chunks import SequenceChunk  # noqa: E402
 from xpuspec.executor.eagle3_head import Eagle3Head  # noqa: E402
 from xpuspec.executor.paged_runner import PagedModelRunner  # noqa: E402
-from xpuspec.model_bundle import ModelBundle  # noqa: E402
+from xpuspec.models.bundle import ModelBundle  # noqa: E402
 from xpuspec.sample.sampler import probabilities  # noqa: E402
 from xpuspec.spec_decode.eagle3.head_state import HeadStates  # noqa: E402
 from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer  # noqa: E402

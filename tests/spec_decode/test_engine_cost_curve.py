@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from xpuspec.pipeline import Pipeline
+from xpuspec.api.pipeline import Pipeline
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.cost_model import MAX_TOKENS_PER_SEQUENCE
+from xpuspec.spec_decode.policy.cost_model import MAX_TOKENS_PER_SEQUENCE
 
 EXACT = "exact"
 

@@ -8,11 +8,11 @@ from scipy.stats import chisquare
 
 from xpuspec import SamplingParams
 from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree
-from xpuspec.spec_decode.cost_model import CostModel, LinearCostFit
+from xpuspec.spec_decode.policy.cost_model import CostModel, LinearCostFit
+from xpuspec.spec_decode.policy.tree_policy import RankAcceptance, TreeShapePolicy
 from xpuspec.spec_decode.tree import DraftTree
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
 from xpuspec.spec_decode.tree_build import draw_without_replacement
-from xpuspec.spec_decode.tree_policy import RankAcceptance, TreeShapePolicy
 
 VOCAB = 5
 

@@ -62,7 +62,7 @@ def eagle3_pipeline(pair_bundle, tmp_path_factory) -> Pipeline:
     """EAGLE-3 drafting with a random head on the pair's 2-layer target (taps named explicitly)."""
     pytest.importorskip("torch")
     from research.training.eagle3_torch import random_head, save_head
-    from xpuspec.model_bundle import ModelBundle
+    from xpuspec.models.bundle import ModelBundle
 
     target_config = json.loads((ModelBundle.open(pair_bundle).target.path / "config.json").read_text())
     module, config = random_head(target_config, 96, seed=5, aux_layer_ids=(0, 1, 2))

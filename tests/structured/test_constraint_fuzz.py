@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from tests.server.conftest import LiveServer, start_server, stop_server, wait_until
 from tests.support.constraint_strategies import MARKER_PREFIX, FuzzConstraint, constraints
-from xpuspec.demo import demo_bundle_path
+from xpuspec.models.demo import demo_bundle_path
 
 logger = logging.getLogger(__name__)
 

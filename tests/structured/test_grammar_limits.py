@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.server.conftest import wait_until
-from xpuspec.demo import demo_bundle_path
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
+from xpuspec.models.demo import demo_bundle_path
 from xpuspec.structured import constraint_of
 from xpuspec.structured.constraint import close_objects, has_finite_value
 from xpuspec.structured.matcher import GrammarCompiler, GrammarLimits, grammar_compiler

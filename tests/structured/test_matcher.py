@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.support.demo_grammar import demo_grammar_compiler
-from xpuspec.demo import demo_bundle_path
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
+from xpuspec.models.demo import demo_bundle_path
 from xpuspec.structured import constraint_of
 from xpuspec.structured.grammar_tokenizer import byte_level_vocabulary
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from xpuspec.demo import demo_bundle_path
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
+from xpuspec.models.demo import demo_bundle_path
 from xpuspec.structured.matcher import GrammarCompiler, grammar_compiler
 from xpuspec.text import Tokenizer
 

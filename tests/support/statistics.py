@@ -9,7 +9,7 @@ import numpy as np
 from scipy.stats import chisquare
 
 from xpuspec.engine.engine import EngineConfig
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 # Thousands of requests of a few tokens each: 64 in flight rather than the default 16 take a third
 # less time (27 s -> 18 s for 6,000 on the pair), and the sampled output must not depend on the batch.

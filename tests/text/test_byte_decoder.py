@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpuspec.demo import BUNDLE_DIR
+from xpuspec.models.demo import BUNDLE_DIR
 from xpuspec.text import IncrementalDetokenizer, Tokenizer
 from xpuspec.text.byte_decoder import ByteTable, Utf8Validate, utf8_validate
 

@@ -111,7 +111,7 @@ def _cache_key(bundle: Any) -> str:
 def convert_head(bundle: Any, cache: Path | None = None) -> Path:
     """The bundle's head as GenAI's EAGLE-3 draft folder, converted once into ``cache`` (default: the
     xpuspec cache) and reused while the head and target files are unchanged."""
-    from xpuspec.model_bundle import cache_dir
+    from xpuspec.models.bundle import cache_dir
 
     head = bundle.eagle3
     if head is None:

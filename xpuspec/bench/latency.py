@@ -53,7 +53,7 @@ from xpuspec.bench.peers import why_failed
 from xpuspec.bench.progress import Progress
 from xpuspec.bench.quick import engine_groups, quick_rows
 from xpuspec.bench.report import not_run
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 __all__ = ["GENAI", "XPUSPEC", "XpuspecLatencyRunner", "genai_default_properties", "run_latency"]
 

@@ -37,7 +37,7 @@ from xpuspec.bench.peers import (
     llama_cpp_unavailable,
     transformers_unavailable,
 )
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 
 @dataclass

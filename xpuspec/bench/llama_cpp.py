@@ -35,7 +35,7 @@ import httpx
 
 from xpuspec.bench.chat_clients import ChatResult, ClientsRound, Messages, percentile, run_clients
 from xpuspec.bench.server_process import ServerProcess, free_port
-from xpuspec.model_bundle import ModelBundle, cache_dir
+from xpuspec.models.bundle import ModelBundle, cache_dir
 
 logger = logging.getLogger(__name__)
 

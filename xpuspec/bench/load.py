@@ -22,7 +22,7 @@ from xpuspec.bench.latency import GENAI, XPUSPEC
 from xpuspec.bench.peers import GenaiBatchRunner, genai_unavailable, why_failed
 from xpuspec.bench.progress import Progress
 from xpuspec.bench.server_process import ServerProcess, StreamedCompletion, stream_completion
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 logger = logging.getLogger(__name__)
 

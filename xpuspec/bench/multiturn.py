@@ -98,9 +98,9 @@ def build_prompts(encode: Any, config: MultiturnConfig, round_index: int) -> dic
 
 class _XpuspecRunner:
     def __init__(self, bundle: Path | None, properties: dict[str, Any], prefix_caching: bool) -> None:
-        from xpuspec.bundles import resolve_bundle
+        from xpuspec.api.pipeline import Pipeline
         from xpuspec.engine.engine import EngineConfig
-        from xpuspec.pipeline import Pipeline
+        from xpuspec.models.resolve import resolve_bundle
 
         max_context = resolve_bundle(bundle).max_context
         self.pipeline = Pipeline(
@@ -128,7 +128,7 @@ class _GenaiRunner:
     def __init__(self, bundle: Path | None, properties: dict[str, Any]) -> None:
         import openvino_genai
 
-        from xpuspec.bundles import resolve_bundle
+        from xpuspec.models.resolve import resolve_bundle
 
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.cache_size = 1
@@ -164,7 +164,7 @@ def _open_engines(config: MultiturnConfig, properties: dict[str, Any], order: li
 def run_multiturn(config: MultiturnConfig) -> dict[str, Any]:
     """Run both workloads on every engine, interleaved; return per-turn TTFTs and the ratios."""
     from xpuspec.bench.latency import genai_default_properties
-    from xpuspec.bundles import resolve_bundle
+    from xpuspec.models.resolve import resolve_bundle
     from xpuspec.text import Tokenizer
 
     properties = dict(config.properties) if config.properties else genai_default_properties()

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from xpuspec.api.errors import one_line, openvino_message
 from xpuspec.bench.figures import RequestTiming
-from xpuspec.errors import one_line, openvino_message
 
 logger = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ import sys
 import warnings
 from typing import Any
 
+from xpuspec.api.errors import EXIT_FAILED, CommandError
 from xpuspec.bench.budget import GIB, Estimate, estimate, kv_blocks, kv_tokens, mem_available
 from xpuspec.bench.config import BenchConfig
 from xpuspec.bench.environment import environment
 from xpuspec.bench.workloads import PromptEncoder, encode_prompts, load_workload
-from xpuspec.errors import EXIT_FAILED, CommandError
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +66,13 @@ def quiet_third_parties() -> None:
 
 def run_bench(config: BenchConfig) -> dict[str, Any]:
     """Run the configured modes; return the report (plots are written into ``config.out`` already)."""
+    from xpuspec.api.pipeline import Pipeline
     from xpuspec.bench.latency import genai_default_properties, run_latency
     from xpuspec.bench.load import run_load
     from xpuspec.bench.plots import write_plots
-    from xpuspec.bundles import resolve_bundle
     from xpuspec.devices.placement import recorded_properties
     from xpuspec.engine.engine import EngineConfig
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.models.resolve import resolve_bundle
 
     bundle = resolve_bundle(config.bundle)
     config.out.mkdir(parents=True, exist_ok=True)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from xpuspec.demo.heldout import HELDOUT_FILES
+from xpuspec.models.demo.heldout import HELDOUT_FILES
 
 if TYPE_CHECKING:
-    from xpuspec.model_bundle import ModelBundle
+    from xpuspec.models.bundle import ModelBundle
 
 WORKLOADS = ("code", "chat")  # or the path of a JSONL file
 

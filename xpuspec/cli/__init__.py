@@ -1,6 +1,6 @@
 """The `xpuspec` command: one module per subcommand, listed in :data:`COMMANDS`.
 
-Every command fails the same way (:mod:`xpuspec.errors`): a user mistake or an environment problem
+Every command fails the same way (:mod:`xpuspec.api.errors`): a user mistake or an environment problem
 prints one line on stderr, ``xpuspec: error: <what is wrong>; <what to do>``, and exits with
 ``EXIT_USAGE`` (the command line or its input was wrong) or ``EXIT_FAILED`` (the work failed).
 Tracebacks are shown only with ``--debug`` (or ``XPUSPEC_DEBUG=1``), or for exceptions that are bugs
@@ -19,9 +19,7 @@ import sys
 import traceback
 from types import ModuleType
 
-from xpuspec.cli import bench, cluster, devices, edge, generate, inspect, plan, prepare, serve
-from xpuspec.cli.parser import DEBUG_ENV, ArgumentParser, finish_subparsers
-from xpuspec.errors import (
+from xpuspec.api.errors import (
     EXIT_CODES,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -29,6 +27,8 @@ from xpuspec.errors import (
     describe_error,
     report_error,
 )
+from xpuspec.cli import bench, cluster, devices, edge, generate, inspect, plan, prepare, serve
+from xpuspec.cli.parser import DEBUG_ENV, ArgumentParser, finish_subparsers
 from xpuspec.version import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main"]

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from xpuspec.api.errors import CommandError
 from xpuspec.bench.config import QUICK, BenchConfig
 from xpuspec.bench.report import write_report
 from xpuspec.bench.suite import check_budget, quiet_third_parties, run_bench
-from xpuspec.bundles import resolve_bundle
-from xpuspec.errors import CommandError
+from xpuspec.models.resolve import resolve_bundle
 
 
 def _integers(text: str) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, CommandError
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, CommandError
 
 DEFAULT_HOST = "127.0.0.1"  # Serve's own defaults, where the config names no http_options
 DEFAULT_PORT = 8000

@@ -14,7 +14,7 @@ from xpuspec.cli.tables import print_table
 from xpuspec.devices.capabilities import CoreLike, DeviceCapabilities
 from xpuspec.devices.plugin import PassthroughPlugin
 from xpuspec.devices.registry import PluginRegistry
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,9 +94,9 @@ def cannot_run_reason(registry: PluginRegistry, device: str, bundle: ModelBundle
 def run_devices(args: argparse.Namespace) -> int:
     import openvino as ov
 
-    from xpuspec.bundles import resolve_bundle
     from xpuspec.devices.placement import openvino_version
     from xpuspec.devices.registry import default_registry
+    from xpuspec.models.resolve import resolve_bundle
 
     bundle = resolve_bundle(args.bundle)
     registry = default_registry()

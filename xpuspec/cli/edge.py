@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, CommandError
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, CommandError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_bundle(args: argparse.Namespace) -> int:
     from xpuspec.edge.archive import EdgeConfig, build_edge_archive
     from xpuspec.edge.wheels import PackagingError
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.models.bundle import BundleError
     from xpuspec.prepare.quiet import StageLines
 
     try:

@@ -8,15 +8,15 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from xpuspec.api.errors import CommandError
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
-from xpuspec.errors import CommandError
 from xpuspec.sample.draft_tree import parse_draft_tree_text
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from xpuspec.model_bundle import ModelBundle
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
+    from xpuspec.models.bundle import ModelBundle
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -78,9 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xpuspec.bundles import resolve_bundle
+    from xpuspec.api.pipeline import Pipeline
     from xpuspec.executor.properties import parse_properties, with_preset
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.models.resolve import resolve_bundle
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -153,10 +153,10 @@ READY_LINE_AFTER_S = 1.0
 
 def bundle_label(spec: str | None) -> str:
     """How the loading line names the bundle."""
-    from xpuspec.bundles import is_demo
+    from xpuspec.models.resolve import is_demo
 
     if spec is None:
-        from xpuspec.default_model import SMOLLM2
+        from xpuspec.models.default_model import SMOLLM2
 
         return f"the default model {SMOLLM2.name}"
     return "the demo pair" if is_demo(spec) else str(spec)
@@ -174,7 +174,7 @@ def check_max_tokens(max_tokens: int, context: int) -> None:
 def prompt_is_chat(args: argparse.Namespace, bundle: ModelBundle) -> bool:
     """A chat user message only for a chat model (or with --chat); otherwise the prompt as it is, said
     once on stderr unless --raw asked for it."""
-    from xpuspec.request_text import chat_by_default
+    from xpuspec.api.request_text import chat_by_default
 
     if args.raw:
         return False
@@ -255,7 +255,7 @@ def summary_line(
 
 def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
     """The cost model's case against drafting: measured step costs and the acceptance it used."""
-    from xpuspec.spec_decode.acceptance import AcceptanceTracker
+    from xpuspec.spec_decode.policy.acceptance import AcceptanceTracker
 
     policy = pipe.engine.length_policy
     costs = policy.cost_model

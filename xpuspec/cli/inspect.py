@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from xpuspec.bundles import resolve_bundle
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
-from xpuspec.model_bundle import BundleError
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.models.bundle import BundleError
+from xpuspec.models.resolve import resolve_bundle
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from xpuspec.errors import ERROR_PREFIX, EXIT_USAGE
+from xpuspec.api.errors import ERROR_PREFIX, EXIT_USAGE
 
 DEBUG_ENV = "XPUSPEC_DEBUG"
 

@@ -8,8 +8,8 @@ import json
 import sys
 from typing import Any
 
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error
 from xpuspec.cli.tables import print_table
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, report_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,10 +112,10 @@ def _parse_plan_config(args: argparse.Namespace) -> Any:
 def run_plan(args: argparse.Namespace) -> int:
     import openvino as ov
 
-    from xpuspec.bundles import resolve_bundle
     from xpuspec.devices.placement import resolve_device, write_placement
     from xpuspec.devices.registry import default_registry
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.models.bundle import BundleError
+    from xpuspec.models.resolve import resolve_bundle
     from xpuspec.planning.planner import (
         candidate_placements,
         decide,

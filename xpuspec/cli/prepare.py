@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
 from xpuspec.prepare.config import (
     BUILTIN_CALIBRATION_PROMPTS,
     GROUP_SIZE_FALLBACKS,

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.bundles import model_names
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
-from xpuspec.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.models.resolve import model_names
 from xpuspec.server.config import (
     DEFAULT_STREAM_INTERVAL_PER_STREAM_S,
     DEFAULT_STREAM_INTERVAL_S,
@@ -315,7 +315,7 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
     """What the engine loop calls to load the model, while /health answers "loading"."""
 
     def load() -> Any:
-        from xpuspec.pipeline import Pipeline
+        from xpuspec.api.pipeline import Pipeline
 
         pipeline = Pipeline(
             args.bundle,
@@ -343,8 +343,8 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
 def _listen(app: Any, args: argparse.Namespace, limits: ListenerLimits, unauthenticated: Any) -> HttpListener:
     """Bind the port, then open the bundle's manifest: the cheap part of loading, here so that a wrong
     --bundle is one plain line rather than a failed load."""
-    from xpuspec.bundles import resolve_bundle
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.models.bundle import BundleError
+    from xpuspec.models.resolve import resolve_bundle
 
     try:
         listener = HttpListener(app, args.host, args.port, limits, unauthenticated)
@@ -413,7 +413,7 @@ def _serve(
 
 def _is_input_error(error: BaseException) -> bool:
     """A bundle or argument the user gave is wrong (exit 2), rather than the machine (exit 1)."""
-    from xpuspec.model_bundle import BundleError
+    from xpuspec.models.bundle import BundleError
 
     return isinstance(error, (BundleError, ValueError, FileNotFoundError, NotADirectoryError))
 

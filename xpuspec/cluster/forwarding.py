@@ -1,14 +1,14 @@
 """The ingress's engine loop: the server's routes unchanged, each submission run by an engine replica.
 
-:class:`ForwardingLoop` is an :class:`~xpuspec.server.engine_loop.EngineLoop` whose ``submit`` sends
+:class:`ForwardingLoop` is an :class:`~xpuspec.api.engine_loop.EngineLoop` whose ``submit`` sends
 the prepared choices through a Serve deployment handle (streaming) instead of queueing them for a
 local engine. The app around it is ``xpuspec.server.create_app``'s, so validation, request
 preparation (chat template, tokenizer, limits), response bodies and SSE frames are the server's own.
 The loop still loads a pipeline, for that preparation: its engine never steps.
 
 A pump thread per request reads the replica's stream (lists of
-:class:`~xpuspec.server.engine_loop.ChoiceEvent`) and hands each list to the request's
-:class:`~xpuspec.server.engine_loop.Generation`, as the local loop does. If the replica fails (it
+:class:`~xpuspec.api.engine_loop.ChoiceEvent`) and hands each list to the request's
+:class:`~xpuspec.api.engine_loop.Generation`, as the local loop does. If the replica fails (it
 died, or was killed), every unfinished choice ends with an error event: a stream already started
 ends with the server's error frame, a whole response is a 500.
 """
@@ -21,8 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.core.request_stats import RequestStats
-from xpuspec.server.engine_loop import (
+from xpuspec.api.engine_loop import (
     ChoiceEvent,
     ChoiceRequest,
     EngineLoop,
@@ -30,11 +29,12 @@ from xpuspec.server.engine_loop import (
     NotAcceptingError,
     QueueFullError,
 )
+from xpuspec.core.request_stats import RequestStats
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
 
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Serve builds one router per deployment handle, in the process that holds the handle (the ingress
 replica), and calls :meth:`PrefixAffinityRouter.choose_replicas` for each request to the engine
 replicas. The router reads the prompt's token ids from the request's arguments (a list of
-:class:`~xpuspec.server.engine_loop.ChoiceRequest`), computes their block digests, and ranks the
+:class:`~xpuspec.api.engine_loop.ChoiceRequest`), computes their block digests, and ranks the
 replica that holds the longest prefix first (:func:`~xpuspec.cluster.routing.decide`); the rest
 follow, least loaded first. Replicas report their cached digests through Serve's routing stats
 (``record_routing_stats``), which reach the router with each replica-set update.

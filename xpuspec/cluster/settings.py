@@ -15,7 +15,7 @@ from xpuspec.server.config import DEMO_MODEL_NAME, ServerConfig
 BUNDLE_ENV = "XPUSPEC_BUNDLE"
 
 if TYPE_CHECKING:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class ClusterSettings:
         return cls(**args)
 
     def server_config(self) -> ServerConfig:
-        from xpuspec.bundles import is_demo
+        from xpuspec.models.resolve import is_demo
 
         name = self.served_model_name
         if name is None:
@@ -62,7 +62,7 @@ class ClusterSettings:
         return ServerConfig(served_model_name=name, api_key=self.api_key, max_queue=self.max_queue)
 
     def load_pipeline(self) -> Pipeline:
-        from xpuspec.pipeline import Pipeline
+        from xpuspec.api.pipeline import Pipeline
 
         pipeline = Pipeline(
             self.bundle,
@@ -81,7 +81,7 @@ class ClusterSettings:
 def _bundle_name(bundle: str | None) -> str:
     """The name ``xpuspec serve`` gives the same bundle: the default model's, or the folder's."""
     if bundle is None:
-        from xpuspec.default_model import SMOLLM2
+        from xpuspec.models.default_model import SMOLLM2
 
         return SMOLLM2.name
     return os.path.basename(os.path.normpath(os.path.expanduser(bundle))) or DEMO_MODEL_NAME

@@ -10,7 +10,7 @@ from typing import Any
 from xpuspec.devices.placement import ResolvedDevice
 from xpuspec.devices.plugin import DevicePlugin, OpenVINODevicePlugin, Role, RunnerFactory
 from xpuspec.executor.properties import PropertiesArg, layer_tuned, resolve_properties
-from xpuspec.model_bundle import ModelInfo
+from xpuspec.models.bundle import ModelInfo
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 from xpuspec.devices.capabilities import CoreLike
 from xpuspec.devices.plugin import DevicePlugin, OpenVINODevicePlugin, PassthroughPlugin, base_device_name
 from xpuspec.devices.registry import PluginRegistry
-from xpuspec.model_bundle import MANIFEST_NAME, ModelBundle
+from xpuspec.models.bundle import MANIFEST_NAME, ModelBundle
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpuspec.bundles import model_names, resolve_bundle
 from xpuspec.edge import templates
 from xpuspec.edge.platforms import group_targets, target_environment
 from xpuspec.edge.requirements import (
@@ -41,7 +40,8 @@ from xpuspec.edge.verify_edge import (
     LOCAL_STATE_NAMES,
     verify_archive,
 )
-from xpuspec.model_bundle import MANIFEST_NAME, sha256_file
+from xpuspec.models.bundle import MANIFEST_NAME, sha256_file
+from xpuspec.models.resolve import model_names, resolve_bundle
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 
 logger = logging.getLogger(__name__)

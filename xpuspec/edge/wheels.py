@@ -58,7 +58,7 @@ def _setuptools_is_recent() -> bool:
 # Model weights the package carries that an archive's bundle holds again, by folder under the
 # checkout: the default model's draft and EAGLE-3 head (its cached bundle holds both). The demo pair
 # (a few MB) stays: `--bundle demo` works on every edge box and image, as the package promises.
-MODEL_DATA = (("xpuspec", "default_draft"), ("xpuspec", "default_eagle3"))
+MODEL_DATA = (("xpuspec", "models", "default_draft"), ("xpuspec", "models", "default_eagle3"))
 
 
 def build_xpuspec_wheel(

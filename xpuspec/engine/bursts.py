@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
-from xpuspec.core.step_shape import step_tokens
+from xpuspec.spec_decode.policy.step_shape import step_tokens
 
 if TYPE_CHECKING:
     from xpuspec.engine.view import EngineView

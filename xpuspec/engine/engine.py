@@ -20,7 +20,7 @@ reads what its executor and drafter can do from their ``caps`` (``xpuspec.core.i
 phases see the engine through ``xpuspec.engine.view.EngineView``, the Protocol of what they use, so
 that none imports this module back.
 
-Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.request_text``) finds
+Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.api.request_text``) finds
 them and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``, dropping the tokens after the
 one that completed the stop string.
 
@@ -63,10 +63,8 @@ from xpuspec.core.prefix_cache import PrefixCachingBlockManager
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.core.sequence import Sequence, SequenceStatus
-from xpuspec.core.step_shape import StepShape
 from xpuspec.engine import calibration, recovery
 from xpuspec.engine.admission import check_prompt, compile_constraint
-from xpuspec.engine.draft_choice import DraftChoice
 from xpuspec.engine.drafting import Drafting
 from xpuspec.engine.outputs import (
     FINISH_REASONS,
@@ -80,14 +78,16 @@ from xpuspec.engine.strategy import PhaseHooks, SequentialSteps, StepStrategy
 from xpuspec.engine.verification import Verifier
 from xpuspec.sample.sampler import make_generator
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.acceptance import AcceptanceRates
-from xpuspec.spec_decode.cost_model import CostModel
+from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.cost_model import CostModel
+from xpuspec.spec_decode.policy.draft_choice import DraftChoice
+from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.policy.step_shape import StepShape
+from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
 from xpuspec.spec_decode.prompt_lookup import PromptLookup
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
-from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
-from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
 
 __all__ = ["FINISH_REASONS", "EngineConfig", "LLMEngine", "StepOutput", "TargetModel"]

@@ -20,8 +20,8 @@ from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import TargetObserver
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
-from xpuspec.core.step_shape import decode_sequences
 from xpuspec.engine import bursts
+from xpuspec.spec_decode.policy.step_shape import decode_sequences
 
 if TYPE_CHECKING:
     from xpuspec.engine.view import EngineView

@@ -26,15 +26,15 @@ from xpuspec.core.prefix_cache import PrefixCachingBlockManager
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk, Scheduler
 from xpuspec.core.sequence import Sequence
-from xpuspec.core.step_shape import StepShape
-from xpuspec.engine.draft_choice import DraftChoice
 from xpuspec.engine.outputs import EngineConfig, RequestState, StepOutput
-from xpuspec.spec_decode.acceptance import AcceptanceRates
-from xpuspec.spec_decode.cost_model import CostModel
+from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.cost_model import CostModel
+from xpuspec.spec_decode.policy.draft_choice import DraftChoice
+from xpuspec.spec_decode.policy.step_shape import StepShape
+from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
 from xpuspec.spec_decode.prompt_lookup import PromptLookup
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
-from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 from xpuspec.structured.matcher import GuidedRequest
 
 __all__ = ["DraftingPhase", "EngineView", "VerificationPhase"]

@@ -24,7 +24,7 @@ from xpuspec.sample.sampling_params import SamplingParams
 
 
 class Generates(Protocol):
-    """What agreement needs of a pipeline: :meth:`xpuspec.pipeline.Pipeline.generate`."""
+    """What agreement needs of a pipeline: :meth:`xpuspec.api.pipeline.Pipeline.generate`."""
 
     def generate(self, prompts: Any, params: Any = None) -> list[Any]: ...
 

@@ -39,7 +39,7 @@ from xpuspec.devices.placement import Placement, resolve_device
 from xpuspec.devices.plugin import OpenVINODevicePlugin
 from xpuspec.devices.registry import PluginRegistry
 from xpuspec.executor.properties import TUNED_KEYS, readable
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.planning.agreement import Agreement, compare
 from xpuspec.planning.trial import essence
 from xpuspec.planning.tuning import TuneConfig, TuneResult, tune_role
@@ -293,7 +293,7 @@ def measure_placements(
     A placement that fails to load is recorded with its error. ``progress`` gets each candidate's
     measurement after the last round.
     """
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
     tuned = tuned or {}
     groups: dict[tuple[str, str, str], list[Placement]] = {}

@@ -43,7 +43,7 @@ def default_properties_record(models: dict[str, Any]) -> dict[str, Any] | None:
     from xpuspec.devices.executors import model_weights
     from xpuspec.devices.plugin import OpenVINODevicePlugin
     from xpuspec.devices.registry import default_registry
-    from xpuspec.model_bundle import ModelInfo
+    from xpuspec.models.bundle import ModelInfo
 
     plugin = default_registry().plugin_for(DEVICE)
     if not isinstance(plugin, OpenVINODevicePlugin):

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from xpuspec.model_bundle import MANIFEST_NAME
+from xpuspec.models.bundle import MANIFEST_NAME
 from xpuspec.prepare.config import PrepareError
 
 logger = logging.getLogger(__name__)

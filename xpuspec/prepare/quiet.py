@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from xpuspec.model_bundle import cache_dir
+from xpuspec.models.bundle import cache_dir
 
 logger = logging.getLogger(__name__)
 

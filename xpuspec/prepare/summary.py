@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from xpuspec.executor.properties import readable
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 
 def describe_compression(compression: dict[str, Any]) -> str:

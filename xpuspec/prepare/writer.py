@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xpuspec.model_bundle import FORMAT_VERSION, MANIFEST_NAME, hash_tree
+from xpuspec.models.bundle import FORMAT_VERSION, MANIFEST_NAME, hash_tree
 from xpuspec.prepare.config import PrepareError
 from xpuspec.prepare.default_properties import default_properties_record
 from xpuspec.version import __version__

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, Response, request
 
+from xpuspec.api.engine_loop import EngineLoop
 from xpuspec.server.access_log import AccessLog
 from xpuspec.server.chat_page import chat_page, is_public
 from xpuspec.server.config import ServerConfig
-from xpuspec.server.engine_loop import EngineLoop
 from xpuspec.server.errors import APIError, error_response, register_error_handlers
 from xpuspec.server.metrics import ServerMetrics
 from xpuspec.server.ollama_routes import ollama_api
@@ -21,7 +21,7 @@ from xpuspec.server.ops_routes import operations
 from xpuspec.server.state import EXTENSION_KEY, ServerState, server_state
 
 if TYPE_CHECKING:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
 logger = logging.getLogger(__name__)
 

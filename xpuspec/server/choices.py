@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from xpuspec.api.engine_loop import ChoiceRequest
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server import tools
-from xpuspec.server.engine_loop import ChoiceRequest
 from xpuspec.server.errors import APIError
 from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, CompletionRequest, GenerationFields
 from xpuspec.structured.constraint import Constraint
 
 if TYPE_CHECKING:
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
 
 # Per-request drafter names that keep the server's drafter; "none" turns drafting off for the request.
 SERVER_DRAFTER_ALIASES = ("auto",)

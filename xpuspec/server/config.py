@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xpuspec.bundles import DEMO_MODEL_NAME
+from xpuspec.models.resolve import DEMO_MODEL_NAME
 
 # Text that arrives within this of a stream's previous text frame waits and shares the next frame.
 # A frame wakes three threads (the HTTP worker, the server's socket loop, the client), and when the

@@ -18,8 +18,8 @@ from xpuspec.server.ollama_schemas import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DE
 from xpuspec.version import __version__
 
 if TYPE_CHECKING:
-    from xpuspec.model_bundle import ModelBundle
-    from xpuspec.pipeline import Pipeline
+    from xpuspec.api.pipeline import Pipeline
+    from xpuspec.models.bundle import ModelBundle
 
 # The Ollama API level /api/version reports (structured outputs arrived in Ollama 0.5): clients that
 # check it before using `format` with a schema find it new enough. xpuspec's own version is beside it.

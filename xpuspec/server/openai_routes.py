@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
+from xpuspec.api.engine_loop import Generation, NotAcceptingError, QueueFullError
 from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
-from xpuspec.server.engine_loop import Generation, NotAcceptingError, QueueFullError
 from xpuspec.server.errors import APIError
 from xpuspec.server.json_body import parse_json_object
 from xpuspec.server.provenance import speculation_of

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from xpuspec.api.engine_loop import ChoiceEvent, Generation
 from xpuspec.core.request_stats import RequestStats
-from xpuspec.server.engine_loop import ChoiceEvent, Generation
 from xpuspec.server.errors import APIError
 from xpuspec.server.provenance import Runs, Speculation, summary
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from flask import Flask, current_app
 
+from xpuspec.api.engine_loop import EngineLoop
 from xpuspec.server.config import ServerConfig
-from xpuspec.server.engine_loop import EngineLoop
 from xpuspec.server.metrics import ServerMetrics
 
 EXTENSION_KEY = "xpuspec"

@@ -9,13 +9,13 @@ docs/experiments/code-comment-figures.md).
 
 Each step, for a sequence whose γ is adaptive, :meth:`PromptLookup.choose` weighs the lookup's
 continuation against the draft model's best chain with the same cost model
-(:class:`~xpuspec.spec_decode.speculation_length.SpeculationLengthPolicy`):
+(:class:`~xpuspec.spec_decode.policy.speculation_length.SpeculationLengthPolicy`):
 
     E(α_lookup, γ) / c_verify(γ + 1)   against   E(α_draft, γ') / (c_drafting(γ') + c_verify(γ' + 1))
 
 and drafts with whichever predicts more tokens per second. ``α_lookup`` is tracked apart from the
 draft model's (per sequence, shrunk towards the rate pooled over every sequence's lookups, as
-:class:`~xpuspec.spec_decode.speculation_length.AcceptanceRates` does for the draft), and apart for
+:class:`~xpuspec.spec_decode.policy.speculation_length.AcceptanceRates` does for the draft), and apart for
 matches of one token and of more (:data:`LONG_MATCH`), since all are accepted at very different
 rates. The draft model's cache is not run for a lookup step: its next pass catches up over the tokens
 it missed, as after a stretch of γ = 0.
@@ -38,9 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xpuspec.core.sequence import Sequence
-from xpuspec.spec_decode.acceptance import AcceptanceRates
 from xpuspec.spec_decode.ngram_proposer import NgramIndexes, NgramProposer
-from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 
 MIN_NGRAM = 1

@@ -15,7 +15,7 @@ pytest.importorskip("optimum.exporters.openvino")
 pytest.importorskip("openvino_genai")
 
 from tests.support.eagle3_bundles import tiny_eagle3_bundle  # noqa: E402
-from xpuspec.model_bundle import ModelBundle  # noqa: E402
+from xpuspec.models.bundle import ModelBundle  # noqa: E402
 
 TAPS = (1, 2, 3)
 

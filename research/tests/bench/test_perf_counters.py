@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from research.bench.perf_counters import VARIANTS, main, measure
-from xpuspec.demo import demo_bundle_path
+from xpuspec.models.demo import demo_bundle_path
 
 
 def test_counters_cover_each_variant_and_the_attention_node():

@@ -6,7 +6,7 @@ import pytest
 
 from research.bench import profile
 from research.bench.profile import ROWS, profile_configuration
-from xpuspec.pipeline import Pipeline
+from xpuspec.api.pipeline import Pipeline
 
 PROMPTS = ["def add(a, b):\n", "import os\n"]
 
@@ -35,7 +35,7 @@ def test_profile_times_each_stage_and_restores_the_pipeline(
     # The wrappers are gone: the methods are the classes' again.
     for owner in (engine, demo_pipeline.target_runner, draft_runner):
         assert not {"step", "wait", "start", "_fill_inputs", "_schedule"} & set(vars(owner))
-    from xpuspec.pipeline import RequestText
+    from xpuspec.api.pipeline import RequestText
     from xpuspec.text.detokenizer import IncrementalDetokenizer
 
     assert (

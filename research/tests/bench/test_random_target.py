@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from research.bench.random_target import build_bundle
-from xpuspec.model_bundle import ModelBundle
-from xpuspec.pipeline import Pipeline
+from xpuspec.api.pipeline import Pipeline
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
 
 

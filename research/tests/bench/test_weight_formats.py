@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from research.bench import weight_formats
 from xpuspec.bench.workloads import CHAT_QUESTIONS
-from xpuspec.bundles import resolve_bundle_path
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
+from xpuspec.models.resolve import resolve_bundle_path
 
 
 def test_head_variants_start_from_the_layers_as_they_are_and_keep_their_symmetry():

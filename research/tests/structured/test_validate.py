@@ -12,7 +12,7 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 
 from research.structured import validate, validate_tools  # noqa: E402
-from xpuspec.demo import demo_bundle_path  # noqa: E402
+from xpuspec.models.demo import demo_bundle_path  # noqa: E402
 
 
 def _objects(schema: Any) -> list[dict[str, Any]]:

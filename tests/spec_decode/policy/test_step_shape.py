@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from xpuspec.core.chunks import SequenceChunk
-from xpuspec.core.step_shape import StepShape, decode_sequences, step_tokens
-from xpuspec.spec_decode.cost_model import CostModel
+from xpuspec.spec_decode.policy.cost_model import CostModel
+from xpuspec.spec_decode.policy.step_shape import StepShape, decode_sequences, step_tokens
 
 
 def _cost_model() -> CostModel:

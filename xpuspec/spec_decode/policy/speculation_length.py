@@ -8,16 +8,16 @@ when the batch is large enough that every verified token costs the target real c
 
 Pieces:
 
-- :mod:`xpuspec.spec_decode.cost_model`: the measured step costs (:class:`CostModel`, fitted by
+- :mod:`xpuspec.spec_decode.policy.cost_model`: the measured step costs (:class:`CostModel`, fitted by
   :class:`LinearCostFit` lines and verification tables) and Leviathan et al.'s expected tokens;
-- :mod:`xpuspec.spec_decode.acceptance`: one sequence's acceptance rate (:class:`AcceptanceTracker`)
+- :mod:`xpuspec.spec_decode.policy.acceptance`: one sequence's acceptance rate (:class:`AcceptanceTracker`)
   and every sequence's, shrunk towards the pool's (:class:`AcceptanceRates`);
 - :class:`SpeculationLengthPolicy` (here): picks γ.
 """
 
 from __future__ import annotations
 
-from xpuspec.spec_decode.cost_model import (
+from xpuspec.spec_decode.policy.cost_model import (
     CostModel,
     expected_tokens_per_step,
 )

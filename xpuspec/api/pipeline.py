@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xpuspec import calibration_cache
-from xpuspec.bundles import resolve_bundle
+from xpuspec.api import calibration_cache
+from xpuspec.api.request_text import RequestText, apply_output
+from xpuspec.api.results import GenerationError, GenerationResult
 from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import compile_ahead, create_runner
 from xpuspec.devices.placement import (
@@ -31,9 +32,8 @@ from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import overlap_wanted
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
-from xpuspec.generation_result import GenerationError, GenerationResult
-from xpuspec.model_bundle import ModelBundle
-from xpuspec.request_text import RequestText, apply_output
+from xpuspec.models.bundle import ModelBundle
+from xpuspec.models.resolve import resolve_bundle
 from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, NgramDraftProposer
@@ -73,7 +73,7 @@ class Pipeline:
         shared_lookup_tokens: int | None = None,
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
-        starts of the same setup on this machine (:mod:`xpuspec.calibration_cache`). False: time them.
+        starts of the same setup on this machine (:mod:`xpuspec.api.calibration_cache`). False: time them.
         ``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
@@ -307,7 +307,7 @@ class Pipeline:
 
     def _calibrate(self, setup: dict[str, Any], cached: bool) -> None:
         """Calibrate the engine's cost model, or (``cached``) replay the timings an earlier start with
-        the same ``setup`` on this machine measured (:mod:`xpuspec.calibration_cache`)."""
+        the same ``setup`` on this machine measured (:mod:`xpuspec.api.calibration_cache`)."""
         if not cached:
             self.engine.calibrate()
             return

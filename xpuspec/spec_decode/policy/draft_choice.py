@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
-from xpuspec.engine.drafting_payoff import DraftingPayoff
 from xpuspec.sample.draft_tree import TreeShape
-from xpuspec.spec_decode.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff
+from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
 from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
-from xpuspec.spec_decode.speculation_length import SpeculationLengthPolicy
-from xpuspec.spec_decode.tree_policy import TreeShapePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class DraftChoice:
 
     def _may_draft(self, running: int) -> bool:
         """Whether adaptive requests may draft at this batch shape this step
-        (:class:`~xpuspec.engine.drafting_payoff.DraftingPayoff`). Its steps without drafts also
+        (:class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff`). Its steps without drafts also
         measure γ = 0 at that shape, the cost every γ is weighed against: at a shape never
         calibrated it otherwise came from one odd step, which could make verifying several tokens
         per sequence look as cheap as one (docs/experiments/code-comment-figures.md)."""

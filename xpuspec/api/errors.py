@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 
-from xpuspec.model_bundle import BundleError
+from xpuspec.models.bundle import BundleError
 from xpuspec.prepare.config import PrepareError
 
 # Exit codes every subcommand uses: 0 done, 1 the work failed, 2 the command line or input was wrong.

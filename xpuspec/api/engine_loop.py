@@ -3,7 +3,7 @@
 ``LLMEngine`` is not thread-safe, so only the loop thread calls ``add_request``, ``abort`` and
 ``step``. A request thread encodes its prompts (the tokenizer is thread-safe), calls
 :meth:`EngineLoop.submit` and reads :class:`ChoiceEvent`\\ s from the returned :class:`Generation`.
-Text (detokenizing, stop strings) is made in the loop thread by :func:`xpuspec.request_text.apply_output`,
+Text (detokenizing, stop strings) is made in the loop thread by :func:`xpuspec.api.request_text.apply_output`,
 the same function the Python API uses (exact stops, per-request failures).
 
 Failures: a request that fails alone (its sampling, its text) and every request ended by a failed
@@ -29,9 +29,9 @@ from xpuspec.core.request_stats import RequestStats
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from xpuspec.api.pipeline import Pipeline
+    from xpuspec.api.request_text import RequestText
     from xpuspec.engine.engine import StepOutput
-    from xpuspec.pipeline import Pipeline
-    from xpuspec.request_text import RequestText
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ class EngineLoop:
                 return
 
     def _add(self, request_id: str, generation: Generation, choice: ChoiceRequest) -> None:
-        from xpuspec.request_text import RequestText
+        from xpuspec.api.request_text import RequestText
 
         assert self.pipeline is not None
         try:
@@ -384,7 +384,7 @@ class EngineLoop:
             self._on_cancel()
 
     def _deliver(self, output: StepOutput) -> None:
-        from xpuspec.request_text import apply_output
+        from xpuspec.api.request_text import apply_output
 
         active = self._active.get(output.request_id)
         if active is None:

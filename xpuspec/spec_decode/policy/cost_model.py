@@ -5,7 +5,7 @@
 - :class:`LinearCostFit`: online least squares of ``seconds ≈ a + b * size`` with a prior and
   exponential forgetting, so the fit follows the current operating point;
 - :class:`CostModel`: the verification step's cost by tokens verified per sequence and batch shape
-  (:mod:`xpuspec.spec_decode.verify_costs`; a table, since verifying γ + 1 tokens costs neither
+  (:mod:`xpuspec.spec_decode.policy.verify_costs`; a table, since verifying γ + 1 tokens costs neither
   γ + 1 single-token steps nor one), a line over the tokens of any step as its fallback, and a draft
   pass's cost (device plus the draft loop's Python).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xpuspec.spec_decode.verify_costs import VerifyCostCurve
+from xpuspec.spec_decode.policy.verify_costs import VerifyCostCurve
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -129,7 +129,7 @@ class CostModel:
     """Measured step costs: verification by tokens per sequence, drafting by passes.
 
     - ``verify``: a decode step's time (everything but the draft's passes) by batch shape and tokens
-      verified per sequence (:class:`~xpuspec.spec_decode.verify_costs.VerifyCostCurve`), calibrated
+      verified per sequence (:class:`~xpuspec.spec_decode.policy.verify_costs.VerifyCostCurve`), calibrated
       at idle and refreshed from every pure decode step;
     - ``target``: a straight line over the tokens in any step (prefills included), the fallback for
       batch shapes the curve has not seen and the slope beyond its cells;

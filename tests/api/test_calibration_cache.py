@@ -1,4 +1,4 @@
-"""Start-up caches (xpuspec.calibration_cache): a second start of the same setup replays the first
+"""Start-up caches (xpuspec.api.calibration_cache): a second start of the same setup replays the first
 start's calibration timings."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 
 from tests.conftest import EXACT_PRESET
-from xpuspec import calibration_cache
+from xpuspec.api import calibration_cache
+from xpuspec.api.pipeline import Pipeline
 from xpuspec.engine.calibration import CalibrationTimings
-from xpuspec.pipeline import Pipeline
 from xpuspec.sample.sampling_params import SamplingParams
 
 

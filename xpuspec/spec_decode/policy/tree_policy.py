@@ -3,7 +3,7 @@
 What is measured:
 
 - the target's step cost against the tokens in the step, and the draft's pass cost against the
-  tokens in the pass (the engine's :class:`~xpuspec.spec_decode.speculation_length.CostModel`);
+  tokens in the pass (the engine's :class:`~xpuspec.spec_decode.policy.speculation_length.CostModel`);
 - **acceptance per depth and rank** (:class:`RankAcceptance`): each verified tree says, at every
   depth its accepted path reached, whether the target's token was the draft's rank-r candidate
   there (rank 0 = the draft's first choice). For greedy requests that is exactly the event that
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xpuspec.sample.draft_tree import MAX_TREE_DEPTH, TreeShape
-from xpuspec.spec_decode.cost_model import CostModel
+from xpuspec.spec_decode.policy.cost_model import CostModel
 
 MAX_RANK = 4  # widths considered: 1 .. MAX_RANK
 # Before measurements: the chance that the target's token is the draft's rank-r candidate, given

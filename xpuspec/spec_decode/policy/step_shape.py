@@ -22,7 +22,7 @@ Shape = tuple[int, "int | None"]  # (tokens, decoding sequences or None)
 
 class ShapeCosts(Protocol):
     """What the step shape asks of the engine's cost model
-    (:class:`xpuspec.spec_decode.cost_model.CostModel`, a layer above)."""
+    (:class:`xpuspec.spec_decode.policy.cost_model.CostModel`, a layer above)."""
 
     def shrink_pays(self, padded_tokens: int, needed_tokens: int, num_sequences: int, steps: int) -> bool: ...
 

@@ -187,8 +187,8 @@ class ModelBundle:
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool | None = None) -> ModelBundle:
-        """Open the bundle folder ``path`` (:func:`xpuspec.bundles.resolve_bundle` also takes ``None`` for
-        the default model and ``"demo"`` for the embedded demo pair).
+        """Open the bundle folder ``path`` (:func:`xpuspec.models.resolve.resolve_bundle` also takes
+        ``None`` for the default model and ``"demo"`` for the embedded demo pair).
 
         ``verify=None`` (the default) checks every file's presence, size and mtime against the state
         last verified, and hashes every file when they differ or on a bundle's first load;

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.text import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 

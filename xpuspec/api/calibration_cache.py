@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.engine.calibration import CalibrationTimings
-from xpuspec.model_bundle import cache_dir
+from xpuspec.models.bundle import cache_dir
 from xpuspec.version import __version__
 
 logger = logging.getLogger(__name__)

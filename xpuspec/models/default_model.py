@@ -2,7 +2,8 @@
 
 With no bundle given, every command and ``Pipeline(bundle=None)`` use this pair. On first use the GGUF is
 checked against its pinned SHA-256, converted to OpenVINO IR (OpenVINO GenAI's GGUF reader, no torch) and
-paired with the draft in ``xpuspec/default_draft`` and the EAGLE-3 head in ``xpuspec/default_eagle3``
+paired with the draft in ``xpuspec/models/default_draft`` and the EAGLE-3 head in
+``xpuspec/models/default_eagle3``
 (``drafter="eagle3"``), into a bundle in the per-user cache
 (``$XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec``, else ``~/.cache/xpuspec``). Later runs open the
 cached bundle after verifying every file's hash; a cache that fails verification is removed and rebuilt.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from xpuspec.model_bundle import FORMAT_VERSION, BundleError, ModelBundle, sha256_file
+from xpuspec.models.bundle import FORMAT_VERSION, BundleError, ModelBundle, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ SMOLLM2 = DefaultModel(
     # drafting pass, shrinks to a third (the draft was trained with a softmax over the same ids,
     # train_smollm2 --softmax-frequent 16384). Measured: docs/experiments/2026-12-01-default-draft.md.
     draft_vocab=16384,
-    # Trained here (python -m xpuspec.demo.train_eagle3; its training_metrics.json says how); f16.
+    # Trained here (python -m xpuspec.models.demo.train_eagle3; its training_metrics.json says how); f16.
     # Its size and training: docs/experiments/2026-12-01-eagle3-training.md.
     eagle3_dir=EAGLE3_DIR,
 )

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from xpuspec.api.errors import EXIT_CODES, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from xpuspec.cli import build_parser, main
-from xpuspec.errors import EXIT_CODES, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _table(markdown: str) -> dict[int, str]:

@@ -7,15 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from xpuspec.spec_decode.acceptance import AcceptanceRates, AcceptanceTracker
-from xpuspec.spec_decode.cost_model import (
+from xpuspec.spec_decode.policy.acceptance import AcceptanceRates, AcceptanceTracker
+from xpuspec.spec_decode.policy.cost_model import (
     SHAPE_CHANGE_HORIZON_STEPS,
     CostModel,
     LinearCostFit,
     expected_speedup,
     expected_tokens_per_step,
 )
-from xpuspec.spec_decode.speculation_length import COSTS_REFRESH_RECORDS, SpeculationLengthPolicy
+from xpuspec.spec_decode.policy.speculation_length import COSTS_REFRESH_RECORDS, SpeculationLengthPolicy
 
 
 def _cost_model(target_fixed: float, target_per_token: float, draft_fixed: float) -> CostModel:

@@ -1,9 +1,9 @@
-"""xpuspec.bundles: the names a served bundle answers, the same for `xpuspec serve` and edge archives."""
+"""xpuspec.models.resolve: the names a served bundle answers, alike for `xpuspec serve` and edge archives."""
 
 from __future__ import annotations
 
-from xpuspec.bundles import model_names
-from xpuspec.default_model import SMOLLM2
+from xpuspec.models.default_model import SMOLLM2
+from xpuspec.models.resolve import model_names
 
 
 def test_the_default_model_answers_its_plain_name_and_its_cache_folder_name() -> None:

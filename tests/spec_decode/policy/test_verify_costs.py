@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xpuspec.spec_decode.verify_costs import VerifyCostCurve, batch_bucket
+from xpuspec.spec_decode.policy.verify_costs import VerifyCostCurve, batch_bucket
 
 
 def test_batch_buckets_are_powers_of_two() -> None:

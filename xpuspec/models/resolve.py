@@ -1,9 +1,9 @@
 """Which bundle a user means: ``None`` (the default model), ``"demo"`` (the embedded pair) or a folder.
 
-:class:`~xpuspec.model_bundle.ModelBundle` reads and verifies one bundle folder and knows nothing of
+:class:`~xpuspec.models.bundle.ModelBundle` reads and verifies one bundle folder and knows nothing of
 where folders come from; this module is the one place that turns what a user gave (``Pipeline(bundle)``,
 a command's ``--bundle``) into that folder, building the default model's bundle on first use
-(:mod:`xpuspec.default_model`). Pipeline, every command and the server open bundles through here.
+(:mod:`xpuspec.models.default_model`). Pipeline, every command and the server open bundles through here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from xpuspec.model_bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle
 
 DEMO_BUNDLE_NAME = "demo"  # names the embedded demo pair wherever a bundle folder is asked for
 DEMO_MODEL_NAME = "xpuspec-demo"  # the name the demo pair is served under
@@ -31,11 +31,11 @@ def resolve_bundle_path(spec: BundleSpec) -> Path:
     """The folder ``spec`` names; the default model's bundle is converted into the user's cache the
     first time ``None`` asks for it."""
     if spec is None:
-        from xpuspec.default_model import default_bundle_path  # converting needs prepare: only on use
+        from xpuspec.models.default_model import default_bundle_path  # converting needs prepare: only on use
 
         return default_bundle_path()
     if is_demo(spec):
-        from xpuspec.demo import demo_bundle_path
+        from xpuspec.models.demo import demo_bundle_path
 
         return demo_bundle_path()
     return Path(spec).expanduser()
@@ -57,7 +57,7 @@ def model_names(spec: BundleSpec) -> tuple[str, ...]:
     without a cache key suffix, and the full folder name when that differs.
     """
     if spec is None:
-        from xpuspec.default_model import SMOLLM2
+        from xpuspec.models.default_model import SMOLLM2
 
         return (SMOLLM2.name, f"{SMOLLM2.name}-{SMOLLM2.cache_key()}")
     if is_demo(spec):

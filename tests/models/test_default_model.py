@@ -20,9 +20,10 @@ import pytest
 from tests.conftest import F32
 from tests.support.tiny_checkpoints import make_perturbed_draft, make_tiny_checkpoint
 from tests.support.tiny_gguf import write_gguf_from_checkpoint
-from xpuspec import Pipeline, SamplingParams, default_model
-from xpuspec.bundles import resolve_bundle, resolve_bundle_path
-from xpuspec.default_model import (
+from xpuspec import Pipeline, SamplingParams
+from xpuspec.models import default_model
+from xpuspec.models.bundle import BundleError, ModelBundle, sha256_file
+from xpuspec.models.default_model import (
     CACHE_ENV,
     DRAFT_DIR,
     DRAFT_STAMP,
@@ -33,7 +34,7 @@ from xpuspec.default_model import (
     default_bundle_path,
     write_draft_stamp,
 )
-from xpuspec.model_bundle import BundleError, ModelBundle, sha256_file
+from xpuspec.models.resolve import resolve_bundle, resolve_bundle_path
 
 EXACT = {**F32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 
@@ -217,7 +218,7 @@ def test_a_head_goes_into_the_default_bundle_and_keys_the_cache(tiny_default, tm
 
 
 def test_demo_names_the_embedded_pair(tmp_path, monkeypatch):
-    from xpuspec.demo import demo_bundle_path
+    from xpuspec.models.demo import demo_bundle_path
 
     assert resolve_bundle("demo").root == demo_bundle_path()
     assert resolve_bundle(Path("demo")).root == demo_bundle_path()  # `--bundle` options of type Path
@@ -227,7 +228,7 @@ def test_demo_names_the_embedded_pair(tmp_path, monkeypatch):
 
 
 def test_a_bundle_folder_is_all_model_bundle_opens(tmp_path):
-    """ModelBundle only reads folders: None and "demo" are the resolver's (xpuspec.bundles)."""
+    """ModelBundle only reads folders: None and "demo" are the resolver's (xpuspec.models.resolve)."""
     with pytest.raises(TypeError):
         ModelBundle.open(None)  # type: ignore[arg-type]
     with pytest.raises(BundleError, match="no such bundle folder"):
@@ -238,10 +239,18 @@ def test_no_import_chain_from_the_bundle_reader_to_what_makes_bundles():
     """model_bundle reads the format; default_model, demo and prepare build on it, never the reverse."""
     grimp = pytest.importorskip("grimp")
     graph = grimp.build_graph("xpuspec")
-    for maker in ("xpuspec.default_model", "xpuspec.demo", "xpuspec.prepare", "xpuspec.bundles"):
-        assert graph.find_shortest_chain("xpuspec.model_bundle", maker) is None, maker
-    for module in graph.find_descendants("xpuspec.prepare") | {"xpuspec.prepare", "xpuspec.default_model"}:
-        assert graph.find_shortest_chain(module, "xpuspec.bundles") is None, module
+    for maker in (
+        "xpuspec.models.default_model",
+        "xpuspec.models.demo",
+        "xpuspec.prepare",
+        "xpuspec.models.resolve",
+    ):
+        assert graph.find_shortest_chain("xpuspec.models.bundle", maker) is None, maker
+    for module in graph.find_descendants("xpuspec.prepare") | {
+        "xpuspec.prepare",
+        "xpuspec.models.default_model",
+    }:
+        assert graph.find_shortest_chain(module, "xpuspec.models.resolve") is None, module
 
 
 def test_the_smollm2_pin_matches_the_packages_record(smollm2_gguf):
@@ -261,7 +270,7 @@ def test_the_smollm2_pin_matches_the_packages_record(smollm2_gguf):
 def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypatch):
     """`xpuspec generate` with no bundle: converts into XPUSPEC_CACHE, answers, and the draft is used."""
     if not (DRAFT_DIR / "openvino_model.xml").is_file():
-        pytest.skip("no shipped draft in xpuspec/default_draft")
+        pytest.skip("no shipped draft in xpuspec/models/default_draft")
     env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
     question = "What is the capital of France?"
     command = [sys.executable, "-m", "xpuspec.cli", "generate", question, "--max-tokens", "32"]

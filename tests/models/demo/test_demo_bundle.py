@@ -8,8 +8,8 @@ import pytest
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.bench.workloads import heldout_code_prompts
-from xpuspec.bundles import resolve_bundle
-from xpuspec.demo import demo_bundle_path
+from xpuspec.models.demo import demo_bundle_path
+from xpuspec.models.resolve import resolve_bundle
 
 MAX_BUNDLE_BYTES = 20 * 1024 * 1024
 GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)

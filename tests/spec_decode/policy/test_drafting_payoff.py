@@ -10,8 +10,8 @@ import pytest
 from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import PROMPTS
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.engine import drafting_payoff
-from xpuspec.engine.drafting_payoff import (
+from xpuspec.spec_decode.policy import drafting_payoff
+from xpuspec.spec_decode.policy.drafting_payoff import (
     CYCLE_STEPS,
     FIRST_CYCLE_STEPS,
     MAX_CYCLE_STEPS,

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import xpuspec.model_bundle as model_bundle
-from xpuspec.bundles import resolve_bundle
-from xpuspec.demo import demo_bundle_path
-from xpuspec.model_bundle import CACHE_ENV, BundleError, ModelBundle
+import xpuspec.models.bundle as model_bundle
+from xpuspec.models.bundle import CACHE_ENV, BundleError, ModelBundle
+from xpuspec.models.demo import demo_bundle_path
+from xpuspec.models.resolve import resolve_bundle
 
 
 @pytest.fixture

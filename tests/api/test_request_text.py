@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from xpuspec.demo import demo_bundle_path
-from xpuspec.request_text import RequestText
+from xpuspec.api.request_text import RequestText
+from xpuspec.models.demo import demo_bundle_path
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.text import Tokenizer
 

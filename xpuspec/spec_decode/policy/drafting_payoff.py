@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from xpuspec.spec_decode.verify_costs import batch_bucket
+from xpuspec.spec_decode.policy.verify_costs import batch_bucket
 
 DECAY = 0.9  # per recorded step of the same way: a memory of ~10 steps
 # A new bucket decides after a short first cycle: a server's batch sizes come and go, and a whole

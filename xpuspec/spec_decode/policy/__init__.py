@@ -1,0 +1,1 @@
+"""The speculation policy: how much each sequence drafts, from measured costs and acceptance."""
