@@ -349,7 +349,7 @@ def run(bundle: str | None, drafter: str, samples: int, max_tokens: int) -> dict
                 )
             )
             names.append(name)
-    grammar = pipe.engine.grammar
+    grammar = pipe.requests.grammar
     assert grammar is not None
     started = time.perf_counter()
     results = pipe.generate(prompts, params)

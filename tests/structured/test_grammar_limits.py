@@ -28,11 +28,9 @@ def tokenizer() -> Tokenizer:
 def new_compiler(tokenizer: Tokenizer, limits: GrammarLimits | None = None) -> GrammarCompiler:
     bundle = ModelBundle.open(demo_bundle_path())
     compiler = grammar_compiler(
-        tokenizer, [bundle.target.path], bundle.target.vocab_size, bundle.eos_token_ids
+        tokenizer, [bundle.target.path], bundle.target.vocab_size, bundle.eos_token_ids, limits
     )
     assert compiler is not None
-    if limits is not None:
-        compiler.limits = limits
     return compiler
 
 

@@ -31,6 +31,7 @@ from xpuspec.sample.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from xpuspec.api.pipeline import Pipeline
     from xpuspec.api.request_text import RequestText
+    from xpuspec.api.requests import RequestPreparer
     from xpuspec.engine.engine import StepOutput
 
 logger = logging.getLogger(__name__)
@@ -249,13 +250,18 @@ class EngineLoop:
         return self._num_in_flight
 
     @property
+    def requests(self) -> RequestPreparer | None:
+        """How requests for this loop are prepared (tokenizer, template, limits); None until loaded."""
+        return self.pipeline.requests if self.pipeline is not None else None
+
+    @property
     def stepping(self) -> bool:
         """The loop thread is alive, the model loaded, and it iterated within ``stall_after_s``."""
         return (
             self._thread.is_alive()
             and self.ready.is_set()
             and self.load_error is None
-            and self.pipeline is not None
+            and self.requests is not None
             and time.monotonic() - self.last_iteration < self.stall_after_s
         )
 

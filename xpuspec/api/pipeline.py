@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from xpuspec.api import calibration_cache
 from xpuspec.api.request_text import RequestText, apply_output
+from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
 from xpuspec.api.results import GenerationError, GenerationResult
 from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import compile_ahead, create_runner
@@ -37,7 +38,7 @@ from xpuspec.models.resolve import resolve_bundle
 from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, NgramDraftProposer
-from xpuspec.structured.matcher import grammar_compiler
+from xpuspec.structured.matcher import GrammarLimits
 from xpuspec.text import ChatTemplate, Tokenizer
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
     from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
 
 logger = logging.getLogger(__name__)
-
-Messages = list[dict[str, str]]
 
 
 class Pipeline:
@@ -71,12 +70,15 @@ class Pipeline:
         draft_vocab: int | None = None,
         startup_cache: bool = True,
         shared_lookup_tokens: int | None = None,
+        grammar_limits: GrammarLimits | None = None,
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
         starts of the same setup on this machine (:mod:`xpuspec.api.calibration_cache`). False: time them.
         ``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
-        the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all."""
+        the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all.
+        ``grammar_limits``: what compiling one request's output constraint may cost (default:
+        :class:`~xpuspec.structured.matcher.GrammarLimits`'s)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -95,7 +97,6 @@ class Pipeline:
         requested = Placement(target_device, draft_device, drafter)
         eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)
         self._choose_devices(use_placement, core, registry)
-        self._load_text()
         config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
         if not enable_prefix_caching:  # either switch turns it off
             config = dataclasses.replace(config, enable_prefix_caching=False)
@@ -109,7 +110,7 @@ class Pipeline:
         }
         finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
         proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
-        self._build_engine(proposer, config, overlap)
+        self._build_engine(proposer, config, overlap, grammar_limits)
         # What the calibration's timings depend on, beside the machine (calibration_cache.machine_facts).
         setup = {
             "properties": properties,
@@ -152,17 +153,7 @@ class Pipeline:
         self.default_num_draft_tokens = self.placement.num_draft_tokens
         if drafter == "draft" and self.bundle.draft is None:
             raise ValueError(f"{self.bundle.root} has no draft model; use drafter='ngram' or 'none'")
-        if drafter == "auto":
-            drafter = "draft" if self.bundle.draft is not None else "ngram"
-            if drafter == "draft" and self.bundle.draft.vocab_size > self.bundle.target.vocab_size:  # type: ignore[union-attr]
-                logger.warning(
-                    "the draft's vocabulary (%d) is larger than the target's (%d), so it cannot draft; "
-                    "drafting with n-grams instead",
-                    self.bundle.draft.vocab_size,  # type: ignore[union-attr]
-                    self.bundle.target.vocab_size,
-                )
-                drafter = "ngram"
-        self.drafter = drafter
+        self.drafter = auto_drafter(self.bundle) if drafter == "auto" else drafter
         return eagle3_head
 
     def _choose_devices(self, use_placement: bool, core: Any, registry: Any) -> None:
@@ -185,15 +176,6 @@ class Pipeline:
             if use_placement and drafter == "draft" and self.draft_device is not None
             else None,
         }
-
-    def _load_text(self) -> None:
-        """The tokenizer and the chat template of the bundle."""
-        self.tokenizer = Tokenizer(self.bundle.target.path)
-        facts = self.bundle.tokenizer_facts
-        template = self.bundle.chat_template
-        self.chat_template = (
-            ChatTemplate(template, facts.get("bos_token"), facts.get("eos_token")) if template else None
-        )
 
     def _build_target(
         self,
@@ -284,8 +266,15 @@ class Pipeline:
 
         return finish
 
-    def _build_engine(self, proposer: Drafter | None, config: EngineConfig, overlap: bool | None) -> None:
-        """The engine over the target and the drafter, with grammar support (calibrated next)."""
+    def _build_engine(
+        self,
+        proposer: Drafter | None,
+        config: EngineConfig,
+        overlap: bool | None,
+        grammar_limits: GrammarLimits | None,
+    ) -> None:
+        """The engine over the target and the drafter, with grammar support (calibrated next), and the
+        request preparer with the engine's limits (``self.requests``)."""
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
         draft_device_name = (
             self.draft_device.device if self.drafter == "draft" and self.draft_device else None
@@ -295,14 +284,23 @@ class Pipeline:
                 "overlap=True needs a draft model: EAGLE-3 drafts from the step the target verifies"
             )
         self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
+        tokenizer = Tokenizer(self.bundle.target.path)
+        grammar = load_grammar(self.bundle, tokenizer, self.vocab_size, grammar_limits)
         self.engine = LLMEngine(
             self.target_runner, proposer, config, self.bundle.eos_token_ids, overlap=self.overlap
         )
-        self.engine.grammar = grammar_compiler(
-            self.tokenizer,
-            [m.path for m in (self.bundle.target, self.bundle.draft) if m is not None],
-            self.vocab_size,
-            self.bundle.eos_token_ids,
+        # The engine compiles each request's constraint again in add_request, from the same cache.
+        self.engine.grammar = grammar
+        limits = RequestLimits(
+            config.max_model_len, self.vocab_size, self.engine.block_manager.num_token_slots
+        )
+        self.requests = RequestPreparer(
+            self.bundle,
+            tokenizer,
+            grammar,
+            limits,
+            drafter=self.drafter,
+            default_draft_tree=self.default_draft_tree,
         )
 
     def _calibrate(self, setup: dict[str, Any], cached: bool) -> None:
@@ -362,10 +360,16 @@ class Pipeline:
         return Eagle3Proposer(head_runtime, self.target_runner.hidden_states, self.target_runner.vocab_size)
 
     # ------------------------------------------------------------------ prompts
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.requests.tokenizer
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        return self.requests.chat_template
+
     def apply_chat_template(self, messages: Messages) -> str:
-        if self.chat_template is None:
-            raise ValueError(f"{self.bundle.root} has no chat template; pass plain text prompts")
-        return self.chat_template.render(messages, add_generation_prompt=True)
+        return self.requests.apply_chat_template(messages)
 
     @property
     def max_model_len(self) -> int:
@@ -378,12 +382,7 @@ class Pipeline:
 
     def encode(self, prompt: str | Messages) -> list[int]:
         """Token ids of a text prompt, or of chat messages rendered with the chat template."""
-        if isinstance(prompt, list):
-            # A rendered chat template carries its own special tokens.
-            return self.tokenizer.encode(self.apply_chat_template(prompt), add_special_tokens=False)
-        if not isinstance(prompt, str):
-            raise ValueError(f"a prompt is a string or a list of chat messages, got {type(prompt).__name__}")
-        return self.tokenizer.encode(prompt)
+        return self.requests.encode(prompt)
 
     # --------------------------------------------------------------- generation
     def generate(

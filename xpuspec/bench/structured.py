@@ -39,7 +39,7 @@ def run_structured(
     from xpuspec.sample.sampling_params import SamplingParams
 
     pipe = pipeline("auto")
-    grammar = pipe.engine.grammar
+    grammar = pipe.requests.grammar
     if grammar is None:
         return {"skipped": "the bundle has no tokenizer.json: structured output is off"}
     modes = {

@@ -327,9 +327,8 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
             num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
             shared_lookup_tokens=args.shared_lookup_tokens,
+            grammar_limits=settings.grammar_limits,
         )
-        if pipeline.engine.grammar is not None:
-            pipeline.engine.grammar.limits = settings.grammar_limits
         # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
         # reach, before the first request: otherwise a full collection walks it all, stalling every
         # thread (and /health) for a few hundred ms, while requests only make short-lived objects.

@@ -50,7 +50,7 @@ class IngressServer:
         from a2wsgi import WSGIMiddleware
 
         app = create_app(
-            self._settings.load_pipeline,
+            self._settings.load_requests,
             self._settings.server_config(),
             make_loop=functools.partial(ForwardingLoop, handle=self._engine),
         )
@@ -59,10 +59,9 @@ class IngressServer:
         return WSGIMiddleware(app, workers=WSGI_THREADS)
 
     def check_health(self) -> None:
-        if self._app is not None and server_state(self._app).loop.load_error is not None:
-            raise RuntimeError(
-                f"the ingress could not load the model: {server_state(self._app).loop.load_error}"
-            )
+        error = server_state(self._app).loop.load_error if self._app is not None else None
+        if error is not None:
+            raise RuntimeError(f"the ingress could not load the model's text files: {error}")
 
 
 def device_resources(settings: ClusterSettings) -> dict[str, float]:

@@ -4,7 +4,8 @@
 the prepared choices through a Serve deployment handle (streaming) instead of queueing them for a
 local engine. The app around it is ``xpuspec.server.create_app``'s, so validation, request
 preparation (chat template, tokenizer, limits), response bodies and SSE frames are the server's own.
-The loop still loads a pipeline, for that preparation: its engine never steps.
+The loop loads no model: only a :class:`~xpuspec.api.requests.RequestPreparer` (the bundle's text
+files), in its thread, while ``/health`` answers "loading".
 
 A pump thread per request reads the replica's stream (lists of
 :class:`~xpuspec.api.engine_loop.ChoiceEvent`) and hands each list to the request's
@@ -18,10 +19,12 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api.engine_loop import (
+    IDLE_WAIT_S,
     ChoiceEvent,
     ChoiceRequest,
     EngineLoop,
@@ -35,23 +38,27 @@ if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
 
     from xpuspec.api.pipeline import Pipeline
+    from xpuspec.api.requests import RequestPreparer
 
 logger = logging.getLogger(__name__)
 
 
 class ForwardingLoop(EngineLoop):
-    """An engine loop that forwards every submission to an engine replica through ``handle``."""
+    """An engine loop that forwards every submission to an engine replica through ``handle``; its
+    thread loads the request preparer (``requests_factory``) and then only keeps the loop alive."""
 
     def __init__(
         self,
-        pipeline_factory: Callable[[], Pipeline],
+        requests_factory: Callable[[], RequestPreparer],
         max_in_flight: int,
         on_finish: Callable[[int, RequestStats, str], None] | None = None,
         on_cancel: Callable[[], None] | None = None,
         *,
         handle: DeploymentHandle,
     ) -> None:
-        super().__init__(pipeline_factory, max_in_flight, on_finish, on_cancel)
+        super().__init__(_no_pipeline, max_in_flight, on_finish, on_cancel)
+        self._requests_factory = requests_factory
+        self._requests: RequestPreparer | None = None
         self._handle = handle.options(stream=True)
         self._forward_lock = threading.Condition(threading.Lock())
         self._num_forwarded = 0  # choices sent and not yet finished
@@ -61,6 +68,10 @@ class ForwardingLoop(EngineLoop):
     @property
     def num_in_flight(self) -> int:
         return self._num_forwarded
+
+    @property
+    def requests(self) -> RequestPreparer | None:
+        return self._requests
 
     def submit(self, choices: list[ChoiceRequest]) -> Generation:
         """Send all choices of one HTTP request to one replica; QueueFullError / NotAcceptingError as
@@ -99,6 +110,21 @@ class ForwardingLoop(EngineLoop):
         with self._forward_lock:
             return self._forward_lock.wait_for(lambda: self._num_forwarded == 0, timeout)
 
+    def _run(self) -> None:
+        try:
+            self._requests = self._requests_factory()
+        except BaseException as error:  # a bad bundle must surface as a failed /health, not hang it
+            logger.error(
+                "loading the request preparer failed: %s", error, exc_info=logger.isEnabledFor(logging.DEBUG)
+            )
+            self.load_error = error
+            self.ready.set()
+            return
+        self.ready.set()
+        logger.info("ingress ready: requests are prepared here and run by the engine replicas")
+        while not self._stop.wait(IDLE_WAIT_S):
+            self.last_iteration = time.monotonic()
+
     def _pump(self, response: Any, generation: Generation, request_ids: list[str]) -> None:
         unfinished = set(range(len(request_ids)))
         try:
@@ -123,6 +149,10 @@ class ForwardingLoop(EngineLoop):
                     self._responses.pop(request_id, None)
                 self._num_forwarded -= len(request_ids)
                 self._forward_lock.notify_all()
+
+
+def _no_pipeline() -> Pipeline:
+    raise RuntimeError("the ingress loads no model: its requests run on the engine replicas")
 
 
 def _cancelled(error: BaseException) -> bool:

@@ -16,6 +16,7 @@ BUNDLE_ENV = "XPUSPEC_BUNDLE"
 
 if TYPE_CHECKING:
     from xpuspec.api.pipeline import Pipeline
+    from xpuspec.api.requests import RequestPreparer
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,28 @@ class ClusterSettings:
         gc.collect()
         gc.freeze()  # as `xpuspec serve` does: the loaded model stays out of the collector's walks
         return pipeline
+
+    def load_requests(self) -> RequestPreparer:
+        """What the ingress prepares requests with: the bundle's tokenizer, template and grammar
+        compiler, the replicas' context and the drafter their placement settles on, and no weights.
+        The KV cache is the replicas' own (unknown here): their engines refuse a prompt too long for it.
+        """
+        import openvino as ov
+
+        from xpuspec.api.requests import RequestLimits, RequestPreparer, auto_drafter
+        from xpuspec.devices.placement import Placement, choose_placement
+        from xpuspec.devices.registry import default_registry
+        from xpuspec.models.resolve import resolve_bundle
+
+        bundle = resolve_bundle(self.bundle)
+        # The replicas' Pipeline takes the placement the bundle records for arguments left at their
+        # defaults; reading it opens no model.
+        requested = Placement(self.target_device, self.draft_device, self.drafter)
+        drafter = choose_placement(bundle, requested, ov.Core(), default_registry()).drafter
+        limits = RequestLimits(max_model_len=bundle.max_context, vocab_size=bundle.target.vocab_size)
+        return RequestPreparer.load(
+            bundle, limits, drafter=auto_drafter(bundle) if drafter == "auto" else drafter
+        )
 
 
 def _bundle_name(bundle: str | None) -> str:

@@ -22,6 +22,7 @@ from xpuspec.server.state import EXTENSION_KEY, ServerState, server_state
 
 if TYPE_CHECKING:
     from xpuspec.api.pipeline import Pipeline
+    from xpuspec.api.requests import RequestPreparer
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ UNAUTHENTICATED_PATHS = ("/health",)
 
 
 def create_app(
-    pipeline: Pipeline | Callable[[], Pipeline],
+    pipeline: Pipeline | Callable[[], Pipeline] | Callable[[], RequestPreparer],
     config: ServerConfig | None = None,
     *,
     start: bool = True,
@@ -38,7 +39,9 @@ def create_app(
     """A Flask app serving ``pipeline``; a factory is called in the engine thread (the app answers
     /health with 503 until it returns). ``start=False`` leaves ``server_state(app).loop.start()``
     to the caller. ``make_loop`` builds the engine loop from :class:`EngineLoop`'s arguments: a
-    subclass may run the engine elsewhere (``xpuspec.cluster`` forwards each submission to a replica).
+    subclass may run the engine elsewhere (``xpuspec.cluster`` forwards each submission to a replica,
+    and its factory makes only a :class:`~xpuspec.api.requests.RequestPreparer`: the routes read the
+    loop's ``requests``, never its engine).
     """
     config = config or ServerConfig()
     factory = pipeline if callable(pipeline) and not hasattr(pipeline, "engine") else (lambda: pipeline)

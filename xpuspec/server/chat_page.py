@@ -59,9 +59,9 @@ def _field_default(name: str) -> Any:
 def defaults() -> Response:
     """What a request gets when it leaves a parameter out, and the drafters it may ask for."""
     state = server_state()
-    pipeline = state.loop.pipeline
-    drafter = pipeline.drafter if pipeline is not None else None
-    tree = pipeline.default_draft_tree if pipeline is not None else None
+    requests = state.loop.requests
+    drafter = requests.drafter if requests is not None else None
+    tree = requests.default_draft_tree if requests is not None else None
     return jsonify(
         {
             "model": state.config.served_model_name,
@@ -71,7 +71,7 @@ def defaults() -> Response:
             "top_k": _field_default("top_k"),
             "seed": _field_default("seed"),
             "max_tokens": _field_default("max_completion_tokens"),
-            "max_model_len": pipeline.max_model_len if pipeline is not None else None,
+            "max_model_len": requests.max_model_len if requests is not None else None,
             "drafter": drafter,
             "drafters": list(dict.fromkeys(name for name in ("auto", drafter, "none") if name is not None)),
             "draft_tree": tree if tree is None or isinstance(tree, str) else dataclasses.asdict(tree),

@@ -15,7 +15,7 @@ from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, Completion
 from xpuspec.structured.constraint import Constraint
 
 if TYPE_CHECKING:
-    from xpuspec.api.pipeline import Pipeline
+    from xpuspec.api.requests import RequestPreparer
 
 # Per-request drafter names that keep the server's drafter; "none" turns drafting off for the request.
 SERVER_DRAFTER_ALIASES = ("auto",)
@@ -106,13 +106,13 @@ def _check_context(num_prompt_tokens: int, max_tokens: int, context: int, param:
         )
 
 
-def _check_fits_cache(num_prompt_tokens: int, pipeline: Pipeline, param: str) -> None:
+def _check_fits_cache(num_prompt_tokens: int, requests: RequestPreparer, param: str) -> None:
     # A prompt larger than the whole KV cache can never be scheduled: 400 now, not an engine error later.
-    slots = pipeline.engine.block_manager.num_token_slots
-    if num_prompt_tokens >= slots:
+    if not requests.limits.fits_cache(num_prompt_tokens):
         raise APIError(
             400,
-            f"the prompt has {num_prompt_tokens} tokens but this server's whole KV cache holds {slots}",
+            f"the prompt has {num_prompt_tokens} tokens but this server's whole KV cache holds "
+            f"{requests.limits.num_token_slots}",
             param=param,
             code="context_length_exceeded",
         )
@@ -133,7 +133,7 @@ def _expand(
     return PreparedRequest(choices, sum(len(p) for p in prompts), n)
 
 
-def check_constraint(body: GenerationFields, pipeline: Pipeline) -> None:
+def check_constraint(body: GenerationFields, requests: RequestPreparer) -> None:
     """A 400 with the grammar engine's message for a constraint it cannot compile (checked once here,
     on the request's thread, rather than as a failed choice on the engine's)."""
     param = next(
@@ -150,10 +150,7 @@ def check_constraint(body: GenerationFields, pipeline: Pipeline) -> None:
         ).constraint()
         if constraint is None:
             return
-        grammar = pipeline.engine.grammar
-        if grammar is None:
-            raise ValueError("this model has no tokenizer.json, so its output cannot be constrained")
-        grammar.compile(constraint)
+        requests.compile_constraint(constraint)
     except ValueError as error:
         raise APIError(400, str(error), param=param, code="invalid_value") from None
 
@@ -168,16 +165,16 @@ def _check_common(body: GenerationFields) -> None:
         )
 
 
-def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
+def prepare_completion(body: CompletionRequest, requests: RequestPreparer) -> PreparedRequest:
     _check_common(body)
-    check_constraint(body, pipeline)
-    num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
+    check_constraint(body, requests)
+    num_draft_tokens = resolve_num_draft_tokens(body, requests.drafter)
     prompt = body.prompt
-    vocab_size = pipeline.vocab_size
+    vocab_size = requests.limits.vocab_size
     if isinstance(prompt, str):
-        prompts = [pipeline.tokenizer.encode(prompt)]
+        prompts = [requests.tokenizer.encode(prompt)]
     elif all(isinstance(item, str) for item in prompt):
-        prompts = pipeline.tokenizer.encode_batch(prompt)  # type: ignore[arg-type]
+        prompts = requests.tokenizer.encode_batch(prompt)  # type: ignore[arg-type]
     elif all(isinstance(item, int) for item in prompt):
         prompts = [list(prompt)]  # type: ignore[arg-type]
     else:
@@ -193,43 +190,43 @@ def prepare_completion(body: CompletionRequest, pipeline: Pipeline, server_draft
                 code="invalid_value",
             )
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    context = pipeline.max_model_len
+    context = requests.max_model_len
     for token_ids in prompts:
         _check_context(len(token_ids), max_tokens, context, "max_tokens")
-        _check_fits_cache(len(token_ids), pipeline, "prompt")
+        _check_fits_cache(len(token_ids), requests, "prompt")
     return _expand(body, prompts, [max_tokens] * len(prompts), num_draft_tokens)
 
 
-def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter: str) -> PreparedRequest:
+def prepare_chat(body: ChatCompletionRequest, requests: RequestPreparer) -> PreparedRequest:
     _check_common(body)
-    check_constraint(body, pipeline)
-    num_draft_tokens = resolve_num_draft_tokens(body, server_drafter)
-    if pipeline.chat_template is None:
+    check_constraint(body, requests)
+    num_draft_tokens = resolve_num_draft_tokens(body, requests.drafter)
+    if requests.chat_template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
     tool_request = tools.parse_tools(
         [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None,
         body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice,
-        pipeline.chat_template.template,
+        requests.chat_template.template,
         body.parallel_tool_calls,
     )
     if tool_request is not None and tool_request.mode != "auto" and body.response_format is not None:
         message = "response_format cannot be combined with a required or named tool_choice"
         raise APIError(400, message, param="tool_choice")
-    native = tools.template_uses_tools(pipeline.chat_template.template)
+    native = tools.template_uses_tools(requests.chat_template.template)
     messages = tools.prompt_messages([m.template_message() for m in body.messages], tool_request, native)
     try:
-        rendered = pipeline.chat_template.render(
+        rendered = requests.chat_template.render(
             messages,
             add_generation_prompt=True,
             **({"tools": [t.openai() for t in tool_request.tools]} if tool_request and native else {}),
         )
     except ValueError as error:  # the template itself may reject a conversation (raise_exception)
         raise APIError(400, str(error), param="messages", code="invalid_value") from None
-    token_ids = pipeline.tokenizer.encode(rendered, add_special_tokens=False)
+    token_ids = requests.tokenizer.encode(rendered, add_special_tokens=False)
     if not token_ids:
         raise APIError(400, "the messages encode to no tokens", param="messages", code="invalid_value")
-    context = pipeline.max_model_len
-    _check_fits_cache(len(token_ids), pipeline, "messages")
+    context = requests.max_model_len
+    _check_fits_cache(len(token_ids), requests, "messages")
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     if requested is None:
@@ -242,11 +239,10 @@ def prepare_chat(body: ChatCompletionRequest, pipeline: Pipeline, server_drafter
     prepared = _expand(body, [token_ids], [max_tokens], num_draft_tokens)
     grammar = tool_request.forced_grammar() if tool_request is not None else None
     if grammar is not None:
-        compiler = pipeline.engine.grammar
-        if compiler is None:
+        if requests.grammar is None:
             raise APIError(400, "this model cannot force tool calls (no tokenizer.json)", param="tool_choice")
         try:
-            compiler.compile(Constraint("lark", grammar))
+            requests.compile_constraint(Constraint("lark", grammar))
         except ValueError as error:  # a tool's parameters schema the grammar engine cannot take
             raise APIError(400, f"tools: {error}", param="tools", code="invalid_value") from None
         for choice in prepared.choices:

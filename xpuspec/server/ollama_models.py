@@ -18,7 +18,7 @@ from xpuspec.server.ollama_schemas import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DE
 from xpuspec.version import __version__
 
 if TYPE_CHECKING:
-    from xpuspec.api.pipeline import Pipeline
+    from xpuspec.api.requests import RequestPreparer
     from xpuspec.models.bundle import ModelBundle
 
 # The Ollama API level /api/version reports (structured outputs arrived in Ollama 0.5): clients that
@@ -56,9 +56,9 @@ def _details(bundle: ModelBundle | None) -> dict[str, Any]:
     }
 
 
-def model_entries(names: tuple[str, ...], pipeline: Pipeline | None) -> list[dict[str, Any]]:
+def model_entries(names: tuple[str, ...], requests: RequestPreparer | None) -> list[dict[str, Any]]:
     """/api/tags: one entry per served name; without details while the model loads."""
-    bundle = pipeline.bundle if pipeline is not None else None
+    bundle = requests.bundle if requests is not None else None
     size, digest = _bundle_size_and_digest(bundle.root) if bundle is not None else (0, "")
     modified = str(bundle.manifest.get("created_at") or UNKNOWN_TIME) if bundle is not None else UNKNOWN_TIME
     return [
@@ -74,24 +74,24 @@ def model_entries(names: tuple[str, ...], pipeline: Pipeline | None) -> list[dic
     ]
 
 
-def running_entries(names: tuple[str, ...], pipeline: Pipeline | None) -> list[dict[str, Any]]:
+def running_entries(names: tuple[str, ...], requests: RequestPreparer | None) -> list[dict[str, Any]]:
     """/api/ps: the served model once loaded (it stays loaded; nothing runs before)."""
-    if pipeline is None:
+    if requests is None:
         return []
     return [
-        {**entry, "expires_at": NEVER_EXPIRES, "size_vram": 0, "context_length": pipeline.max_model_len}
-        for entry in model_entries(names, pipeline)
+        {**entry, "expires_at": NEVER_EXPIRES, "size_vram": 0, "context_length": requests.max_model_len}
+        for entry in model_entries(names, requests)
     ]
 
 
-def show(name: str, pipeline: Pipeline) -> dict[str, Any]:
+def show(name: str, requests: RequestPreparer) -> dict[str, Any]:
     """/api/show: the model's details, chat template (Jinja, not Ollama's Go template) and parameters."""
-    bundle = pipeline.bundle
+    bundle = requests.bundle
     facts = bundle.target.facts
     family = str(facts.get("model_type") or "unknown")
-    template = pipeline.chat_template.template if pipeline.chat_template is not None else ""
+    template = requests.chat_template.template if requests.chat_template is not None else ""
     parameters = {
-        "num_ctx": pipeline.max_model_len,
+        "num_ctx": requests.max_model_len,
         "temperature": DEFAULT_TEMPERATURE,
         "top_p": DEFAULT_TOP_P,
         "top_k": DEFAULT_TOP_K,
@@ -99,13 +99,13 @@ def show(name: str, pipeline: Pipeline) -> dict[str, Any]:
     info = {
         "general.architecture": family,
         "general.basename": name,
-        f"{family}.context_length": pipeline.max_model_len,
+        f"{family}.context_length": requests.max_model_len,
         f"{family}.block_count": facts.get("num_layers"),
         f"{family}.embedding_length": facts.get("hidden_size"),
         f"{family}.attention.head_count": facts.get("num_attention_heads"),
         f"{family}.attention.head_count_kv": facts.get("num_kv_heads"),
         f"{family}.vocab_size": facts.get("vocab_size"),
-        "xpuspec.drafter": pipeline.drafter,
+        "xpuspec.drafter": requests.drafter,
     }
     return {
         "modified_at": str(bundle.manifest.get("created_at") or UNKNOWN_TIME),

@@ -34,7 +34,7 @@ from xpuspec.server.ollama_requests import (
 )
 from xpuspec.server.ollama_responses import OllamaContext, created_at, ollama_body, ollama_stream
 from xpuspec.server.ollama_schemas import OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest
-from xpuspec.server.openai_routes import Framing, ready_pipeline, respond, start_generation
+from xpuspec.server.openai_routes import Framing, ready_requests, respond, start_generation
 from xpuspec.server.responses import Kind
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import server_state
@@ -112,11 +112,11 @@ def chat() -> Response:
     served = resolve_model(body.model, state.config.model_names)
     if not body.messages:
         return _loaded_reply(body.model, generate=False)
-    pipeline = ready_pipeline(state)
-    check_num_ctx(body.options, pipeline.max_model_len)
+    requests = ready_requests(state)
+    check_num_ctx(body.options, requests.max_model_len)
     openai_body = chat_request(body, served)
-    prepared = prepare_chat(openai_body, pipeline, pipeline.drafter)
-    apply_limits(prepared, body.options, pipeline.max_model_len)
+    prepared = prepare_chat(openai_body, requests)
+    apply_limits(prepared, body.options, requests.max_model_len)
     return _respond("chat", openai_body, prepared, body.model, received, generate=False)
 
 
@@ -128,15 +128,15 @@ def generate() -> Response:
     served = resolve_model(body.model, state.config.model_names)
     if not body.prompt:
         return _loaded_reply(body.model, generate=True)
-    pipeline = ready_pipeline(state)
-    check_num_ctx(body.options, pipeline.max_model_len)
-    templated = not body.raw and pipeline.chat_template is not None
+    requests = ready_requests(state)
+    check_num_ctx(body.options, requests.max_model_len)
+    templated = not body.raw and requests.chat_template is not None
     openai_body = generate_request(body, served, templated)
     if isinstance(openai_body, ChatCompletionRequest):
-        prepared = prepare_chat(openai_body, pipeline, pipeline.drafter)
+        prepared = prepare_chat(openai_body, requests)
     else:
-        prepared = prepare_completion(openai_body, pipeline, pipeline.drafter)
-    apply_limits(prepared, body.options, pipeline.max_model_len)
+        prepared = prepare_completion(openai_body, requests)
+    apply_limits(prepared, body.options, requests.max_model_len)
     kind: Kind = "chat" if templated else "completion"
     return _respond(kind, openai_body, prepared, body.model, received, generate=True)
 
@@ -144,15 +144,15 @@ def generate() -> Response:
 @ollama_api.get("/tags")
 def tags() -> Response:
     state = server_state()
-    return jsonify({"models": ollama_models.model_entries(state.config.model_names, state.loop.pipeline)})
+    return jsonify({"models": ollama_models.model_entries(state.config.model_names, state.loop.requests)})
 
 
 @ollama_api.get("/ps")
 def running() -> Response:
     state = server_state()
     loop = state.loop
-    pipeline = loop.pipeline if loop.ready.is_set() and loop.load_error is None else None
-    return jsonify({"models": ollama_models.running_entries(state.config.model_names, pipeline)})
+    requests = loop.requests if loop.ready.is_set() and loop.load_error is None else None
+    return jsonify({"models": ollama_models.running_entries(state.config.model_names, requests)})
 
 
 @ollama_api.post("/show")
@@ -163,7 +163,7 @@ def show() -> Response:
         raise APIError(400, "model is required", param="model", code="invalid_value")
     state = server_state()
     resolve_model(name, state.config.model_names)
-    return jsonify(ollama_models.show(name, ready_pipeline(state)))
+    return jsonify(ollama_models.show(name, ready_requests(state)))
 
 
 @ollama_api.get("/version")

@@ -11,6 +11,7 @@ from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
 from xpuspec.api.engine_loop import Generation, NotAcceptingError, QueueFullError
+from xpuspec.api.requests import RequestPreparer
 from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
@@ -40,13 +41,15 @@ def parse_body(schema: type[Body], checks: Mapping[str, unsupported.Check]) -> B
         raise APIError(400, message, param=param, code="invalid_value") from None
 
 
-def ready_pipeline(state: ServerState) -> Any:
+def ready_requests(state: ServerState) -> RequestPreparer:
+    """The loaded model's request preparer, or the 503 of a model still loading or failed."""
     loop = state.loop
     if not loop.ready.is_set():
         raise APIError(503, "the model is still loading", code="loading", headers={"Retry-After": "5"})
-    if loop.load_error is not None or loop.pipeline is None:
+    requests = loop.requests
+    if loop.load_error is not None or requests is None:
         raise APIError(503, "the model failed to load; see the server log", code="load_failed")
-    return loop.pipeline
+    return requests
 
 
 class TrackedStream:
@@ -131,7 +134,7 @@ def _generate(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     speculation = None
     if body.stream and body.stream_options is not None and body.stream_options.include_speculation:
-        speculation = speculation_of(prepared.choices[0].params, ready_pipeline(server_state()).drafter)
+        speculation = speculation_of(prepared.choices[0].params, ready_requests(server_state()).drafter)
     streamed = bool(body.stream)
     return respond(generation, context, prepared, streamed, OPENAI_FRAMING, include_usage, speculation)
 
@@ -188,8 +191,7 @@ def completions() -> Response:
     body = parse_body(CompletionRequest, unsupported.COMPLETION)
     state = server_state()
     check_model(body, state.config.model_names)
-    pipeline = ready_pipeline(state)
-    return _generate("completion", body, prepare_completion(body, pipeline, pipeline.drafter))
+    return _generate("completion", body, prepare_completion(body, ready_requests(state)))
 
 
 @openai_api.post("/chat/completions")
@@ -197,8 +199,7 @@ def chat_completions() -> Response:
     body = parse_body(ChatCompletionRequest, unsupported.CHAT)
     state = server_state()
     check_model(body, state.config.model_names)
-    pipeline = ready_pipeline(state)
-    return _generate("chat", body, prepare_chat(body, pipeline, pipeline.drafter))
+    return _generate("chat", body, prepare_chat(body, ready_requests(state)))
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:

@@ -438,10 +438,15 @@ class GuidedRequest:
 
 
 def grammar_compiler(
-    tokenizer: Tokenizer, model_dirs: list[Path], vocab_size: int, eos_token_ids: list[int]
+    tokenizer: Tokenizer,
+    model_dirs: list[Path],
+    vocab_size: int,
+    eos_token_ids: list[int],
+    limits: GrammarLimits | None = None,
 ) -> GrammarCompiler | None:
     """The grammar compiler of a model, from the first ``tokenizer.json`` in ``model_dirs`` (the
-    target's, then the draft's: a pair shares its vocabulary); None (logged) when there is none.
+    target's, then the draft's: a pair shares its vocabulary), within ``limits`` (default:
+    :class:`GrammarLimits`'s); None (logged) when there is none.
 
     A byte-level BPE vocabulary is read token by token (with the model's OpenVINO tokenizer for
     encoding); any other is left to llguidance's own reading of the file.
@@ -450,7 +455,10 @@ def grammar_compiler(
         path = Path(model_dir) / TOKENIZER_FILE
         if path.is_file():
             return GrammarCompiler(
-                lambda path=path: load_tokenizer(path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
+                lambda path=path: load_tokenizer(path, tokenizer, eos_token_ids),
+                vocab_size,
+                eos_token_ids,
+                limits,
             )
     logger.info("no %s in %s: structured output is off", TOKENIZER_FILE, [str(d) for d in model_dirs])
     return None
