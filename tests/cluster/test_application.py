@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -19,6 +19,9 @@ from tests.cluster.conftest import APP_NAME, RayCluster, fixed_replicas, wait_fo
 from tests.server.conftest import LiveServer
 from xpuspec.api.engine_loop import ChoiceEvent, ChoiceRequest
 from xpuspec.cluster.replica import EngineReplica
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 pytestmark = [
     pytest.mark.slow,
@@ -172,7 +175,8 @@ class StreamGate:
 
 class GatedReplica(EngineReplica):
     """The real engine replica whose streams wait at the test's gate after their first events: the
-    engine generates on, but no stream can finish before the test has killed a replica."""
+    engine generates on, but no stream can finish before the test has killed a replica. The events
+    keep their order; a final event that came with the first ones waits behind the gate with the rest."""
 
     async def generate(self, choices: list[ChoiceRequest]) -> AsyncIterator[list[ChoiceEvent]]:
         import ray
@@ -181,14 +185,20 @@ class GatedReplica(EngineReplica):
         replica = ray.get_runtime_context().get_actor_name()
         held = False
         async for events in super().generate(choices):
-            yield events
-            if not held:
-                held = True
-                await gate.hold.remote(replica)
+            if held:
+                yield events
+                continue
+            held = True
+            first_final = next((at for at, event in enumerate(events) if event.final), len(events))
+            if first_final:
+                yield events[:first_final]
+            await gate.hold.remote(replica)
+            if events[first_final:]:
+                yield events[first_final:]
 
 
 @pytest.fixture
-def gated_replicas(two_replicas: RayCluster) -> Iterator[tuple[RayCluster, Any]]:
+def gated_replicas(two_replicas: RayCluster) -> Iterator[tuple[RayCluster, ActorHandle]]:
     """Two gated replicas and their open-able gate; two plain replicas again afterwards."""
     import ray
     from ray import serve
@@ -211,7 +221,7 @@ def gated_replicas(two_replicas: RayCluster) -> Iterator[tuple[RayCluster, Any]]
 
 
 def test_a_replica_killed_under_load_fails_its_requests_clearly_and_is_replaced(
-    gated_replicas: tuple[RayCluster, Any],
+    gated_replicas: tuple[RayCluster, ActorHandle],
 ) -> None:
     import openai
     import ray
