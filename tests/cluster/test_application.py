@@ -1,18 +1,27 @@
 """The application on a real local Ray cluster (head + worker), two replicas of the demo bundle:
-the official client through the ingress, routing by prefix affinity, a replica killed under load."""
+the official client through the ingress, routing by prefix affinity, a replica killed under load
+(its streams held open at a gate until the kill, so the outcome does not depend on timing)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
-from tests.cluster.conftest import RayCluster, fixed_replicas, wait_for
+from tests.cluster.conftest import APP_NAME, RayCluster, fixed_replicas, wait_for
 from tests.server.conftest import LiveServer
+from xpuspec.api.engine_loop import ChoiceEvent, ChoiceRequest
+from xpuspec.cluster.replica import EngineReplica
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 pytestmark = [
     pytest.mark.slow,
@@ -140,59 +149,124 @@ def test_each_replicas_metrics_are_labelled_by_replica(two_replicas: RayCluster)
     wait_for(lambda: len(labelled()) == 2, 30, "both replicas' metrics at the ingress")
 
 
+# Where the test's stream gate lives (a named actor the gated replicas look up).
+GATE_NAME, GATE_NAMESPACE = "xpuspec-test-stream-gate", "xpuspec-tests"
+NUM_STREAMS = 16
+
+
+class StreamGate:
+    """Holds every stream after its first events until the test opens it; records which replica
+    (Ray actor name) held each, so the test kills a replica that has open streams on it."""
+
+    def __init__(self) -> None:
+        self._opened = asyncio.Event()
+        self._holders: list[str] = []
+
+    async def hold(self, replica: str) -> None:
+        self._holders.append(replica)
+        await self._opened.wait()
+
+    def holders(self) -> list[str]:
+        return list(self._holders)
+
+    def open(self) -> None:
+        self._opened.set()
+
+
+class GatedReplica(EngineReplica):
+    """The real engine replica whose streams wait at the test's gate after their first events: the
+    engine generates on, but no stream can finish before the test has killed a replica. The events
+    keep their order; a final event that came with the first ones waits behind the gate with the rest."""
+
+    async def generate(self, choices: list[ChoiceRequest]) -> AsyncIterator[list[ChoiceEvent]]:
+        import ray
+
+        gate = ray.get_actor(GATE_NAME, namespace=GATE_NAMESPACE)
+        replica = ray.get_runtime_context().get_actor_name()
+        held = False
+        async for events in super().generate(choices):
+            if held:
+                yield events
+                continue
+            held = True
+            first_final = next((at for at, event in enumerate(events) if event.final), len(events))
+            if first_final:
+                yield events[:first_final]
+            await gate.hold.remote(replica)
+            if events[first_final:]:
+                yield events[first_final:]
+
+
+@pytest.fixture
+def gated_replicas(two_replicas: RayCluster) -> Iterator[tuple[RayCluster, ActorHandle]]:
+    """Two gated replicas and their open-able gate; two plain replicas again afterwards."""
+    import ray
+    from ray import serve
+
+    gate = ray.remote(num_cpus=0)(StreamGate).options(name=GATE_NAME, namespace=GATE_NAMESPACE).remote()
+    try:
+        two_replicas.deploy({**fixed_replicas(2), "func_or_class": GatedReplica})
+
+        def rolled_out() -> bool:
+            deployment = serve.status().applications[APP_NAME].deployments["EngineReplica"]
+            return deployment.status == "HEALTHY" and two_replicas.running_replicas() == 2
+
+        wait_for(rolled_out, 120, "two gated replicas")
+        yield two_replicas, gate
+    finally:
+        ray.get(gate.open.remote())
+        two_replicas.deploy(fixed_replicas(2))
+        wait_for(lambda: two_replicas.running_replicas() == 2, 120, "two running replicas")
+        ray.kill(gate)
+
+
 def test_a_replica_killed_under_load_fails_its_requests_clearly_and_is_replaced(
-    two_replicas: RayCluster,
+    gated_replicas: tuple[RayCluster, ActorHandle],
 ) -> None:
     import openai
     import ray
 
-    client = two_replicas.openai(timeout=120)
+    cluster, gate = gated_replicas
+    client = cluster.openai(timeout=120)
     outcomes: list[str] = []
-    started = threading.Semaphore(0)
     lock = threading.Lock()
 
     def stream(index: int) -> None:
         try:
             chunks = client.completions.create(
-                model=MODEL, prompt=f"Story {index}: once upon a time", max_tokens=400, temperature=0.0,
+                model=MODEL, prompt=f"Story {index}: once upon a time", max_tokens=64, temperature=0.0,
                 stream=True, extra_body={"ignore_eos": True},
             )  # fmt: skip
-            first = True
             finish = None
             for chunk in chunks:
-                if first:
-                    started.release()
-                    first = False
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.choices[0].finish_reason
             outcome = f"finished:{finish}"
         except openai.APIError as error:
             outcome = f"error:{error.message}"
-            started.release()
         with lock:
             outcomes.append(outcome)
 
-    threads = [threading.Thread(target=stream, args=(index,), daemon=True) for index in range(16)]
+    threads = [threading.Thread(target=stream, args=(index,), daemon=True) for index in range(NUM_STREAMS)]
     for thread in threads:
         thread.start()
-    for _ in threads:
-        assert started.acquire(timeout=120), "a stream never started"
-    victim = next(
-        name["name"]
-        for name in ray.util.list_named_actors(all_namespaces=True)
-        if "EngineReplica" in name["name"]
-    )
+    # Every stream has reached a replica, sent its first events and waits at the gate: none can end.
+    wait_for(lambda: len(ray.get(gate.holders.remote())) == NUM_STREAMS, 120, "every stream at the gate")
+    assert not outcomes, outcomes
+    held = Counter(ray.get(gate.holders.remote()))
+    victim, num_on_victim = held.most_common(1)[0]
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    ray.get(gate.open.remote())
     for thread in threads:
         thread.join(180)
     assert not any(thread.is_alive() for thread in threads), "a request hangs"
-    assert len(outcomes) == 16
+    assert len(outcomes) == NUM_STREAMS
     errors = [outcome for outcome in outcomes if outcome.startswith("error:")]
-    assert all(outcome == "finished:length" for outcome in outcomes if not outcome.startswith("error:"))
-    assert errors, "killing a replica with streams on it failed none of them"
+    assert len(errors) == num_on_victim, (held, outcomes)
     assert all("engine replica failed" in error for error in errors), errors
+    assert outcomes.count("finished:length") == NUM_STREAMS - num_on_victim, outcomes
 
-    wait_for(lambda: two_replicas.running_replicas() == 2, 180, "Serve to replace the replica")
+    wait_for(lambda: cluster.running_replicas() == 2, 180, "Serve to replace the replica")
     time.sleep(2)  # the router learns of the new replica set
     for index in range(4):
         reply = client.completions.create(

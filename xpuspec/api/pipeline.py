@@ -194,8 +194,8 @@ class Pipeline:
             # Tree acceptance moves single tokens' KV; the CPU's u8 key cache is quantised per
             # channel over a block unless keys carry per-token scales (xpuspec.executor.paged_runner).
             # Set whenever trees can be drafted, not only for a default tree: any request (e.g. the
-            # server's draft_tree field) may ask for one. Per-token scales cost no measurable time
-            # (SmolLM2-135M target-only, 4 interleaved rounds: 0.95-1.13x, noise).
+            # server's draft_tree field) may ask for one. Per-token scales cost no time beyond the
+            # noise of interleaved rounds (docs/experiments/code-comment-figures.md).
             target_properties = {**(properties or {}), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}
         # An EAGLE-3 target taps the residual stream at the head's layers (checked against the target
         # first); other drafters keep the plain target graph.

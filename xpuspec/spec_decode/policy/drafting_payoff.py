@@ -9,9 +9,9 @@ fall outside any one step's model, and at batch > 1 they can outweigh the gain:
 - the draft model's catch-up over tokens accepted from lookups;
 - the end of decode bursts, which only steps without drafts run.
 
-Measured on SmolLM2-135M at batch 4 (4 mixed prompts x 64 greedy tokens, 8 interleaved rounds),
-adaptive γ ran at 0.78x target-only, while each step's model predicted a gain; without prompt
-lookups it ran at 1.02x.
+Measured on SmolLM2-135M at batch 4, adaptive γ ran slower than target-only while each step's model
+predicted a gain, and without prompt lookups it did not: the lookups' batch costs were the loss
+(figures: docs/experiments/2026-12-02-cost-model.md, "At a batch").
 
 :class:`DraftingPayoff` compares, per batch bucket, two ways of running: adaptive drafting allowed
 ("on"), and not ("off"). For each it keeps the tokens and wall seconds of whole engine steps
