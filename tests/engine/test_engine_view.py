@@ -65,7 +65,14 @@ def test_recovery_and_calibration_take_arguments_not_the_engine():
     for module in ARGUMENT_ONLY_MODULES:
         source = (ENGINE_PACKAGE / f"{module}.py").read_text(encoding="utf-8")
         assert "EngineView" not in source, module
-        assert engine_names_used(module) <= {"block_manager", "clock", "config", "cost_model", "proposer", "target"}
+        assert engine_names_used(module) <= {
+            "block_manager",
+            "clock",
+            "config",
+            "cost_model",
+            "proposer",
+            "target",
+        }
 
 
 @pytest.fixture(scope="module")
