@@ -4,7 +4,7 @@ For each prompt the target's greedy continuation is the reference (EOS honoured 
 ``--ignore-eos``: past its answer a small model loops, which lookups predict too well). At every
 position, the lookup over prompt + continuation so far (:class:`~xpuspec.spec_decode.ngram_proposer.
 NgramProposer`, n-grams of ``min_ngram`` to ``max_ngram`` tokens, as
-:mod:`xpuspec.spec_decode.prompt_lookup` runs it) proposes up to γ tokens; greedy verification accepts
+:mod:`xpuspec.spec_decode.policy.prompt_lookup` runs it) proposes up to γ tokens; greedy verification accepts
 them up to the first that differs from the continuation. Reported per ``min_ngram``: the share of
 positions with a lookup, its first token's acceptance, and the tokens accepted per lookup of γ.
 
@@ -22,7 +22,7 @@ from research.bench.acceptance_traces import add_bundle_arguments, bundle_and_wo
 from xpuspec.bench.workloads import encode_prompts, load_workload
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.ngram_proposer import NgramProposer
-from xpuspec.spec_decode.prompt_lookup import MAX_NGRAM
+from xpuspec.spec_decode.policy import MAX_NGRAM
 
 
 @dataclass

@@ -117,7 +117,7 @@ def _measure_rates(pipeline: Any, prompts: list[str], max_tokens: int, tree: dic
     the levels that the accepted paths reached at least ``MIN_REACHED`` times; the levels below
     take the deepest of those levels' rates, down to ``EXTRAPOLATED_LEVELS``."""
     from xpuspec import SamplingParams
-    from xpuspec.spec_decode.policy.tree_policy import MAX_RANK
+    from xpuspec.spec_decode.policy import MAX_RANK
 
     levels = tree["depth"]
     reached = np.zeros((levels, MAX_RANK))

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,8 +24,9 @@ def make_sequence(request_id: str, num_prompt_tokens: int, max_tokens: int = 64)
     return Sequence(request_id, [1] * num_prompt_tokens, SamplingParams(max_tokens=max_tokens))
 
 
-def drafts(num_draft_tokens: int) -> Callable[[Sequence], int]:
-    return lambda seq: num_draft_tokens
+def drafts(scheduler: Scheduler, num_draft_tokens: int) -> dict[str, int]:
+    """The same γ wanted for every sequence the next step decodes."""
+    return {seq.request_id: num_draft_tokens for seq in scheduler.will_decode()}
 
 
 def apply(chunk: ScheduledChunk, num_accepted: int = 0) -> None:
@@ -38,7 +39,7 @@ def apply(chunk: ScheduledChunk, num_accepted: int = 0) -> None:
 
 
 def step(scheduler: Scheduler, num_draft_tokens: int = 0) -> SchedulerOutput:
-    output = scheduler.schedule(drafts(num_draft_tokens))
+    output = scheduler.schedule(drafts(scheduler, num_draft_tokens))
     for chunk in output.chunks:
         apply(chunk)
     scheduler.check_invariants()
@@ -133,7 +134,7 @@ def test_prefill_then_decode_with_drafts() -> None:
     assert output.chunks == [ScheduledChunk(seq, 5, 0, samples=True)]
     assert seq.status is SequenceStatus.RUNNING and seq.num_tokens == 6 and seq.num_computed_tokens == 5
 
-    output = scheduler.schedule(drafts(3))
+    output = scheduler.schedule(drafts(scheduler, 3))
     assert output.chunks == [ScheduledChunk(seq, 1, 3, samples=True)]
     assert len(seq.block_table) * 4 >= 5 + 1 + 3
     assert scheduler.num_running == 1 and scheduler.kv_blocks_in_use == len(seq.block_table)
@@ -169,7 +170,7 @@ def test_decodes_go_before_prefills_and_prefills_take_the_rest() -> None:
     step(scheduler)
     prefilling = make_sequence("b", 20)
     scheduler.add(prefilling)
-    output = scheduler.schedule(drafts(2))
+    output = scheduler.schedule(drafts(scheduler, 2))
     assert output.chunks == [
         ScheduledChunk(decoding, 1, 2, samples=True),
         ScheduledChunk(prefilling, 5, 0, samples=False),
@@ -182,7 +183,7 @@ def test_every_decode_keeps_one_token_of_the_budget() -> None:
     for seq in sequences:
         scheduler.add(seq)
     step(scheduler)
-    output = scheduler.schedule(drafts(10))
+    output = scheduler.schedule(drafts(scheduler, 10))
     assert [chunk.sequence for chunk in output.chunks] == sequences
     assert [chunk.num_draft_tokens for chunk in output.chunks] == [4, 0, 0, 0]
     assert output.num_scheduled_tokens == 8
@@ -195,7 +196,7 @@ def test_drafts_are_cut_to_max_model_len_and_max_tokens() -> None:
     scheduler.add(near_model_len)
     scheduler.add(near_max_tokens)
     step(scheduler)  # 7 and 3 tokens now
-    output = scheduler.schedule(drafts(8))
+    output = scheduler.schedule(drafts(scheduler, 8))
     assert chunk_of(output, near_model_len).num_draft_tokens == 10 - 7 - 1
     assert chunk_of(output, near_max_tokens).num_draft_tokens == 3 - 1 - 1
 
@@ -205,7 +206,7 @@ def test_drafts_shrink_to_the_free_blocks_before_anything_is_preempted() -> None
     seq = make_sequence("a", 3)
     scheduler.add(seq)
     step(scheduler)  # 4 tokens, 3 computed
-    output = scheduler.schedule(drafts(5))
+    output = scheduler.schedule(drafts(scheduler, 5))
     assert output.chunks == [ScheduledChunk(seq, 1, 2, samples=True)]  # 6 slots: positions 3..5
     assert output.preempted == []
 
@@ -308,7 +309,7 @@ def test_a_running_sequence_left_at_its_limit_is_finished_by_length() -> None:
     seq = make_sequence("a", 2, max_tokens=1)
     scheduler.add(seq)
     step(scheduler)  # the engine "forgets" to finish it after its only token
-    output = scheduler.schedule(drafts(0))
+    output = scheduler.schedule(drafts(scheduler, 0))
     assert output.chunks == [] and output.finished == [seq]
     assert seq.status is SequenceStatus.FINISHED_LENGTH
 
@@ -317,18 +318,90 @@ def test_a_step_without_appended_tokens_is_an_engine_error() -> None:
     scheduler = make_scheduler()
     seq = make_sequence("a", 2)
     scheduler.add(seq)
-    scheduler.schedule(drafts(0))
+    scheduler.schedule(drafts(scheduler, 0))
     seq.num_computed_tokens = 2  # computed, but the sampled token was never appended
     with pytest.raises(RuntimeError, match="must append"):
-        scheduler.schedule(drafts(0))
+        scheduler.schedule(drafts(scheduler, 0))
 
 
 def test_bad_draft_counts_are_rejected() -> None:
     scheduler = make_scheduler()
     scheduler.add(make_sequence("a", 2))
     step(scheduler)
-    with pytest.raises(ValueError, match="num_draft_tokens returned -1"):
-        scheduler.schedule(drafts(-1))
+    with pytest.raises(ValueError, match="draft length of 'a' is -1"):
+        scheduler.schedule(drafts(scheduler, -1))
+
+
+# --- draft lengths: decided before the step, passed in ----------------------------------------------
+
+
+def test_the_draft_lengths_mapping_drives_each_decodes_gamma() -> None:
+    scheduler = make_scheduler()
+    for request_id in ("a", "b", "c"):
+        scheduler.add(make_sequence(request_id, 2))
+    step(scheduler)  # prefills: no γ asked
+    assert [seq.request_id for seq in scheduler.will_decode()] == ["a", "b", "c"]
+    output = scheduler.schedule({"a": 3, "c": 1})  # "b" missing: no drafts
+    assert {chunk.sequence.request_id: chunk.num_draft_tokens for chunk in output.chunks} == {
+        "a": 3,
+        "b": 0,
+        "c": 1,
+    }
+
+
+class _ReadOnlyLengths(Mapping[str, int]):
+    """A mapping that records how it was used: the scheduler may only look lengths up."""
+
+    def __init__(self, lengths: dict[str, int]) -> None:
+        self.lengths = lengths
+        self.looked_up: list[str] = []
+
+    def __getitem__(self, request_id: str) -> int:
+        self.looked_up.append(request_id)
+        return self.lengths[request_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def test_the_scheduler_only_reads_the_lengths_it_is_given() -> None:
+    scheduler = make_scheduler()
+    scheduler.add(make_sequence("a", 2))
+    scheduler.add(make_sequence("b", 2))
+    step(scheduler)
+    lengths = _ReadOnlyLengths({"a": 2, "b": 4})
+    output = scheduler.schedule(lengths)
+    assert sorted(lengths.looked_up) == ["a", "b"]  # one look-up per decode, nothing called back
+    assert [chunk.num_draft_tokens for chunk in output.chunks] == [2, 4]
+
+
+def test_a_callable_for_draft_lengths_is_refused() -> None:
+    """The scheduler never calls back for γ: the former callable is refused, not called."""
+    scheduler = make_scheduler()
+    scheduler.add(make_sequence("a", 2))
+    step(scheduler)
+    called: list[Sequence] = []
+
+    def num_draft_tokens(seq: Sequence) -> int:
+        called.append(seq)
+        return 1
+
+    with pytest.raises(TypeError, match="mapping"):
+        scheduler.schedule(num_draft_tokens)  # type: ignore[arg-type]
+    assert called == []
+
+
+def test_will_decode_names_the_running_decodes_within_their_limits() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=8, max_num_seqs=4)
+    scheduler.add(make_sequence("done", 2, max_tokens=1))
+    scheduler.add(make_sequence("decoding", 2))
+    scheduler.add(make_sequence("prefilling", 20))
+    step(scheduler)  # the first two prefill whole; the long prompt gets the rest of the budget
+    assert [seq.request_id for seq in scheduler.will_run()] == ["decoding", "prefilling"]
+    assert [seq.request_id for seq in scheduler.will_decode()] == ["decoding"]
 
 
 # --- abort and finish -------------------------------------------------------------------------------
@@ -450,10 +523,11 @@ def run_engine(workload: dict[str, object]) -> None:
     sequences: list[Sequence] = []
     wanted_drafts: dict[str, int] = {}
 
-    def num_draft_tokens(seq: Sequence) -> int:
-        fixed = fixed_drafts[seq.request_id]
-        wanted_drafts[seq.request_id] = fixed if fixed is not None else rng.randint(0, 6)
-        return wanted_drafts[seq.request_id]
+    def draft_lengths() -> dict[str, int]:
+        for seq in scheduler.will_decode():
+            fixed = fixed_drafts[seq.request_id]
+            wanted_drafts[seq.request_id] = fixed if fixed is not None else rng.randint(0, 6)
+        return {seq.request_id: wanted_drafts[seq.request_id] for seq in scheduler.will_decode()}
 
     for step_index in range(3000):
         while arrivals and arrivals[0][0] <= step_index:
@@ -466,7 +540,7 @@ def run_engine(workload: dict[str, object]) -> None:
             break
         num_outputs_before = {seq.request_id: seq.num_output_tokens for seq in sequences}
         had_work = scheduler.has_unfinished
-        output = scheduler.schedule(num_draft_tokens)
+        output = scheduler.schedule(draft_lengths())
         check_output(scheduler, output, wanted_drafts, num_outputs_before)
         assert not had_work or output.chunks or output.finished  # some progress every step
 

@@ -141,7 +141,7 @@ def test_an_engine_failure_names_only_the_request_it_reaches(pipe, monkeypatch):
         ("b", [4, 5], hostile),
     ]:
         engine.add_request(request_id, prompt, params)
-    monkeypatch.setattr(type(engine), "_step", broken_forward)
+    monkeypatch.setattr(type(engine), "schedule", broken_forward)
     before = engine.num_engine_failures
     outputs = engine.step()
     assert engine.num_engine_failures == before + 1

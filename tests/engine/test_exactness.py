@@ -153,7 +153,7 @@ def _make_drafting_hopeless(engine) -> None:
     from xpuspec.spec_decode.policy.cost_model import MAX_TOKENS_PER_SEQUENCE
     from xpuspec.spec_decode.policy.verify_costs import VerifyCostCurve
 
-    engine.draft_choice.prompt_lookup = None
+    engine.policy.draft_choice.prompt_lookup = None
 
     engine.cost_model.drafting = VerifyCostCurve(MAX_TOKENS_PER_SEQUENCE)
     for gamma in range(1, engine.config.max_draft_tokens + 1):
@@ -181,7 +181,7 @@ def test_probes_that_find_no_gain_come_ever_more_rarely(pair_bundle):
     params = SamplingParams(max_tokens=480, temperature=0.0, ignore_eos=True)
     result = pipe.generate(PROMPTS[0], params)[0]
     assert 2 <= result.stats["drafted"] <= 4
-    assert pipe.engine.draft_choice.probe_interval >= 4 * PROBE_INTERVAL_STEPS
+    assert pipe.engine.policy.draft_choice.probe_interval >= 4 * PROBE_INTERVAL_STEPS
 
 
 def test_a_draft_with_a_cut_vocabulary_keeps_output_exact(pair_bundle, target_only):

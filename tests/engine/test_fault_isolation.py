@@ -282,7 +282,7 @@ def test_the_probe_respects_max_draft_tokens_zero():
         use_placement=False,  # adaptive γ: the probe's path
     )
     engine = pipe.engine
-    engine.draft_choice.steps_without_drafting = 10_000  # the probe is due at every step
+    engine.policy.draft_choice.steps_without_drafting = 10_000  # the probe is due at every step
     result = pipe.generate("def", SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))[0]
     assert len(result.token_ids) == 40 and result.stats["drafted"] == 0
 
@@ -308,7 +308,7 @@ def test_a_seeded_sequence_whose_gamma_fell_to_zero_drafts_again():
     engine = pipe.engine
     params = SamplingParams(max_tokens=60, temperature=0.8, seed=7, ignore_eos=True)
     engine.add_request("r", pipe.encode("def"), params)
-    tracker = engine.acceptance.tracker("r")
+    tracker = engine.policy.acceptance.tracker("r")
     for _ in range(40):
         tracker.update(8, 0)  # a long run of rejections: γ is 0 now
     assert engine.length_policy.choose_without_timing(tracker.rate) == 0

@@ -49,7 +49,7 @@ def test_lookup_acceptance_is_tracked_apart_from_the_draft_models(pipe):
     def lookup_tested() -> float:
         return sum(rates.pool._tested for rates in pipe.engine.prompt_lookup.acceptance.values())
 
-    draft_pool = pipe.engine.acceptance.pool
+    draft_pool = pipe.engine.policy.acceptance.pool
     tested = (lookup_tested(), draft_pool._tested)
     results = pipe.generate(PROMPTS[:4], ADAPTIVE)
     lookup_drafted = sum(r.stats["lookup_drafted"] for r in results)

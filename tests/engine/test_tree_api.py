@@ -94,4 +94,4 @@ def test_auto_tree_requests_start_from_the_pooled_acceptance_as_chains_do(pair_b
         engine.step()
     assert engine.has_unfinished()
     for request_id in ("auto", "chain"):
-        assert engine.acceptance.tracker(request_id).pool is engine.acceptance.pool, request_id
+        assert engine.policy.acceptance.tracker(request_id).pool is engine.policy.acceptance.pool, request_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from xpuspec.spec_decode.policy.cost_model import CostModel
+from xpuspec.spec_decode.policy import CostModel
 
 
 def cost_curve(model: CostModel, max_gamma: int, target_only: CostModel | None = None) -> dict[str, Any]:

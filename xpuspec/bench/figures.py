@@ -6,7 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from xpuspec.spec_decode.policy.cost_model import expected_tokens_per_step
+from xpuspec.spec_decode.policy import expected_tokens_per_step
 
 OK = "ok"
 SKIPPED = "skipped"

@@ -11,7 +11,7 @@ XPUSPEC_DEFAULT, GENAI_DEFAULT, XPUSPEC_EXACT = f"{XPUSPEC} default", f"{GENAI} 
 XPUSPEC_EAGLE3, EAGLE3_KEY = f"{XPUSPEC} EAGLE-3", f"{XPUSPEC}/eagle3"
 GENAI_EAGLE3, GENAI_EAGLE3_KEY = f"{GENAI} EAGLE-3", f"{GENAI}/eagle3"
 # GenAI's prompt lookup (n-gram drafting), same properties: a peer for xpuspec's adaptive γ, which
-# also drafts by prompt lookup beside the draft model (xpuspec.spec_decode.prompt_lookup).
+# also drafts by prompt lookup beside the draft model (xpuspec.spec_decode.policy.prompt_lookup).
 GENAI_LOOKUP, GENAI_LOOKUP_KEY = f"{GENAI} prompt lookup", f"{GENAI}/lookup"
 # The engine label of each row group; the row's peer for the ÷ GenAI column.
 PEER_OF = {XPUSPEC: GENAI, XPUSPEC_DEFAULT: GENAI_DEFAULT, XPUSPEC_EAGLE3: GENAI_EAGLE3}

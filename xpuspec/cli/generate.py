@@ -255,7 +255,7 @@ def summary_line(
 
 def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
     """The cost model's case against drafting: measured step costs and the acceptance it used."""
-    from xpuspec.spec_decode.policy.acceptance import AcceptanceTracker
+    from xpuspec.spec_decode.policy import AcceptanceTracker
 
     policy = pipe.engine.length_policy
     costs = policy.cost_model

@@ -3,9 +3,10 @@
 Each step has a budget of ``max_num_batched_tokens`` target tokens. The policy, in order:
 
 1. Running decodes, oldest first. A decode computes its last token plus γ draft tokens, so it
-   costs ``1 + γ``. γ comes from the engine's callable and is cut so that every later decode
-   still gets one token, the step never produces more than ``max_model_len`` or ``max_tokens``
-   allow, and the KV blocks fit (speculation shrinks before anything is preempted).
+   costs ``1 + γ``. γ is the engine's, decided before the step is planned and passed in (a
+   mapping of request ids to the γ wanted; the scheduler asks nothing back), and is cut so that
+   every later decode still gets one token, the step never produces more than ``max_model_len``
+   or ``max_tokens`` allow, and the KV blocks fit (speculation shrinks before anything is preempted).
 2. Running sequences still prefilling, chunked to the remaining budget.
 3. Waiting sequences, strictly first come first served (no skipping, so no starvation), while the
    budget, ``max_num_seqs`` and free blocks allow. Admission allocates blocks for all known tokens at
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xpuspec.core.block_manager import BlockManager
@@ -154,6 +155,16 @@ class Scheduler:
         """Waiting sequences in admission order (a snapshot)."""
         return tuple(self._waiting)
 
+    def will_run(self) -> list[Sequence]:
+        """The running sequences the next :meth:`schedule` keeps, oldest first: those at their
+        length limit (``max_model_len`` or ``max_tokens``) it finishes first."""
+        return [seq for seq in self._running if not self._at_length_limit(seq)]
+
+    def will_decode(self) -> list[Sequence]:
+        """The sequences the next :meth:`schedule` plans as decodes, in its order (oldest first):
+        running, not prefilling, not at their length limit. Their γ is the caller's to choose."""
+        return [seq for seq in self.will_run() if not seq.is_prefilling]
+
     def get(self, request_id: str) -> Sequence | None:
         """The unfinished sequence with this id, if any."""
         return self._unfinished.get(request_id)
@@ -195,8 +206,14 @@ class Scheduler:
             raise ValueError(f"request {seq.request_id!r} was never added to this scheduler")
         self._finish(seq, status)
 
-    def schedule(self, num_draft_tokens: Callable[[Sequence], int]) -> SchedulerOutput:
-        """Plan the next step. ``num_draft_tokens(seq)`` is the γ wanted for a decoding sequence."""
+    def schedule(self, draft_lengths: Mapping[str, int]) -> SchedulerOutput:
+        """Plan the next step. ``draft_lengths[request_id]`` is the γ wanted for a decoding sequence
+        (missing: 0), decided before planning (:meth:`will_decode` names the decoding sequences)."""
+        if not isinstance(draft_lengths, Mapping):
+            raise TypeError(
+                f"schedule() takes the draft lengths as a mapping of request ids to γ, got "
+                f"{type(draft_lengths).__name__}"
+            )
         step = _Step(budget=self.config.max_num_batched_tokens)
         for seq in list(self._running):
             if seq.num_computed_tokens >= seq.num_tokens:
@@ -214,7 +231,7 @@ class Scheduler:
             if seq not in step.pending_decodes:
                 continue  # preempted while an older sequence was being scheduled
             del step.pending_decodes[seq]
-            self._schedule_decode(seq, num_draft_tokens, step)
+            self._schedule_decode(seq, draft_lengths.get(seq.request_id, 0), step)
         for seq in prefills:
             if step.budget < 1:
                 break
@@ -250,15 +267,12 @@ class Scheduler:
 
     # --- policy ------------------------------------------------------------------------------------
 
-    def _schedule_decode(
-        self, seq: Sequence, num_draft_tokens: Callable[[Sequence], int], step: _Step
-    ) -> None:
+    def _schedule_decode(self, seq: Sequence, wanted: int, step: _Step) -> None:
         room = step.budget - len(step.pending_decodes)  # one token stays reserved per later decode
         if room < 1:
             return
-        wanted = num_draft_tokens(seq)
-        if not isinstance(wanted, int) or wanted < 0:
-            raise ValueError(f"num_draft_tokens returned {wanted!r} for {seq.request_id!r}; need an int >= 0")
+        if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 0:
+            raise ValueError(f"the draft length of {seq.request_id!r} is {wanted!r}; need an int >= 0")
         num_drafts = min(
             wanted,
             room - 1,

@@ -7,28 +7,47 @@ one-token decode inputs, accepted by the verifier. A burst runs only while no st
 drafter; γ fixed at 0; adaptive γ or an automatic tree whose policy says 0 and no probe is due) and
 the scheduler would plan the same batch: every running sequence decodes, none waits, no output
 constraint, none gets its first token. It ends when a sequence finishes or fails, a block cannot be
-had without preempting, a request waits, ``burst_interrupt`` says so, a step would draft, or the next
-pass would end past ``decode_burst_seconds`` (so streaming stays smooth and new requests wait little).
+had without preempting, a request waits, the step's ``interrupt`` says so, a step would draft, or the
+next pass would end past ``decode_burst_seconds`` (so streaming stays smooth and new requests wait
+little).
+
+A burst continues the step's outputs: its tokens join the output each sequence already has in the
+step (``outputs``, the step's own list, which a burst that fails midway leaves holding the passes
+done).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
-from xpuspec.spec_decode.policy.step_shape import step_tokens
+from xpuspec.engine.outputs import StepOutput
+from xpuspec.spec_decode.policy import step_tokens
 
 if TYPE_CHECKING:
+    from xpuspec.engine.verification import Verifier
     from xpuspec.engine.view import EngineView
 
+# Asked between the passes of a burst: True ends it (work waits outside the engine).
+Interrupt = Callable[[], bool]
 
-def burst(engine: EngineView, chunks: list[ScheduledChunk], pass_seconds: float) -> None:
-    """After a step without drafts: more target-only decode passes of its sequences, while they pay."""
+
+def burst(
+    engine: EngineView,
+    verifier: Verifier,
+    chunks: list[ScheduledChunk],
+    pass_seconds: float,
+    outputs: list[StepOutput],
+    interrupt: Interrupt | None,
+) -> None:
+    """After a step without drafts: more target-only decode passes of its sequences, while they pay.
+    Their tokens join ``outputs``, the step's outputs so far."""
     config = engine.config
     sequences = [chunk.sequence for chunk in chunks]
-    if engine.drafter_caps.needs_every_target_state:
+    if engine.proposer is not None and engine.proposer.caps.needs_every_target_state:
         return  # a drafter that reads every target state (EAGLE-3) observes every pass
     if (
         config.decode_burst_steps < 2
@@ -42,28 +61,32 @@ def burst(engine: EngineView, chunks: list[ScheduledChunk], pass_seconds: float)
         return
     passes: list[tuple[int, float]] = []  # (tokens run, seconds) of each pass
     try:
-        _burst_passes(engine, sequences, pass_seconds, passes)
+        _burst_passes(engine, verifier, sequences, pass_seconds, outputs, passes, interrupt)
     finally:
         if engine.proposer is not None:
             # Target-only tokens now cost a pass, not a step: the choice of γ weighs drafting
             # against that (recorded after the burst, so no pass recomputes the policy's costs).
             for num_tokens, seconds in passes:
-                engine.cost_model.record_target_step(num_tokens, seconds, num_sequences=len(sequences))
+                engine.policy.record_target_step(num_tokens, seconds, num_sequences=len(sequences))
 
 
-def _may_continue(engine: EngineView, sequences: list[Sequence], elapsed: float, pass_seconds: float) -> bool:
+def _may_continue(
+    engine: EngineView,
+    sequences: list[Sequence],
+    elapsed: float,
+    pass_seconds: float,
+    interrupt: Interrupt | None,
+) -> bool:
     """Whether the burst runs one more pass (and, if so, each sequence has a slot for its token)."""
     config = engine.config
     if elapsed + pass_seconds > config.decode_burst_seconds:
         return False
-    if engine.burst_interrupt is not None and engine.burst_interrupt():
+    if interrupt is not None and interrupt():
         return False
     if any(sequence.is_finished for sequence in sequences):
         return False  # a finished sequence is retired: nothing below may look it up
-    if engine.draft_choice is not None:
-        if any(engine.draft_choice.would_draft(sequence) for sequence in sequences):
-            return False  # the next step drafts (or probes): a step of its own
-        engine.draft_choice.steps_without_drafting += 1  # as for a step without drafts
+    if not engine.policy.burst_may_continue(sequences):
+        return False  # the next step drafts (or probes): a step of its own
     for sequence in sequences:
         if sequence.num_tokens >= config.max_model_len or not engine.block_manager.ensure_capacity(
             sequence, sequence.num_tokens
@@ -73,13 +96,20 @@ def _may_continue(engine: EngineView, sequences: list[Sequence], elapsed: float,
 
 
 def _burst_passes(
-    engine: EngineView, sequences: list[Sequence], pass_seconds: float, passes: list[tuple[int, float]]
+    engine: EngineView,
+    verifier: Verifier,
+    sequences: list[Sequence],
+    pass_seconds: float,
+    outputs: list[StepOutput],
+    passes: list[tuple[int, float]],
+    interrupt: Interrupt | None,
 ) -> None:
-    """The passes of :func:`burst`; appends each pass's tokens and seconds to ``passes``."""
-    outputs = {output.request_id: output for output in engine.step_outputs}
+    """The passes of :func:`burst`; each pass's tokens join ``outputs``, its tokens and seconds
+    go to ``passes``."""
+    by_request = {output.request_id: output for output in outputs}
     elapsed = pass_seconds
     for _ in range(engine.config.decode_burst_steps - 1):
-        if not _may_continue(engine, sequences, elapsed, pass_seconds):
+        if not _may_continue(engine, sequences, elapsed, pass_seconds, interrupt):
             return
         started = engine.clock()
         runner_chunks = [
@@ -92,22 +122,21 @@ def _burst_passes(
             )
             for sequence in sequences
         ]
-        if engine.proposer is not None:
-            engine.step_shape.keep(runner_chunks, engine.cost_model, engine.holds_shape())
-            engine.step_shape.record(runner_chunks)
+        engine.policy.keep_shape(runner_chunks)
+        engine.policy.record_shape(runner_chunks)
         logits = engine.target.forward(runner_chunks)  # [num sequences, vocab]
         phase = engine.phase_started()
         for row, sequence in enumerate(sequences):
             sequence.num_computed_tokens += 1
             try:
-                output = engine.verifier.accept(sequence, logits[row : row + 1], None)
+                output, _ = verifier.accept(sequence, logits[row : row + 1], None)
             except Exception as error:
-                engine.fail_request(sequence, f"sampling failed: {error}")
+                outputs.append(engine.fail(sequence, f"sampling failed: {error}"))
                 continue
-            earlier = outputs.get(sequence.request_id)
+            earlier = by_request.get(sequence.request_id)
             if earlier is None:
-                outputs[sequence.request_id] = output
-                engine.step_outputs.append(output)
+                by_request[sequence.request_id] = output
+                outputs.append(output)
             else:
                 earlier.new_token_ids.extend(output.new_token_ids)
                 earlier.finished, earlier.finish_reason = output.finished, output.finish_reason

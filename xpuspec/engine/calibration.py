@@ -3,14 +3,14 @@ measurements rather than priors."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from xpuspec.core.block_manager import BlockGeometry
 from xpuspec.core.chunks import SequenceChunk
-
-if TYPE_CHECKING:
-    from xpuspec.core.interfaces import Drafter
-    from xpuspec.engine.view import EngineView
+from xpuspec.core.interfaces import Drafter, TargetExecutor
+from xpuspec.engine.outputs import EngineConfig
+from xpuspec.spec_decode.policy import CostModel
 
 CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the target
 
@@ -46,9 +46,8 @@ class CalibrationTimings:
         )
 
 
-def replay(engine: EngineView, timings: CalibrationTimings) -> None:
+def replay(cost_model: CostModel, timings: CalibrationTimings) -> None:
     """Feed a stored calibration's figures to the cost model, as :func:`calibrate` fed them."""
-    cost_model = engine.cost_model
     for num_sequences, tokens, seconds in timings.target:
         cost_model.calibrate_target(num_sequences, tokens, seconds)
     for seconds in timings.shape_change:
@@ -59,19 +58,31 @@ def replay(engine: EngineView, timings: CalibrationTimings) -> None:
         cost_model.calibrate_drafting(num_sequences, gamma, seconds)
 
 
+@dataclass
+class CalibratedModels:
+    """What a calibration times and what it feeds: the executors, the engine's limits and block
+    size, its clock and its cost model."""
+
+    target: TargetExecutor
+    proposer: Drafter | None
+    config: EngineConfig
+    block_manager: BlockGeometry
+    clock: Callable[[], float]
+    cost_model: CostModel
+
+
 def calibrate(
-    engine: EngineView, repeats: int = 5, stored: CalibrationTimings | None = None
+    engine: CalibratedModels, repeats: int = 5, stored: CalibrationTimings | None = None
 ) -> CalibrationTimings:
     """Time the target and the drafter on dummy steps so the cost model starts from measurements.
 
-    Runs before any request holds blocks: the dummy tokens are written into the first blocks
-    and overwritten by the first real sequences. With ``stored`` timings (an earlier calibration
-    of the same models on the same machine), the warm-up passes still run, since they are what
-    compiles each shape's kernels and sizes the buffers, but nothing is timed: the stored figures
-    are replayed. Returns the timings fed to the cost model.
+    Runs before any request holds blocks (the caller's to check): the dummy tokens are written into
+    the first blocks and overwritten by the first real sequences, whose cached prefixes the caller
+    then forgets. With ``stored`` timings (an earlier calibration of the same models on the same
+    machine), the warm-up passes still run, since they are what compiles each shape's kernels and
+    sizes the buffers, but nothing is timed: the stored figures are replayed. Returns the timings
+    fed to the cost model.
     """
-    if engine.num_requests:
-        raise RuntimeError("calibrate() runs only while no request is in flight")
     config = engine.config
     # Verification by tokens per sequence, 1 .. 1 + γ_max: its cost is far from linear on
     # small models, and adaptive γ reads it per γ (spec_decode.verify_costs). Sizes are
@@ -104,14 +115,12 @@ def calibrate(
         timings = CalibrationTimings()
         for _ in range(repeats):
             _time_each_size(engine, chunks, past, timings)
-    replay(engine, timings)
-    engine.step_shape.last = None
-    engine.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
+    replay(engine.cost_model, timings)
     return timings
 
 
 def _time_each_size(
-    engine: EngineView, chunks: dict[int, SequenceChunk], past: int, timings: CalibrationTimings
+    engine: CalibratedModels, chunks: dict[int, SequenceChunk], past: int, timings: CalibrationTimings
 ) -> None:
     """One round over the sizes.
 

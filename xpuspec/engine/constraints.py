@@ -2,6 +2,7 @@
 
 Kept apart from the engine so its step reads the same with or without constraints:
 
+* :func:`guides_of`: the matchers of a step's constrained requests;
 * :func:`forced_proposals` before drafting: tokens the grammar alone decides (jump-forward);
 * :func:`end_drafting` after drafting: each matcher back at its committed state;
 * :func:`constrain_proposals` after drafting: cuts n-gram proposals at the first forbidden token;
@@ -24,11 +25,23 @@ from collections.abc import Mapping
 import numpy as np
 
 from xpuspec.core.proposal import Proposal
+from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.engine.outputs import RequestState
 from xpuspec.structured.matcher import GuidedRequest
 
 
 class ConstraintFailure(ValueError):
     """A request's own output constraint failed while its step was verified; the message says so."""
+
+
+def guides_of(chunks: list[ScheduledChunk], states: Mapping[str, RequestState]) -> dict[str, GuidedRequest]:
+    """The matchers of the constrained requests among ``chunks``, by request id."""
+    guides = {}
+    for chunk in chunks:
+        state = states.get(chunk.sequence.request_id)
+        if state is not None and state.guide is not None:
+            guides[chunk.sequence.request_id] = state.guide
+    return guides
 
 
 def constraint_failure(error: Exception) -> str:

@@ -1,11 +1,13 @@
 """The propose phase: the drafts of a step's decoding sequences, by whichever drafts each.
 
 A sequence's drafts come from one of: the tokens its output constraint alone allows (forced), a
-prompt-lookup draft chosen at scheduling (``DraftChoice.lookups``), the drafter's chains, or the
-tree drafter's trees. A constraint-aware drafter masks its own rows by the request's grammar (the
-mask is this module's :meth:`Drafting.constrain_draft_logits`); the other drafts are cut at the
-first token the grammar forbids. A drafting failure of one sequence comes back as a proposal with
-``error`` and ends that request alone (:meth:`Drafting.drop_failed`).
+prompt-lookup draft the speculation policy chose with the step's draft lengths
+(``SpeculationPolicy.lookups``), the drafter's chains, or the tree drafter's trees
+(``SpeculationPolicy.trees``). A constraint-aware drafter masks its own rows by the request's
+grammar (the mask is this module's :meth:`Drafting.constrain_draft_logits`); the other drafts are
+cut at the first token the grammar forbids. A drafting failure of one sequence comes back as a
+proposal with ``error``; :meth:`Drafting.drop_failed` ends that request alone and returns its
+"error" output.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from xpuspec.core.interfaces import ConstraintAwareDrafter
+from xpuspec.core.interfaces import ConstraintAwareDrafter, TreeDrafting
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.engine import constraints as structured
+from xpuspec.engine.outputs import StepOutput
 from xpuspec.sample.sampler import position_exponentials, race, sample
 
 if TYPE_CHECKING:
@@ -26,10 +29,12 @@ if TYPE_CHECKING:
 
 
 class Drafting:
-    """The engine's propose phase, and the per-step drafting state it keeps."""
+    """The engine's propose phase, and the per-step drafting state it keeps. ``tree_drafter``: the
+    drafter of trees, if the engine drafts any."""
 
-    def __init__(self, engine: EngineView) -> None:
+    def __init__(self, engine: EngineView, tree_drafter: TreeDrafting | None) -> None:
         self.engine = engine
+        self.tree_drafter = tree_drafter
         self.seconds = 0.0  # wall time of the last drafting phase
         self.timings: list[tuple[int, float]] = []  # the drafting passes of this step
         # Requests whose grammar failed while the drafter masked their rows (this step's drafting).
@@ -43,22 +48,21 @@ class Drafting:
         engine = self.engine
         if engine.proposer is None:
             return {}
-        choice = engine.draft_choice
-        assert choice is not None  # there is a proposer
+        policy = engine.policy
         wanted = [c for c in chunks if c.num_draft_tokens > 0]
-        choice.record_step(wanted)
+        policy.record_drafting_step(wanted)
         if not wanted:
             return {}
-        guides = engine.guides(wanted)
+        guides = structured.guides_of(wanted, engine.states)
         forced = structured.forced_proposals(
             guides, {c.sequence.request_id: c.num_draft_tokens for c in wanted}
         )
         proposals = self._lookups(wanted)
         taken = forced.keys() | proposals.keys()
         drafting = [c for c in wanted if c.sequence.request_id not in taken]
-        # Constrained requests never draft trees (DraftChoice), so the grammar masks only chains.
-        trees = [c for c in drafting if c.sequence.request_id in choice.trees]
-        chains = [c for c in drafting if c.sequence.request_id not in choice.trees]
+        # Constrained requests never draft trees (the policy's choice), so the grammar masks only chains.
+        trees = [c for c in drafting if c.sequence.request_id in policy.trees]
+        chains = [c for c in drafting if c.sequence.request_id not in policy.trees]
         failed_rollbacks: dict[str, Proposal] = {}
         try:
             self._draft(chains, trees, proposals)
@@ -77,9 +81,10 @@ class Drafting:
         return proposals
 
     def _lookups(self, wanted: list[ScheduledChunk]) -> dict[str, Proposal]:
-        """Prompt-lookup drafts chosen at scheduling (DraftChoice), cut to the γ the scheduler left
-        room for; for guided requests too (cut at the first token the grammar forbids, later)."""
-        lookups = self.engine.draft_choice.lookups  # type: ignore[union-attr]
+        """Prompt-lookup drafts chosen with the draft lengths (the policy's), cut to the γ the
+        scheduler left room for; for guided requests too (cut at the first token the grammar
+        forbids, later)."""
+        lookups = self.engine.policy.lookups
         return {
             c.sequence.request_id: Proposal(
                 lookups[c.sequence.request_id].token_ids[: c.num_draft_tokens],
@@ -96,8 +101,8 @@ class Drafting:
     ) -> None:
         """Run the drafter on ``chains`` and the tree drafter on ``trees``; time them."""
         engine = self.engine
-        proposer, choice = engine.proposer, engine.draft_choice
-        assert proposer is not None and choice is not None
+        proposer = engine.proposer
+        assert proposer is not None
         self.timings = []
         self._mask_failures = set()
         started = engine.clock()
@@ -107,14 +112,14 @@ class Drafting:
                 proposals.update(proposer.propose(chains, self.draw))
                 self.timings += proposer.step_timings
             if trees:
-                tree_drafter = engine.tree_drafter
-                assert tree_drafter is not None  # DraftChoice chooses trees only with one
+                tree_drafter = self.tree_drafter
+                assert tree_drafter is not None  # the policy chooses trees only with one
                 rngs = {
                     c.sequence.request_id: engine.states[c.sequence.request_id].rng
                     for c in trees
                     if not c.sequence.params.greedy
                 }
-                requests = [(c, choice.trees[c.sequence.request_id]) for c in trees]
+                requests = [(c, engine.policy.trees[c.sequence.request_id]) for c in trees]
                 proposals.update(tree_drafter.propose(requests, rngs))
                 self.timings += tree_drafter.step_timings
         finally:
@@ -125,7 +130,7 @@ class Drafting:
         tokens and must not read as an expensive single-token draft step. The wall time beyond
         the passes is the draft loop's Python, which each drafted token also costs."""
         lengths = {c.num_draft_tokens for c in chains}
-        self.engine.cost_model.record_drafting(
+        self.engine.policy.record_drafting(
             self.timings,
             self.seconds,
             len(chains) + len(trees),
@@ -152,17 +157,18 @@ class Drafting:
 
     def drop_failed(
         self, chunks: list[ScheduledChunk], proposals: dict[str, Proposal]
-    ) -> list[ScheduledChunk]:
-        """End the requests whose drafting failed; return the chunks that remain for the target."""
+    ) -> tuple[list[ScheduledChunk], list[StepOutput]]:
+        """End the requests whose drafting failed; return the chunks that remain for the target and
+        the "error" outputs of the requests ended."""
         failed = {rid: p for rid, p in proposals.items() if p.error is not None}
         if not failed:
-            return chunks
-        kept = []
+            return chunks, []
+        kept, outputs = [], []
         for chunk in chunks:
             proposal = failed.get(chunk.sequence.request_id)
             if proposal is None or proposal.error is None:
                 kept.append(chunk)
             else:
                 del proposals[chunk.sequence.request_id]
-                self.engine.fail_request(chunk.sequence, proposal.error, proposal.failed_constraint)
-        return kept
+                outputs.append(self.engine.fail(chunk.sequence, proposal.error, proposal.failed_constraint))
+        return kept, outputs

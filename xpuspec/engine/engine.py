@@ -1,10 +1,11 @@
 """The engine: one step of continuous-batched speculative decoding over paged KV caches.
 
-A step is
+A step (:meth:`LLMEngine.step`) is
 
-1. **schedule**: the scheduler picks prefill chunks and decoding sequences within the token budget,
-   and the speculation length γ of each decoding sequence (fixed per request, or chosen by the cost
-   model from that sequence's running acceptance rate);
+1. **schedule**: the speculation policy (``xpuspec.spec_decode.policy.SpeculationPolicy``) decides
+   the speculation length γ of each decoding sequence (fixed per request, or chosen by the cost
+   model from that sequence's running acceptance rate), and the scheduler, given those lengths,
+   picks prefill chunks and decoding sequences within the token budget;
 2. **propose**: the drafter proposes γ tokens for every decoding sequence (draft model or n-gram);
 3. **verify**: the target runs every chunk — prefills, and for each decoding sequence its last
    token plus its drafts — in one batched inference;
@@ -14,11 +15,13 @@ A step is
 The step's phases live in modules of their own, composed here: drafting (``xpuspec.engine.drafting``),
 verification and acceptance (``xpuspec.engine.verification``), target-only decode bursts
 (``xpuspec.engine.bursts``), recovery (``xpuspec.engine.recovery``) and calibration
-(``xpuspec.engine.calibration``). The order they run in is the engine's step strategy
-(``xpuspec.engine.strategy``): sequential, or overlapped (``xpuspec.engine.overlap``). The engine
-reads what its executor and drafter can do from their ``caps`` (``xpuspec.core.interfaces``). The
-phases see the engine through ``xpuspec.engine.view.EngineView``, the Protocol of what they use, so
-that none imports this module back.
+(``xpuspec.engine.calibration``). After scheduling, the order they run in is the engine's step
+strategy (``xpuspec.engine.strategy``): sequential, or overlapped (``xpuspec.engine.overlap``). Each
+phase returns what it produced (proposals, a verification, a list of ``StepOutput``) and the step
+composes them; the outputs of a step live in that step alone. The engine reads what its executor
+and drafter can do from their ``caps`` (``xpuspec.core.interfaces``). The phases get what they use
+as arguments, and see the rest of the engine through ``xpuspec.engine.view.EngineView``, so that
+none imports this module back.
 
 Stop strings are text, not tokens: the caller that detokenizes (``xpuspec.api.request_text``) finds
 them and calls :meth:`LLMEngine.abort` with ``finish_reason="stop"``, dropping the tokens after the
@@ -65,6 +68,7 @@ from xpuspec.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.engine import calibration, recovery
 from xpuspec.engine.admission import check_prompt, compile_constraint
+from xpuspec.engine.bursts import Interrupt
 from xpuspec.engine.drafting import Drafting
 from xpuspec.engine.outputs import (
     FINISH_REASONS,
@@ -78,17 +82,14 @@ from xpuspec.engine.strategy import PhaseHooks, SequentialSteps, StepStrategy
 from xpuspec.engine.verification import Verifier
 from xpuspec.sample.sampler import make_generator
 from xpuspec.sample.sampling_params import SamplingParams
-from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
-from xpuspec.spec_decode.policy.cost_model import CostModel
-from xpuspec.spec_decode.policy.draft_choice import DraftChoice
-from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
-from xpuspec.spec_decode.policy.step_shape import StepShape
-from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
-from xpuspec.spec_decode.prompt_lookup import PromptLookup
-from xpuspec.spec_decode.rejection_sampler import RejectionSampler
-from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
-from xpuspec.spec_decode.tree_acceptance import TreeAcceptance
-from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
+from xpuspec.spec_decode.policy import (
+    CostModel,
+    PromptLookup,
+    SpeculationLengthPolicy,
+    SpeculationPolicy,
+    TreeShapePolicy,
+)
+from xpuspec.structured.matcher import GrammarCompiler
 
 __all__ = ["FINISH_REASONS", "EngineConfig", "LLMEngine", "StepOutput", "TargetModel"]
 
@@ -104,7 +105,9 @@ class LLMEngine:
     """Continuous-batched speculative decoding. Not thread-safe: one thread calls ``step``.
 
     ``overlap``: overlap the drafter with the target (``xpuspec.engine.overlap``); it needs a drafter
-    that does not read the target's states, and drafts chains only.
+    that does not read the target's states, and drafts chains only. ``grammar``: compiles output
+    constraints (response_format, guided_regex, guided_grammar); None: constrained requests are
+    refused.
     """
 
     def __init__(
@@ -115,48 +118,39 @@ class LLMEngine:
         eos_token_ids: list[int],
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool = False,
+        grammar: GrammarCompiler | None = None,
     ):
         self.target = target
         self.proposer = proposer
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
+        self.grammar = grammar
         max_sequences = target.caps.max_sequences
         if max_sequences is not None and config.max_num_seqs > max_sequences:
             raise ValueError(
                 f"max_num_seqs ({config.max_num_seqs}) exceeds the {max_sequences} sequences the target "
                 "executor holds state for; lower max_num_seqs or raise the executor's max_sequences"
             )
-        # The order of the step's phases; it decides whether trees may be drafted.
-        self.strategy: StepStrategy = OverlappedSteps(self) if overlap else SequentialSteps(self)
         self.build_scheduler()
-        self.rejection_sampler = RejectionSampler()
-        self.cost_model = CostModel()
-        self.acceptance = AcceptanceRates()
-        # Padding tokens only where the target runs them, and not for a drafter that reads the
-        # target's states of every token (EAGLE-3), which would get the padding's too.
-        can_pad = target.caps.padding and not self.drafter_caps.needs_every_target_state
-        self.step_shape = StepShape(can_pad, config.max_model_len)
-        self.length_policy = SpeculationLengthPolicy(config.max_draft_tokens, self.cost_model)
-        self.tree_drafter = self._make_tree_drafter()
-        self.tree_acceptance = TreeAcceptance()
-        self.tree_policy = TreeShapePolicy(self.cost_model, config.max_draft_tokens)
-        self.draft_choice = self._make_draft_choice()  # None: no drafter, no drafts
-        # The engine's modules read and change these (they are the package's, not the callers').
+        # The step strategy decides whether trees may be drafted: a tree is verified in the step
+        # that drafts it, which the overlapped strategy does not do.
+        self.tree_drafter = self._make_tree_drafter(allows_trees=not overlap)
+        self.policy = self._make_policy()
         self.sequences: dict[str, Sequence] = {}
         self.states: dict[str, RequestState] = {}
-        # Outputs of the step in progress: kept here so a step that fails still reports them.
-        self.step_outputs: list[StepOutput] = []
-        self.drafting = Drafting(self)
+        self.drafting = Drafting(self, self.tree_drafter)
         self.verifier = Verifier(self)
+        self.strategy: StepStrategy = (
+            OverlappedSteps(self, self.drafting, self.verifier)
+            if overlap
+            else SequentialSteps(self, self.drafting, self.verifier)
+        )
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
-        # Compiles output constraints (response_format, guided_regex, guided_grammar); set by the
-        # pipeline from the bundle's tokenizer.json. None: constrained requests are refused.
-        self.grammar: GrammarCompiler | None = None
-        # Asked between the passes of a decode burst: True ends it, so that work waiting outside the
-        # engine (a server's new requests and aborts) is not held back for the rest of the burst.
-        self.burst_interrupt: Callable[[], bool] | None = None
+        # The burst interrupt of a step() called without one (``step(interrupt=...)`` is the way to
+        # give one; this default is kept for callers that set it once).
+        self.burst_interrupt: Interrupt | None = None
         # Told the seconds of each phase of a step (xpuspec.engine.strategy.PhaseHooks); None: untimed.
         self.phase_hooks: PhaseHooks | None = None
 
@@ -167,9 +161,24 @@ class LLMEngine:
         return self.proposer.caps if self.proposer is not None else NO_DRAFTER
 
     @property
+    def cost_model(self) -> CostModel:
+        """The measured step costs the choice of γ reads (the speculation policy's)."""
+        return self.policy.cost_model
+
+    @property
+    def length_policy(self) -> SpeculationLengthPolicy:
+        """The choice of a chain's γ (the speculation policy's)."""
+        return self.policy.length_policy
+
+    @property
+    def tree_policy(self) -> TreeShapePolicy:
+        """The choice of an "auto" tree's shape (the speculation policy's)."""
+        return self.policy.tree_policy
+
+    @property
     def prompt_lookup(self) -> PromptLookup | None:
-        """The prompt-lookup drafter beside the draft model, if any (``DraftChoice.prompt_lookup``)."""
-        return self.draft_choice.prompt_lookup if self.draft_choice is not None else None
+        """The prompt-lookup drafter beside the draft model, if any (the speculation policy's)."""
+        return self.policy.prompt_lookup
 
     @property
     def prefix_caching(self) -> bool:
@@ -182,43 +191,34 @@ class LLMEngine:
             and not self.drafter_caps.needs_every_target_state
         )
 
-    def _make_tree_drafter(self) -> TreeDrafting | None:
+    def _make_tree_drafter(self, allows_trees: bool) -> TreeDrafting | None:
         """Tree speculation (``SamplingParams.draft_tree``) needs a target that runs tree chunks and
         moves KV, a drafter of trees (it builds its own: a draft model over a tree-capable runner,
         or the EAGLE-3 head), and a step strategy that verifies drafts in the step that drafts them
         (the overlapped one verifies a step later and keeps chains)."""
         target_caps = self.target.caps
-        if not (target_caps.trees and target_caps.kv_moves and self.strategy.allows_trees):
+        if not (target_caps.trees and target_caps.kv_moves and allows_trees):
             return None
         if self.proposer is None or not self.proposer.caps.drafts_trees:
             return None
         return cast(TreeDrafterSource, self.proposer).tree_drafter()
 
-    def _make_draft_choice(self) -> DraftChoice | None:
-        if self.proposer is None:
-            return None
-        caps = self.proposer.caps
-        return DraftChoice(
-            max_draft_tokens=self.config.max_draft_tokens,
-            acceptance=self.acceptance,
-            length_policy=self.length_policy,
-            tree_policy=self.tree_policy,
+    def _make_policy(self) -> SpeculationPolicy:
+        caps = self.drafter_caps
+        config = self.config
+        return SpeculationPolicy(
+            max_draft_tokens=config.max_draft_tokens,
+            max_model_len=config.max_model_len,
+            has_drafter=self.proposer is not None,
+            drafts_trees=self.tree_drafter is not None,
+            # Padding tokens only where the target runs them, and not for a drafter that reads the
+            # target's states of every token (EAGLE-3), which would get the padding's too.
+            can_pad=self.target.caps.padding and not caps.needs_every_target_state,
             # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
             # EAGLE-3 head, which must see every target state in order).
-            prompt_lookup=(
-                PromptLookup(shared=self._shared_index())
-                if self.config.prompt_lookup and caps.is_draft_model and not caps.needs_every_target_state
-                else None
-            ),
-            drafts_trees=self.tree_drafter is not None,
-            num_running=lambda: self.scheduler.num_running,
-            is_guided=lambda request_id: self.states[request_id].guide is not None,
-            last_target_shape=lambda: self.step_shape.last,
+            prompt_lookup=config.prompt_lookup and caps.is_draft_model and not caps.needs_every_target_state,
+            shared_lookup_tokens=config.shared_lookup_tokens,
         )
-
-    def _shared_index(self) -> SharedSuffixIndex | None:
-        tokens = self.config.shared_lookup_tokens
-        return SharedSuffixIndex(tokens) if tokens else None
 
     def build_scheduler(self) -> None:
         """A new scheduler and block manager (at construction, and after a failed step)."""
@@ -239,19 +239,21 @@ class LLMEngine:
             self.block_manager,
         )
 
-    def holds_shape(self) -> bool:
-        """Whether this step pads up to the last step's shape: not while adaptive drafting is off at
-        this batch (``DraftChoice.payoff``), whose steps would otherwise carry the padding of the
-        drafting steps before them for a while."""
-        return self.draft_choice is None or self.draft_choice.step_drafting_on is not False
-
     def calibrate(
         self, repeats: int = 5, stored: calibration.CalibrationTimings | None = None
     ) -> calibration.CalibrationTimings:
         """Time the target and the drafter on dummy steps so the cost model starts from measurements
         (``xpuspec.engine.calibration``), or replay ``stored`` timings of an earlier start; only while
         no request is in flight."""
-        return calibration.calibrate(self, repeats, stored)
+        if self.num_requests:
+            raise RuntimeError("calibrate() runs only while no request is in flight")
+        models = calibration.CalibratedModels(
+            self.target, self.proposer, self.config, self.block_manager, self.clock, self.cost_model
+        )
+        timings = calibration.calibrate(models, repeats, stored)
+        self.policy.forget_shape()
+        self.reset_prefix_cache()  # the dummy tokens overwrote blocks a cached prefix may name
+        return timings
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached prefixes no request holds (after writing KV outside the block manager's
@@ -298,8 +300,7 @@ class LLMEngine:
         self.scheduler.add(sequence)  # the last check (the KV cache), and the first insertion
         self.sequences[request_id] = sequence
         self.states[request_id] = state
-        if self.prompt_lookup is not None:
-            self.prompt_lookup.admit(request_id, tenant)
+        self.policy.admit(request_id, tenant)
 
     def abort(self, request_id: str, finish_reason: str = "abort", num_dropped_tokens: int = 0) -> bool:
         """Stop a request at any time; its KV blocks are freed at once. The caller reports the end.
@@ -318,8 +319,7 @@ class LLMEngine:
         ):
             raise ValueError(f"abort() takes finish_reason 'abort', 'stop' or 'error', got {finish_reason!r}")
         sequence.drop_last_tokens(num_dropped_tokens)
-        self.scheduler.finish(sequence, status)
-        self.retire(sequence)
+        self.finish(sequence, status)
         return True
 
     def has_unfinished(self) -> bool:
@@ -330,31 +330,82 @@ class LLMEngine:
         return len(self.sequences)
 
     # --------------------------------------------------------------------- step
-    def step(self) -> list[StepOutput]:
-        """Run one batched step; return what changed for each touched request.
+    def step(self, interrupt: Interrupt | None = None) -> list[StepOutput]:
+        """Run one batched step, schedule → propose → verify → update; return what changed for each
+        touched request. ``interrupt``: asked between the passes of a decode burst, True ends it
+        (work waiting outside the engine); None: ``burst_interrupt``.
 
         Never raises for a failure inside the step: a request's own failure ends it alone, any
         other ends every request in flight (see :meth:`recover`); both come back as outputs with
-        finish_reason "error".
+        finish_reason "error", after the outputs the step produced before the failure.
         """
-        started = self.phase_started()
-        self.step_outputs = []
+        started_step = self.phase_started()
+        outputs: list[StepOutput] = []  # the step's, as its phases return them
         try:
-            self._step()
+            started = self.clock()
+            phase = self.phase_started()
+            chunks, finished = self.schedule(self._draft_lengths())
+            outputs += finished
+            self.phase_ended("schedule", phase)
+            if chunks:  # propose → verify → update, in the order of the engine's strategy
+                self.strategy.run(chunks, outputs, started, interrupt or self.burst_interrupt)
         except Exception as error:
-            self.recover(error)
-        outputs, self.step_outputs = self.step_outputs, []
-        self.phase_ended("step", started)
+            outputs += self.recover(error)
+        self.phase_ended("step", started_step)
         return outputs
 
-    def _step(self) -> None:
-        """schedule → propose → verify → accept, in the order of the engine's strategy."""
-        self.strategy.run()
+    def _draft_lengths(self) -> dict[str, int]:
+        """The drafts wanted for each sequence that decodes this step, decided before it is planned:
+        a pending proposal's length (overlap), else the speculation policy's γ or tree budget."""
+        pending = self.strategy.pending_draft_lengths()
+        running = self.scheduler.will_run()
+        decoding = [seq for seq in running if not seq.is_prefilling and seq.request_id not in pending]
+        guided = {seq.request_id for seq in decoding if self.states[seq.request_id].guide is not None}
+        lengths = self.policy.draft_lengths(decoding, len(running), guided)
+        lengths.update(pending)
+        return lengths
+
+    def schedule(self, draft_lengths: dict[str, int]) -> tuple[list[ScheduledChunk], list[StepOutput]]:
+        """Plan the step with ``draft_lengths``; return its chunks and the outputs of the requests the
+        scheduler ended (they can grow no further in this KV cache or context)."""
+        scheduled = self.scheduler.schedule(draft_lengths)
+        for sequence in scheduled.preempted:
+            self.states[sequence.request_id].stats.num_preemptions += 1
+            self._on_preempted(sequence)
+        for sequence in scheduled.admitted:
+            stats = self.states[sequence.request_id].stats
+            if stats.cached_tokens is None:  # the first admission: what the prompt found cached
+                stats.cached_tokens = sequence.num_computed_tokens
+                stats.cached_draft_tokens = sequence.num_draft_computed_tokens
+        finished = []
+        for sequence in scheduled.finished:
+            state = self.states[sequence.request_id]
+            finished.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
+            self.retire(sequence)
+        return scheduled.chunks, finished
 
     def recover(self, error: BaseException) -> list[StepOutput]:
         """After a failure of the step as a whole: end every request in flight with "error"
-        (``xpuspec.engine.recovery``); returns the outputs of the step so far plus one per request."""
-        return recovery.recover(self, error)
+        (``xpuspec.engine.recovery``) and return their outputs.
+
+        Frees every KV block by rebuilding the scheduler and its block manager (their state may be
+        half-updated), releases executor state, and leaves the engine ready for new requests. The
+        cost model keeps its measurements: they come from steps that completed.
+        """
+        recovery.log_failure(list(self.sequences), error)
+        self.num_engine_failures += 1
+        recovery.settle_executors(self.target, self.proposer)
+        sequences = list(self.sequences.values())
+        self.build_scheduler()
+        self.policy.reset_after_failure()
+        outputs = recovery.end_requests(
+            sequences,
+            self.states,
+            self.retire,
+            lambda: RequestStats(self.clock(), self.config.max_draft_tokens),
+        )
+        self.num_requests_failed += len(outputs)
+        return outputs
 
     # ------------------------------------------- the phases' shared bookkeeping
     def phase_started(self) -> float:
@@ -367,62 +418,19 @@ class LLMEngine:
         if hooks is not None:
             hooks.on_phase(name, self.clock() - started)
 
-    def schedule(self) -> list[ScheduledChunk]:
-        """Plan the step; return its chunks (the requests the scheduler ended go to the outputs)."""
-        if self.draft_choice is not None:
-            self.draft_choice.new_step()
-        self.verifier.new_step()
-        scheduled = self.scheduler.schedule(self.num_draft_tokens)
-        for sequence in scheduled.preempted:
-            self.states[sequence.request_id].stats.num_preemptions += 1
-            self._on_preempted(sequence)
-        for sequence in scheduled.admitted:
-            stats = self.states[sequence.request_id].stats
-            if stats.cached_tokens is None:  # the first admission: what the prompt found cached
-                stats.cached_tokens = sequence.num_computed_tokens
-                stats.cached_draft_tokens = sequence.num_draft_computed_tokens
-        for sequence in scheduled.finished:
-            # Ended by the scheduler: it can grow no further in this KV cache or context.
-            state = self.states[sequence.request_id]
-            self.step_outputs.append(StepOutput(sequence.request_id, [], True, "length", state.stats))
-            self.retire(sequence)
-        return scheduled.chunks
+    def finish(self, sequence: Sequence, status: SequenceStatus) -> None:
+        """End a request with ``status``: the scheduler frees its KV, the engine forgets it."""
+        self.scheduler.finish(sequence, status)
+        self.retire(sequence)
 
-    def num_draft_tokens(self, sequence: Sequence) -> int:
-        """Drafts wanted for ``sequence`` this step: a pending proposal's length (overlap), else a
-        chain's γ or a tree's node budget."""
-        pending = self.strategy.pending_draft_tokens(sequence)
-        if pending is not None:
-            return pending
-        if self.draft_choice is None:
-            return 0
-        return self.draft_choice.num_draft_tokens(sequence)
-
-    def guides(self, chunks: list[ScheduledChunk]) -> dict[str, GuidedRequest]:
-        """The matchers of the constrained requests among ``chunks``."""
-        guides = {}
-        for chunk in chunks:
-            state = self.states.get(chunk.sequence.request_id)
-            if state is not None and state.guide is not None:
-                guides[chunk.sequence.request_id] = state.guide
-        return guides
-
-    def fail_request(self, sequence: Sequence, message: str, failed_constraint: bool = False) -> None:
-        """End one request with "error" (its own failure); the rest of the batch goes on."""
+    def fail(self, sequence: Sequence, message: str, failed_constraint: bool = False) -> StepOutput:
+        """End one request with "error" (its own failure; the rest of the batch goes on) and return
+        its output."""
         logger.warning("request %s failed: %s", sequence.request_id, message)
         state = self.states[sequence.request_id]
-        self.scheduler.finish(sequence, SequenceStatus.FINISHED_ERROR)
-        self.retire(sequence)
-        self.step_outputs.append(
-            StepOutput(
-                sequence.request_id,
-                [],
-                True,
-                "error",
-                state.stats,
-                message,
-                failed_constraint=failed_constraint,
-            )
+        self.finish(sequence, SequenceStatus.FINISHED_ERROR)
+        return StepOutput(
+            sequence.request_id, [], True, "error", state.stats, message, failed_constraint=failed_constraint
         )
 
     def retire(self, sequence: Sequence) -> None:
@@ -430,9 +438,7 @@ class LLMEngine:
         self.strategy.forget(sequence.request_id)
         self.states.pop(sequence.request_id, None)
         self.sequences.pop(sequence.request_id, None)
-        self.acceptance.forget(sequence.request_id)
-        if self.prompt_lookup is not None:
-            self.prompt_lookup.retire(sequence.request_id, sequence.token_ids)
+        self.policy.retire(sequence.request_id, sequence.token_ids)
         self._release_kv(sequence.request_id)
 
     def _on_preempted(self, sequence: Sequence) -> None:

@@ -36,7 +36,7 @@ class EngineConfig:
     decode_burst_steps: int = 16
     decode_burst_seconds: float = 0.02
     # Beside a draft model, adaptive γ also drafts by prompt lookup where the sequence repeats
-    # itself and that predicts more tokens per second (xpuspec.spec_decode.prompt_lookup).
+    # itself and that predicts more tokens per second (xpuspec.spec_decode.policy.prompt_lookup).
     prompt_lookup: bool = True
     # With prompt lookup, its cross-request index (xpuspec.spec_decode.suffix_index) holds the tokens
     # of recent finished requests, up to this many tokens over all tenants; 0: none. On by default: on

@@ -21,8 +21,9 @@ them into two groups of about equal size that then alternate.
 
 The scheduler still plans every step for all running sequences (budget, γ, KV blocks). A
 sequence that drafts this step is simply not computed by the target: its
-``num_computed_tokens`` does not move, so the scheduler plans it again next step. The γ asked for
-a pending sequence is its proposal's length; if the scheduler grants fewer, the proposal is cut
+``num_computed_tokens`` does not move, so the scheduler plans it again next step. The γ the engine
+passes the scheduler for a pending sequence is its proposal's length
+(:meth:`OverlappedSteps.pending_draft_lengths`); if the scheduler grants fewer, the proposal is cut
 (a prefix of a draft is a valid draft).
 
 Overlap is a step strategy (``xpuspec.engine.strategy``): ``LLMEngine(..., overlap=True)`` runs its
@@ -38,7 +39,11 @@ from typing import TYPE_CHECKING
 
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.core.sequence import Sequence
+from xpuspec.engine import constraints as structured
+from xpuspec.engine.bursts import Interrupt
+from xpuspec.engine.drafting import Drafting
+from xpuspec.engine.outputs import StepOutput
+from xpuspec.engine.verification import Verifier
 
 if TYPE_CHECKING:
     from xpuspec.engine.view import EngineView
@@ -61,7 +66,7 @@ class OverlappedSteps:
 
     allows_trees = False  # a draft verified a step later is a chain
 
-    def __init__(self, engine: EngineView) -> None:
+    def __init__(self, engine: EngineView, drafting: Drafting, verifier: Verifier) -> None:
         if engine.proposer is None:
             raise ValueError("overlap needs a drafter: there is nothing to overlap the target with")
         if engine.proposer.caps.needs_every_target_state:
@@ -70,23 +75,27 @@ class OverlappedSteps:
                 "from the states of the step the target verifies"
             )
         self.engine = engine
+        self.drafting = drafting
+        self.verifier = verifier
         self._pending: dict[str, _PendingProposal] = {}
 
-    def pending_draft_tokens(self, sequence: Sequence) -> int | None:
-        pending = self._pending.get(sequence.request_id)
-        return len(pending.proposal.token_ids) if pending is not None else None
+    def pending_draft_lengths(self) -> dict[str, int]:
+        return {request_id: len(pending.proposal.token_ids) for request_id, pending in self._pending.items()}
 
     def forget(self, request_id: str) -> None:
         self._pending.pop(request_id, None)
 
     # --------------------------------------------------------------------- step
-    def run(self) -> None:
+    def run(
+        self,
+        chunks: list[ScheduledChunk],
+        outputs: list[StepOutput],
+        started: float,
+        interrupt: Interrupt | None,
+    ) -> None:
+        """The target verifies the pending group (and runs the prefills) while the drafter drafts
+        for the other group; the target alone is timed (``started`` and ``interrupt``: unused)."""
         engine = self.engine
-        phase = engine.phase_started()
-        chunks = engine.schedule()
-        engine.phase_ended("schedule", phase)
-        if not chunks:
-            return
         verify, draft, prefill = self._split(chunks)
 
         proposals: dict[str, Proposal] = {}
@@ -95,42 +104,48 @@ class OverlappedSteps:
             if proposal is not None:
                 proposals[chunk.sequence.request_id] = proposal
         target_work = prefill + verify
-        verifier = engine.verifier
+        verifier = self.verifier
         runner_chunks = [
             verifier.target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in target_work
         ]
-        started = 0.0
+        target_started = 0.0
+        mask_failures: dict[str, str] = {}
         if runner_chunks:
-            phase = started = engine.clock()
+            phase = target_started = engine.clock()
             engine.target.start(runner_chunks)
-            verifier.prepare_masks(engine.guides(target_work), proposals)  # while the target runs
+            guides = structured.guides_of(target_work, engine.states)
+            mask_failures = verifier.prepare_masks(guides, proposals)  # while the target runs
             engine.phase_ended("verify", phase)
         if draft:
-            self._draft(draft)
+            outputs += self._draft(draft)
         if runner_chunks:
             phase = engine.phase_started()
             logits = engine.target.wait()  # [sum num_logits, vocab]
             engine.phase_ended("verify", phase)
             if not draft:
                 # Only a step without concurrent drafting times the target alone.
-                engine.cost_model.record_target_step(
-                    sum(len(c.token_ids) for c in runner_chunks), engine.clock() - started
+                engine.policy.record_target_step(
+                    sum(len(c.token_ids) for c in runner_chunks), engine.clock() - target_started
                 )
             phase = engine.phase_started()
-            verifier.accept_all(target_work, runner_chunks, logits, proposals)
+            verification = verifier.accept_all(target_work, runner_chunks, logits, proposals, mask_failures)
+            outputs += verification.outputs
             engine.phase_ended("accept", phase)
 
-    def _draft(self, draft: list[ScheduledChunk]) -> None:
-        """Propose for ``draft`` (while the target runs); the proposals wait for the next step."""
+    def _draft(self, draft: list[ScheduledChunk]) -> list[StepOutput]:
+        """Propose for ``draft`` (while the target runs); the proposals wait for the next step.
+        Returns the "error" outputs of the requests whose drafting failed."""
         engine = self.engine
         phase = engine.phase_started()
-        drafted = engine.drafting.propose(draft)
+        drafted = self.drafting.propose(draft)
         engine.phase_ended("propose", phase)
-        for chunk in engine.drafting.drop_failed(draft, drafted):
+        kept, failed = self.drafting.drop_failed(draft, drafted)
+        for chunk in kept:
             sequence = chunk.sequence
             # A drafter may propose nothing; the sequence is then verified as a plain decode.
             proposal = drafted.get(sequence.request_id, Proposal([], None))
             self._pending[sequence.request_id] = _PendingProposal(proposal, sequence.num_tokens)
+        return failed
 
     # ----------------------------------------------------------------- internals
     def _split(

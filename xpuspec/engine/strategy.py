@@ -1,10 +1,12 @@
-"""The order of a step's phases: a :class:`StepStrategy`, chosen when the engine is built.
+"""The order of a step's phases after scheduling: a :class:`StepStrategy`, chosen when the engine is
+built.
 
-:class:`SequentialSteps` runs schedule → propose → verify → accept for every sequence in turn;
+:class:`SequentialSteps` runs propose → verify → update for every scheduled sequence in turn;
 ``xpuspec.engine.overlap.OverlappedSteps`` drafts for one group of sequences while the target
-verifies another. Both run the same phases, which the engine offers to the package: ``schedule``,
-``drafting.propose``, ``verifier`` (chunks, the target's pass, acceptance) and the bookkeeping of
-failed requests.
+verifies another. Both compose the values the phases return: the proposals
+(``xpuspec.engine.drafting``), the target's logits and the :class:`~xpuspec.engine.verification.Verification`
+(``xpuspec.engine.verification``), and a list of ``StepOutput``. They add the outputs to the step's
+list as each phase returns them, so that a step failing midway still reports what it produced.
 
 The engine tells its :class:`PhaseHooks`, when set, the seconds of each phase: "schedule",
 "propose", "verify" (the target's pass, with the masks computed meanwhile), "accept", "burst" (a
@@ -19,9 +21,11 @@ from typing import TYPE_CHECKING, Protocol, cast
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import TargetObserver
 from xpuspec.core.scheduler import ScheduledChunk
-from xpuspec.core.sequence import Sequence
 from xpuspec.engine import bursts
-from xpuspec.spec_decode.policy.step_shape import decode_sequences
+from xpuspec.engine.bursts import Interrupt
+from xpuspec.engine.drafting import Drafting
+from xpuspec.engine.outputs import StepOutput
+from xpuspec.engine.verification import Verifier
 
 if TYPE_CHECKING:
     from xpuspec.engine.view import EngineView
@@ -34,17 +38,22 @@ class PhaseHooks(Protocol):
 
 
 class StepStrategy(Protocol):
-    """How one engine orders the phases of its steps."""
+    """How one engine orders the phases of its steps after scheduling."""
 
-    # Whether drafts may be trees: a tree is verified in the step that drafts it.
-    allows_trees: bool
-
-    def run(self) -> None:
-        """One step; its outputs go to ``engine.step_outputs``. Raises only for a failure of the step."""
+    def run(
+        self,
+        chunks: list[ScheduledChunk],
+        outputs: list[StepOutput],
+        started: float,
+        interrupt: Interrupt | None,
+    ) -> None:
+        """Propose, verify and update the scheduled ``chunks`` of a step that began at ``started``;
+        each phase's outputs join ``outputs``, the step's list. Raises only for a failure of the
+        step. ``interrupt``: asked between the passes of a decode burst."""
         ...
 
-    def pending_draft_tokens(self, sequence: Sequence) -> int | None:
-        """The drafts already proposed for ``sequence`` and not yet verified (None: none)."""
+    def pending_draft_lengths(self) -> dict[str, int]:
+        """The drafts already proposed and not yet verified, by request id (their draft lengths)."""
         ...
 
     def forget(self, request_id: str) -> None:
@@ -53,75 +62,68 @@ class StepStrategy(Protocol):
 
 
 class SequentialSteps:
-    """Schedule, propose, verify and accept every sequence of the step, in that order."""
+    """Propose, verify and accept every sequence of the step, in that order."""
 
-    allows_trees = True
+    allows_trees = True  # drafts are verified in the step that drafts them
 
-    def __init__(self, engine: EngineView) -> None:
+    def __init__(self, engine: EngineView, drafting: Drafting, verifier: Verifier) -> None:
         self.engine = engine
+        self.drafting = drafting
+        self.verifier = verifier
 
-    def pending_draft_tokens(self, sequence: Sequence) -> int | None:
-        return None
+    def pending_draft_lengths(self) -> dict[str, int]:
+        return {}
 
     def forget(self, request_id: str) -> None:
         pass
 
-    def run(self) -> None:
-        engine = self.engine
-        started = engine.clock()
+    def run(
+        self,
+        chunks: list[ScheduledChunk],
+        outputs: list[StepOutput],
+        started: float,
+        interrupt: Interrupt | None,
+    ) -> None:
+        engine, drafting, verifier = self.engine, self.drafting, self.verifier
         phase = engine.phase_started()
-        chunks = engine.schedule()
-        engine.phase_ended("schedule", phase)
-        if not chunks:
-            return
-        phase = engine.phase_started()
-        proposals = engine.drafting.propose(chunks)
+        proposals = drafting.propose(chunks)
         engine.phase_ended("propose", phase)
-        drafting_seconds = engine.drafting.seconds if proposals else 0.0
-        chunks = engine.drafting.drop_failed(chunks, proposals)
+        drafting_seconds = drafting.seconds if proposals else 0.0
+        chunks, failed = drafting.drop_failed(chunks, proposals)
+        outputs += failed
         if not chunks:
             return
-        verifier = engine.verifier
         runner_chunks = [
             verifier.target_chunk(chunk, proposals.get(chunk.sequence.request_id)) for chunk in chunks
         ]
-        if engine.proposer is not None:  # without a drafter every decode step has the same shape
-            engine.step_shape.keep(runner_chunks, engine.cost_model, engine.holds_shape())
+        engine.policy.keep_shape(runner_chunks)
         phase = engine.phase_started()
-        logits = verifier.forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
+        logits, mask_failures = verifier.forward(chunks, runner_chunks, proposals)  # [sum num_logits, vocab]
         engine.phase_ended("verify", phase)
         phase = engine.phase_started()
-        verifier.accept_all(chunks, runner_chunks, logits, proposals)
+        verification = verifier.accept_all(chunks, runner_chunks, logits, proposals, mask_failures)
+        outputs += verification.outputs
         engine.phase_ended("accept", phase)
-        self._after_verification(chunks, runner_chunks, started, drafting_seconds)
+        self._after_verification(chunks, runner_chunks, verification.tree_paths, started, drafting_seconds)
         if not proposals:
             phase = engine.phase_started()
-            bursts.burst(engine, chunks, engine.clock() - started)
+            bursts.burst(engine, verifier, chunks, engine.clock() - started, outputs, interrupt)
             engine.phase_ended("burst", phase)
-        choice = engine.draft_choice
-        if choice is not None and choice.step_drafting_on is not None and decode_sequences(runner_chunks):
-            emitted = sum(len(output.new_token_ids) for output in engine.step_outputs)
-            choice.payoff.record(len(chunks), choice.step_drafting_on, emitted, engine.clock() - started)
+        emitted = sum(len(output.new_token_ids) for output in outputs)
+        engine.policy.record_payoff(len(chunks), runner_chunks, emitted, engine.clock() - started)
 
     def _after_verification(
         self,
         chunks: list[ScheduledChunk],
         runner_chunks: list[SequenceChunk],
+        tree_paths: dict[str, list[int]],
         started: float,
         drafting_seconds: float,
     ) -> None:
         """Hand the target's states to a drafter that reads them; time the step for the cost model."""
         engine = self.engine
-        if engine.drafter_caps.needs_every_target_state:  # drafts from the target's hidden states (EAGLE-3)
-            observer = cast(TargetObserver, engine.proposer)
-            observer.observe_target(chunks, runner_chunks, engine.verifier.tree_paths)
-        if engine.proposer is not None:  # only the choice of γ reads the cost model
-            # The whole step but the drafting: the engine's own work per step is paid once however
-            # many tokens the step emits, and speculation amortises it as it does the target's pass.
-            shape, changed = engine.step_shape.record(runner_chunks)
-            engine.cost_model.record_target_step(
-                shape[0],
-                engine.clock() - started - drafting_seconds,
-                num_sequences=shape[1],
-                shape_changed=changed,
-            )
+        proposer = engine.proposer
+        if proposer is not None and proposer.caps.needs_every_target_state:  # EAGLE-3 reads them
+            cast(TargetObserver, proposer).observe_target(chunks, runner_chunks, tree_paths)
+        # The whole step but the drafting (SpeculationPolicy.record_target_pass).
+        engine.policy.record_target_pass(runner_chunks, engine.clock() - started - drafting_seconds)

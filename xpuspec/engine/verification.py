@@ -1,12 +1,15 @@
 """The verify and accept phases: the target's chunks, its pass, and the verification rule of each
 sequence (greedy, coupled, sampled, or a tree's, whose accepted path's KV is then made consecutive).
 
-A failure while verifying one sequence (NaN rows, its sampling, its output constraint) ends that
-request alone; the rest of the batch goes on.
+Each returns what it produced: the target's logits with the requests whose output constraint failed
+meanwhile, then a :class:`Verification` (an output per request, the accepted tree paths). A failure
+while verifying one sequence (NaN rows, its sampling, its output constraint) ends that request
+alone, as an output with finish_reason "error"; the rest of the batch goes on.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,29 +21,32 @@ from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.engine import constraints as structured
 from xpuspec.engine.outputs import FINISH_REASONS, RequestState, StepOutput
 from xpuspec.sample.sampler import finite_argmax, position_exponentials, probabilities
-from xpuspec.spec_decode.rejection_sampler import VerificationResult
+from xpuspec.spec_decode.rejection_sampler import RejectionSampler, VerificationResult
 from xpuspec.spec_decode.tree import DraftTree
-from xpuspec.spec_decode.tree_acceptance import TreeVerification
+from xpuspec.spec_decode.tree_acceptance import TreeAcceptance, TreeVerification
 from xpuspec.structured.matcher import GuidedRequest
 
 if TYPE_CHECKING:
     from xpuspec.engine.view import EngineView
 
 
+@dataclass
+class Verification:
+    """What the accept phase produced: an output per verified request (an "error" one for a request
+    that failed), and the accepted path (node indices) of each tree verified, which a drafter reading
+    the target's states (EAGLE-3) keeps the rows of."""
+
+    outputs: list[StepOutput] = field(default_factory=list)
+    tree_paths: dict[str, list[int]] = field(default_factory=dict)
+
+
 class Verifier:
-    """The engine's verify and accept phases, and the per-step state they keep."""
+    """The engine's verify and accept phases, with the verification rules of chains and trees."""
 
     def __init__(self, engine: EngineView) -> None:
         self.engine = engine
-        # The accepted path (node indices) of each tree verified this step: a drafter reading the
-        # target's states (EAGLE-3) keeps those of the path's rows only.
-        self.tree_paths: dict[str, list[int]] = {}
-        # Requests whose output constraint failed while the target ran (ended at acceptance).
-        self.constraint_failures: dict[str, str] = {}
-
-    def new_step(self) -> None:
-        self.tree_paths = {}
-        self.constraint_failures = {}
+        self.rejection_sampler = RejectionSampler()
+        self.tree_acceptance = TreeAcceptance()
 
     # ------------------------------------------------------------------ verify
     def target_chunk(self, chunk: ScheduledChunk, proposal: Proposal | None) -> SequenceChunk:
@@ -63,27 +69,30 @@ class Verifier:
             num_logits=num_logits,
             sequence_id=sequence.request_id,
             tree_parents=tree_parents,
-            padding=self.engine.step_shape.fixed_padding(chunk, len(token_ids)),
+            padding=self.engine.policy.fixed_padding(chunk, len(token_ids)),
         )
 
     def forward(
         self, chunks: list[ScheduledChunk], runner_chunks: list[SequenceChunk], proposals: dict[str, Proposal]
-    ) -> np.ndarray:
-        """The target's logits of ``runner_chunks``; constrained requests' masks are computed meanwhile."""
+    ) -> tuple[np.ndarray, dict[str, str]]:
+        """The target's logits of ``runner_chunks`` ([sum num_logits, vocab]), and the requests whose
+        output constraint failed while their masks were computed meanwhile (``prepare_masks``)."""
         target = self.engine.target
-        guides = self.engine.guides(chunks)
+        guides = structured.guides_of(chunks, self.engine.states)
         if not guides:
-            return target.forward(runner_chunks)
+            return target.forward(runner_chunks), {}
         target.start(runner_chunks)
-        self.prepare_masks(guides, proposals)
-        return target.wait()
+        failures = self.prepare_masks(guides, proposals)
+        return target.wait(), failures
 
-    def prepare_masks(self, guides: dict[str, GuidedRequest], proposals: dict[str, Proposal]) -> None:
-        """The verification masks, ahead; a request whose grammar fails is ended at acceptance."""
-        failures = structured.prepare_masks(
+    def prepare_masks(
+        self, guides: dict[str, GuidedRequest], proposals: dict[str, Proposal]
+    ) -> dict[str, str]:
+        """The verification masks, ahead; returns the requests whose grammar failed (by id, with the
+        message), to be ended at acceptance."""
+        return structured.prepare_masks(
             guides, {rid: proposals[rid].token_ids for rid in guides if rid in proposals}
         )
-        self.constraint_failures.update(failures)
 
     # ------------------------------------------------------------------ accept
     def accept_all(
@@ -92,12 +101,15 @@ class Verifier:
         runner_chunks: list[SequenceChunk],
         logits: np.ndarray,  # [sum num_logits, vocab]
         proposals: dict[str, Proposal],
-    ) -> None:
+        mask_failures: dict[str, str],
+    ) -> Verification:
         """Advance each chunk's sequence past the computed tokens and verify the ones that sample.
 
-        A failure while verifying one sequence (NaN rows, its sampling) ends that request alone.
+        A failure while verifying one sequence (NaN rows, its sampling, its constraint, among them
+        ``mask_failures``: the messages of the requests whose masks failed) ends that request alone.
         """
         engine = self.engine
+        verification = Verification()
         row = 0
         for chunk, runner_chunk in zip(chunks, runner_chunks, strict=True):
             sequence = chunk.sequence
@@ -106,35 +118,41 @@ class Verifier:
                 continue
             rows = logits[row : row + runner_chunk.num_logits]  # [1 + γ, vocab]
             row += runner_chunk.num_logits
-            failure = self.constraint_failures.get(sequence.request_id)
+            failure = mask_failures.get(sequence.request_id)
             if failure is not None:
-                engine.fail_request(sequence, failure, failed_constraint=True)
+                verification.outputs.append(engine.fail(sequence, failure, failed_constraint=True))
                 continue
             try:
-                output = self.accept(sequence, rows, proposals.get(sequence.request_id))
+                output, tree_path = self.accept(sequence, rows, proposals.get(sequence.request_id))
             except structured.ConstraintFailure as error:
-                engine.fail_request(sequence, str(error), failed_constraint=True)
+                verification.outputs.append(engine.fail(sequence, str(error), failed_constraint=True))
                 continue
             except Exception as error:
-                engine.fail_request(sequence, f"sampling failed: {error}")
+                verification.outputs.append(engine.fail(sequence, f"sampling failed: {error}"))
                 continue
-            engine.step_outputs.append(output)
+            verification.outputs.append(output)
+            if tree_path is not None:
+                verification.tree_paths[sequence.request_id] = tree_path
         for chunk in chunks:
             if not chunk.sequence.is_finished:
                 # Verified: blocks now full of accepted tokens become reusable prefixes.
                 engine.block_manager.commit(chunk.sequence)
+        return verification
 
-    def accept(self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None) -> StepOutput:
-        """Verify one sequence's rows ([1 + γ, vocab]) against its proposal; emit what it keeps."""
+    def accept(
+        self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None
+    ) -> tuple[StepOutput, list[int] | None]:
+        """Verify one sequence's rows ([1 + γ, vocab]) against its proposal; emit what it keeps.
+        Returns its output and, for a tree, the accepted path (node indices)."""
         engine = self.engine
         state = engine.states[sequence.request_id]
         params = sequence.params
         if proposal is None and params.greedy and state.guide is None:
             # The commonest row (a greedy step without drafts, every pass of a decode burst) goes
             # straight to its token: right after an inference each extra call costs several µs.
-            if engine.proposer is not None:
-                self._decay_acceptance(sequence.request_id)  # as below: decay toward the prior
-            return self._emit(sequence, state, finite_argmax(rows, "target's logits for this request"), 0)
+            engine.policy.record_without_drafts(sequence.request_id)  # as below: decay toward the prior
+            token_ids = finite_argmax(rows, "target's logits for this request")
+            return self._emit(sequence, state, token_ids, 0), None
         draft_ids = proposal.token_ids if proposal is not None else []
         # Greedy verification (chain or tree) refuses NaN rows in its own argmax pass; a grammar's
         # mask would hide NaN in the tokens it forbids, so guided rows are checked before it.
@@ -151,31 +169,29 @@ class Verifier:
         )
         if draft_ids:
             assert proposal is not None
-            prompt_lookup = engine.prompt_lookup
-            if proposal.lookup_ngram and prompt_lookup is not None:
-                prompt_lookup.update(
-                    sequence.request_id,
-                    proposal.lookup_ngram,
-                    num_drafted,
-                    result.num_accepted,
-                    shared=proposal.lookup_shared,
-                )
+            lookup = engine.policy.record_verified(
+                sequence.request_id,
+                num_drafted,
+                result.num_accepted,
+                proposal.lookup_ngram,
+                proposal.lookup_shared,
+            )
+            if lookup:
                 state.stats.record_lookup(num_drafted, result.num_accepted)
-            else:
-                engine.acceptance.update(sequence.request_id, num_drafted, result.num_accepted)
             state.stats.record_verification(num_drafted, result.num_accepted)
-        elif engine.proposer is not None:
+        else:
             # A step without drafts still decays the acceptance counts, so a sequence whose γ fell
             # to 0 drifts back to the prior and drafts again (deterministically for seeded ones).
-            self._decay_acceptance(sequence.request_id)
-        return self._emit(sequence, state, result.token_ids, result.num_accepted)
+            engine.policy.record_without_drafts(sequence.request_id)
+        tree_path = result.accepted_nodes if isinstance(result, TreeVerification) else None
+        return self._emit(sequence, state, result.token_ids, result.num_accepted), tree_path
 
     def _verify(
         self, sequence: Sequence, rows: np.ndarray, proposal: Proposal | None, state: RequestState
     ) -> tuple[VerificationResult | TreeVerification, int]:
         """The verification rule of this sequence's step; returns its result and how many drafts it
         counts as drafted (a tree's depth)."""
-        sampler = self.engine.rejection_sampler
+        sampler = self.rejection_sampler
         params = sequence.params
         draft_ids = proposal.token_ids if proposal is not None else []
         if proposal is not None and proposal.tree_parents is not None and draft_ids:
@@ -201,33 +217,24 @@ class Verifier:
     ) -> tuple[TreeVerification, int]:
         """Verify a tree, move the accepted path's KV to consecutive positions; return the result
         and the tree's depth (what acceptance rates and stats count as drafted)."""
-        engine = self.engine
         tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
         if sequence.params.greedy:
-            result = engine.tree_acceptance.verify_greedy(tree, rows)
-            engine.tree_policy.record(*result.path_ranks(tree))
+            result = self.tree_acceptance.verify_greedy(tree, rows)
+            self.engine.policy.record_tree_path(*result.path_ranks(tree))
         else:
-            result = engine.tree_acceptance.verify_sampled(
+            result = self.tree_acceptance.verify_sampled(
                 tree, probabilities(rows, sequence.params), state.rng
             )
         # Node i's KV sits at num_computed_tokens + i (the root is computed); the path's goes to
         # num_computed_tokens + 0, 1, ... Rejected nodes stay beyond num_computed_tokens, unread.
         first = sequence.num_computed_tokens
-        engine.target.move_kv(
+        self.engine.target.move_kv(
             sequence.block_table,
             [first + node for node in result.accepted_nodes],
             [first + index for index in range(result.num_accepted)],
         )
         state.stats.record_tree(len(tree), result.num_accepted)
-        self.tree_paths[sequence.request_id] = result.accepted_nodes
         return result, tree.depth
-
-    def _decay_acceptance(self, request_id: str) -> None:
-        """A step without drafts for ``request_id``: its acceptance counts decay (see accept)."""
-        self.engine.acceptance.update(request_id, 0, 0)
-        prompt_lookup = self.engine.prompt_lookup
-        if prompt_lookup is not None:
-            prompt_lookup.update(request_id, 0, 0, 0)
 
     def _emit(
         self, sequence: Sequence, state: RequestState, token_ids: list[int], num_accepted: int
@@ -247,8 +254,7 @@ class Verifier:
         sequence.append_tokens(new_tokens)
         state.stats.record_tokens(len(new_tokens), engine.clock())
         if status is not None:
-            engine.scheduler.finish(sequence, status)
-            engine.retire(sequence)
+            engine.finish(sequence, status)
         return StepOutput(
             request_id=sequence.request_id,
             new_token_ids=new_tokens,

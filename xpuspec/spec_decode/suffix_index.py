@@ -6,7 +6,7 @@ prompts and outputs of the requests before it. Like SuffixDecoding, or llama.cpp
 ``ngram-mod`` pool, this index keeps the recent requests' tokens (prompt and output, once a request
 finishes) and proposes what followed the longest earlier match of the current suffix: a draft that
 needs no draft-model pass. The engine weighs it beside the draft model and the sequence's own lookup
-(:class:`~xpuspec.spec_decode.prompt_lookup.PromptLookup`).
+(:class:`~xpuspec.spec_decode.policy.prompt_lookup.PromptLookup`).
 
 **Tenants.** Requests are indexed, and looked up, under their tenant: a digest of the API key they
 came with (requests without one share the anonymous tenant, ``None``). A lookup reads its own

@@ -89,7 +89,7 @@ def pipe(pair_bundle) -> Pipeline:
     """Adaptive γ that always wants 2 drafts where it may draft: what the payoff gates, and nothing
     that depends on this machine's timings."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
-    choice = pipe.engine.draft_choice
+    choice = pipe.engine.policy.draft_choice
     choice.prompt_lookup = None
     choice.length_policy.best = lambda *args, **kwargs: (2, 1e9)
     return pipe
@@ -102,7 +102,7 @@ def test_the_engine_stops_adaptive_drafting_at_a_batch_where_it_lost(pipe) -> No
     drafting = pipe.generate(PROMPTS[:4], params)
     assert [r.token_ids for r in drafting] == expected
     assert sum(r.stats["drafted"] for r in drafting) > 0
-    payoff = pipe.engine.draft_choice.payoff
+    payoff = pipe.engine.policy.draft_choice.payoff
     run(payoff, 2 * CYCLE_STEPS, on_rate=0.5, off_rate=1.0)  # ... then lost there
     while payoff._buckets[4].step:  # to a cycle's start, so no probe falls into the next request
         run(payoff, 1, on_rate=0.5, off_rate=1.0)

@@ -1,26 +1,28 @@
 """How each decoding sequence drafts in a step: a chain of γ draft tokens, an "auto" tree, a
 prompt-lookup chain, or nothing; and when a stretch of γ = 0 is probed with one draft token.
 
-The engine asks :meth:`DraftChoice.num_draft_tokens` for every decoding sequence while the scheduler
-plans a step, and reads back the trees and lookups chosen for it (``trees``, ``lookups``) when it
-drafts. Between the passes of a decode burst it asks :meth:`DraftChoice.would_draft`, which leaves
-the step's choices alone.
+The speculation policy (``xpuspec.spec_decode.policy.SpeculationPolicy``) asks
+:meth:`DraftChoice.num_draft_tokens` for every decoding sequence before the scheduler plans a step,
+and reads back the trees and lookups chosen for it (``trees``, ``lookups``) when the engine drafts.
+Between the passes of a decode burst it asks :meth:`DraftChoice.would_draft`, which leaves the
+step's choices alone. The number of running sequences and whether a sequence is constrained come
+with each question: nothing here reads the engine.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
 from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff
+from xpuspec.spec_decode.policy.prompt_lookup import LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
+from xpuspec.spec_decode.policy.step_shape import StepShape
 from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
-from xpuspec.spec_decode.prompt_lookup import LookupDraft, PromptLookup
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +32,8 @@ MAX_PROBE_INTERVAL_STEPS = 1024
 
 
 class DraftChoice:
-    """The drafting choices of an engine with a drafter; one per engine.
-
-    ``num_running``, ``is_guided`` and ``last_target_shape`` read the engine's state as it is now
-    (the scheduler is rebuilt after a failed step; the shape changes every step).
-    """
+    """The drafting choices of an engine with a drafter; one per engine. ``step_shape``: the target
+    steps' shape (a γ that keeps the last step's shape is spared the cost of changing it)."""
 
     def __init__(
         self,
@@ -45,9 +44,7 @@ class DraftChoice:
         tree_policy: TreeShapePolicy,
         prompt_lookup: PromptLookup | None,
         drafts_trees: bool,
-        num_running: Callable[[], int],
-        is_guided: Callable[[str], bool],
-        last_target_shape: Callable[[], tuple[int, int | None] | None],
+        step_shape: StepShape,
     ) -> None:
         self.max_draft_tokens = max_draft_tokens
         self.acceptance = acceptance
@@ -55,9 +52,7 @@ class DraftChoice:
         self.tree_policy = tree_policy
         self.prompt_lookup = prompt_lookup
         self.drafts_trees = drafts_trees  # the engine has a drafter of trees (LLMEngine._make_tree_drafter)
-        self._num_running = num_running
-        self._is_guided = is_guided
-        self._last_target_shape = last_target_shape
+        self._step_shape = step_shape
         self.trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
         self.lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
         self.steps_without_drafting = 0
@@ -76,30 +71,35 @@ class DraftChoice:
         self.lookups = {}
         self.step_drafting_on = None
 
-    def num_draft_tokens(self, sequence: Sequence) -> int:
-        """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget."""
-        shape, tree_rate = self._tree_choice(sequence)
+    def num_draft_tokens(self, sequence: Sequence, num_running: int, guided: bool) -> int:
+        """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget.
+        ``num_running``: the sequences the step runs; ``guided``: ``sequence`` has an output constraint."""
+        shape, tree_rate = self._tree_choice(sequence, num_running, guided)
         if shape is None:
-            gamma, probe, lookup = self._chain_length(sequence)
+            gamma, probe, lookup = self._chain_length(sequence, num_running)
             if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
                 self._probed |= probe
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
             if lookup is not None:
                 self.lookups[sequence.request_id] = lookup
             return gamma
-        lookup = self._lookup_over_tree(sequence, tree_rate)
+        lookup = self._lookup_over_tree(sequence, tree_rate, num_running)
         if lookup is not None:
             self.lookups[sequence.request_id] = lookup
             return len(lookup.token_ids)
         self.trees[sequence.request_id] = shape
         return shape.nodes
 
-    def would_draft(self, sequence: Sequence) -> bool:
-        """Whether a step now would draft for ``sequence`` (asked between the passes of a decode
-        burst: unlike :meth:`num_draft_tokens` it leaves this step's choices alone)."""
+    def would_draft(self, sequence: Sequence, num_running: int) -> bool:
+        """Whether a step now would draft for ``sequence``, which has no output constraint (asked
+        between the passes of a decode burst: unlike :meth:`num_draft_tokens` it leaves this step's
+        choices alone)."""
         drafting_on = self.step_drafting_on
         try:
-            return self._tree_choice(sequence)[0] is not None or self._chain_length(sequence)[0] > 0
+            return (
+                self._tree_choice(sequence, num_running, guided=False)[0] is not None
+                or self._chain_length(sequence, num_running)[0] > 0
+            )
         finally:
             self.step_drafting_on = drafting_on
 
@@ -121,14 +121,14 @@ class DraftChoice:
         elif probed:
             self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL_STEPS)
 
-    def _tree_choice(self, sequence: Sequence) -> tuple[TreeShape | None, float]:
+    def _tree_choice(self, sequence: Sequence, running: int, guided: bool) -> tuple[TreeShape | None, float]:
         """The tree this sequence drafts this step (None: a chain, or no drafting), and the tokens per
         second the cost model predicts for an "auto" tree (infinite for a shape the request fixed,
         which nothing replaces)."""
         wanted = sequence.params.draft_tree
         if wanted is None or sequence.params.seed is not None:
             return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
-        if self._is_guided(sequence.request_id):
+        if guided:
             return None, 0.0  # the grammar masks chains (xpuspec.engine.constraints), not trees
         if not self.drafts_trees:
             if not self._warned_no_trees:
@@ -141,18 +141,18 @@ class DraftChoice:
             return None, 0.0
         if isinstance(wanted, TreeShape):
             return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
-        running = self._num_running()
         if not self._may_draft(running):
             return None, 0.0  # the chain's γ is 0 then too (_chain_length)
         return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
 
-    def _lookup_over_tree(self, sequence: Sequence, tree_tokens_per_second: float) -> LookupDraft | None:
+    def _lookup_over_tree(
+        self, sequence: Sequence, tree_tokens_per_second: float, running: int
+    ) -> LookupDraft | None:
         """A prompt-lookup chain to verify instead of this step's "auto" tree, when the cost model
         predicts more tokens per second for it (as :meth:`_chain_length` weighs it against a chain).
         Lookup and tree are not mixed in one step: each is verified as it is verified alone."""
         if self.prompt_lookup is None or math.isinf(tree_tokens_per_second):
             return None
-        running = self._num_running()
         previous = self._previous_tokens_per_sequence(running)
         return self.prompt_lookup.choose(
             sequence, self.length_policy, tree_tokens_per_second, running, previous
@@ -164,7 +164,7 @@ class DraftChoice:
         every sequence's drafts, not from the fixed prior."""
         return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
 
-    def _chain_length(self, sequence: Sequence) -> tuple[int, bool, LookupDraft | None]:
+    def _chain_length(self, sequence: Sequence, running: int) -> tuple[int, bool, LookupDraft | None]:
         """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
         prompt-lookup draft to verify instead of the drafter's, if one predicts more."""
         fixed = sequence.params.num_draft_tokens
@@ -177,7 +177,6 @@ class DraftChoice:
             # γ = 0 steps decay the rate's counts (xpuspec.engine.verification), so it drafts again after a
             # bad stretch.
             return self.length_policy.choose_without_timing(rate), False, None
-        running = self._num_running()
         if not self._may_draft(running):
             return 0, False, None
         previous = self._previous_tokens_per_sequence(running)
@@ -211,7 +210,7 @@ class DraftChoice:
     def _previous_tokens_per_sequence(self, running: int) -> int | None:
         """Tokens each sequence verified last step, if that step decoded the same number of sequences
         with as many tokens each (only then does keeping γ keep the target's shape)."""
-        shape = self._last_target_shape()
+        shape = self._step_shape.last
         if shape is None:
             return None
         num_tokens, num_sequences = shape

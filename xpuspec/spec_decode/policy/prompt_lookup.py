@@ -15,7 +15,7 @@ continuation against the draft model's best chain with the same cost model
 
 and drafts with whichever predicts more tokens per second. ``α_lookup`` is tracked apart from the
 draft model's (per sequence, shrunk towards the rate pooled over every sequence's lookups, as
-:class:`~xpuspec.spec_decode.policy.speculation_length.AcceptanceRates` does for the draft), and apart for
+:class:`~xpuspec.spec_decode.policy.acceptance.AcceptanceRates` does for the draft), and apart for
 matches of one token and of more (:data:`LONG_MATCH`), since all are accepted at very different
 rates. The draft model's cache is not run for a lookup step: its next pass catches up over the tokens
 it missed, as after a stretch of γ = 0.

@@ -7,8 +7,8 @@ import pytest
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.policy.cost_model import CostModel
+from xpuspec.spec_decode.policy.prompt_lookup import LONG_MATCH, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
-from xpuspec.spec_decode.prompt_lookup import LONG_MATCH, PromptLookup
 from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 
 # A target whose verification grows 10% per extra token, a draft pass at 30% of a target step.
