@@ -215,7 +215,8 @@ class HttpListener:
             channel_request_lookahead=1,
             ident="xpuspec",
         )
-        channel_class = type("_Channel", (_TimedChannel,), {"reject_early": staticmethod(reject_early)})
+        rejecting = {"reject_early": staticmethod(reject_early)} if reject_early is not None else {}
+        channel_class = type("_Channel", (_TimedChannel,), rejecting)
         for dispatcher in self.map.values():
             if isinstance(dispatcher, BaseWSGIServer):
                 dispatcher.channel_class = channel_class

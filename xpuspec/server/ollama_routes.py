@@ -80,7 +80,7 @@ def _parse(schema: type[Body], checks: dict[str, Check]) -> Body:
 
 def _loaded_reply(model: str, generate: bool) -> Response:
     """Ollama's answer to a request without a prompt: the model is loaded (as it always is here)."""
-    body = {"model": model, "created_at": created_at()}
+    body: dict[str, object] = {"model": model, "created_at": created_at()}
     body.update({"response": ""} if generate else {"message": {"role": "assistant", "content": ""}})
     return jsonify({**body, "done": True, "done_reason": "load"})
 

@@ -36,6 +36,7 @@ as wide as the model's vocabulary: model ids beyond the tokenizer's are never al
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -450,7 +451,7 @@ def grammar_compiler(
         path = Path(model_dir) / TOKENIZER_FILE
         if path.is_file():
             return GrammarCompiler(
-                lambda path=path: load_tokenizer(path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
+                functools.partial(load_tokenizer, path, tokenizer, eos_token_ids), vocab_size, eos_token_ids
             )
     logger.info("no %s in %s: structured output is off", TOKENIZER_FILE, [str(d) for d in model_dirs])
     return None
