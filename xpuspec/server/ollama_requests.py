@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from xpuspec.server import unsupported
 from xpuspec.server.choices import PreparedRequest
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_schemas import (
@@ -29,6 +30,7 @@ from xpuspec.server.ollama_schemas import (
     OllamaOptions,
 )
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
+from xpuspec.server.unsupported import Check
 
 RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
 
@@ -48,8 +50,7 @@ def _empty(value: object) -> bool:
     return value is None or value in ("", [], {})
 
 
-# field -> (is it at its neutral value?, what the client may send instead); see unsupported.py.
-Check = tuple[Callable[[object], bool], str]
+# field -> (is it at its neutral value?, what the client may send instead), as for the OpenAI routes.
 SHARED: dict[str, Check] = {
     "think": (_off, "omit it or send false: this model does not think"),
     "logprobs": (_off, "omit it or send false"),
@@ -81,14 +82,7 @@ def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> 
         **body,
         **({f"options.{k}": v for k, v in options.items()} if isinstance(options, dict) else {}),
     }
-    for name, (neutral, instead) in {**checks, **OPTIONS}.items():
-        if name in fields and not neutral(fields[name]):
-            raise APIError(
-                400,
-                f"{name} is not supported by this server: {instead}",
-                param=name,
-                code="unsupported_parameter",
-            )
+    unsupported.check_supported(fields, {**checks, **OPTIONS})
 
 
 def resolve_model(name: str, model_names: tuple[str, ...]) -> str:

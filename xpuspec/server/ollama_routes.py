@@ -24,7 +24,6 @@ from xpuspec.server.json_body import parse_json_object
 from xpuspec.server.ollama_requests import (
     GENERATE,
     SHARED,
-    Check,
     apply_limits,
     chat_request,
     check_num_ctx,
@@ -38,6 +37,7 @@ from xpuspec.server.openai_routes import Framing, ready_pipeline, respond, start
 from xpuspec.server.responses import Kind
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import server_state
+from xpuspec.server.unsupported import Check
 
 ollama_api = Blueprint("ollama_api", __name__, url_prefix="/api")
 

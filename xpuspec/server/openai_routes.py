@@ -11,12 +11,13 @@ from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
 from xpuspec.api.engine_loop import Generation, NotAcceptingError, QueueFullError
+from xpuspec.api.pipeline import Pipeline
 from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
 from xpuspec.server.errors import APIError
 from xpuspec.server.json_body import parse_json_object
-from xpuspec.server.provenance import speculation_of
+from xpuspec.server.provenance import Speculation, speculation_of
 from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import ServerState, server_state
@@ -40,7 +41,7 @@ def parse_body(schema: type[Body], checks: Mapping[str, unsupported.Check]) -> B
         raise APIError(400, message, param=param, code="invalid_value") from None
 
 
-def ready_pipeline(state: ServerState) -> Any:
+def ready_pipeline(state: ServerState) -> Pipeline:
     loop = state.loop
     if not loop.ready.is_set():
         raise APIError(503, "the model is still loading", code="loading", headers={"Retry-After": "5"})
@@ -156,7 +157,7 @@ def respond(
     streamed: bool,
     framing: Framing,
     include_usage: bool = False,
-    speculation: Any = None,
+    speculation: Speculation | None = None,
 ) -> Response:
     """A submitted generation's response, streamed or whole, tool calls rewritten, in ``framing``'s
     protocol; shared with the Ollama routes. The state counts the response open until it is closed."""
