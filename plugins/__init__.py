@@ -7,9 +7,11 @@ from xpuspec.devices.plugin import DevicePlugin
 
 
 def builtin_plugins() -> list[DevicePlugin]:
-    from xpuspec_plugins.cpu import CpuPlugin
-    from xpuspec_plugins.gpu import GpuPlugin
-    from xpuspec_plugins.npu import NpuPlugin
-    from xpuspec_plugins.pytorch import TorchPlugin
+    # Relative: this folder is `plugins/` in the repository and `xpuspec_plugins` once installed, and
+    # mypy, which checks the folder, can follow only an import that holds under both names.
+    from .cpu import CpuPlugin
+    from .gpu import GpuPlugin
+    from .npu import NpuPlugin
+    from .pytorch import TorchPlugin
 
     return [CpuPlugin(), GpuPlugin(), NpuPlugin(), TorchPlugin()]

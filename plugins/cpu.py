@@ -48,7 +48,7 @@ class CpuPlugin(OpenVINODevicePlugin):
 
     name = "CPU"
     executor_kind: ExecutorKind = "paged"
-    compression_preset = "cpu"
+    compression_preset: str | None = "cpu"
 
     def __init__(self, target_threads: int | None = None, draft_threads: int | None = None):
         for label, threads in (("target_threads", target_threads), ("draft_threads", draft_threads)):

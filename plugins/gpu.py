@@ -16,7 +16,7 @@ class GpuPlugin(OpenVINODevicePlugin):
 
     name = "GPU"
     executor_kind: ExecutorKind = "paged"
-    compression_preset = "gpu"
+    compression_preset: str | None = "gpu"
     memory_property = "GPU_DEVICE_TOTAL_MEM_SIZE"
     compute_units_property = "GPU_EXECUTION_UNITS_COUNT"
 

@@ -29,7 +29,7 @@ DEFAULT_MIN_RESPONSE_LEN = 128
 class NpuPlugin(OpenVINODevicePlugin):
     name = "NPU"
     executor_kind: ExecutorKind = "stateful"
-    compression_preset = "npu"
+    compression_preset: str | None = "npu"
     paged_attention = False
     dynamic_shapes = False
     memory_property = "NPU_DEVICE_TOTAL_MEM_SIZE"

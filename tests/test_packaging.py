@@ -15,6 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CONVERSION_STACK = ("torch", "transformers", "optimum", "safetensors.torch")
 # Where the conversion stack may be imported: `xpuspec prepare` and what it alone runs.
 CONVERSION_PACKAGE = ROOT / "xpuspec" / "prepare"
+# The built-in plugins (installed as xpuspec_plugins). The PyTorch plugin is opt-in, present only where
+# torch imports: its runner alone may import torch (and IPEX), inside its functions, so that loading the
+# plugins never loads torch.
+PLUGINS = ROOT / "plugins"
+TORCH_PLUGIN_RUNNER = PLUGINS / "torch_runner.py"
+TORCH_PLUGIN_STACK = (*CONVERSION_STACK, "intel_extension_for_pytorch")
 # Not copied to build the wheel: version control, environments and what tools leave behind.
 _NOT_SOURCE = (".git", ".venv", "__pycache__", "build", "dist", "*.egg-info", ".*_cache", ".hypothesis")
 _NOT_SOURCE += ("runs", "bench-report")
@@ -33,8 +39,19 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def _is_conversion_stack(module: str) -> bool:
-    return any(module == name or module.startswith(name + ".") for name in CONVERSION_STACK)
+def _is_conversion_stack(module: str, stack: tuple[str, ...] = CONVERSION_STACK) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in stack)
+
+
+def _lines_in_functions(tree: ast.AST) -> set[int]:
+    """The lines of the imports inside function bodies: run when called, not when the module loads."""
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return {
+        node.lineno
+        for function in functions
+        for node in ast.walk(function)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    }
 
 
 def test_only_prepare_imports_torch() -> None:
@@ -48,6 +65,20 @@ def test_only_prepare_imports_torch() -> None:
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not offenders, "only xpuspec/prepare/ may import torch, transformers or optimum:\n" + "\n".join(
         offenders
+    )
+
+
+def test_plugins_import_torch_only_lazily_in_the_torch_runner() -> None:
+    offenders = []
+    for path in sorted(PLUGINS.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        lazy = _lines_in_functions(tree) if path == TORCH_PLUGIN_RUNNER else set()
+        for line, module in _imported_modules(tree):
+            if _is_conversion_stack(module, TORCH_PLUGIN_STACK) and line not in lazy:
+                offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not offenders, (
+        "among the plugins only plugins/torch_runner.py may import torch, inside its functions:\n"
+        + "\n".join(offenders)
     )
 
 

@@ -21,7 +21,7 @@ Steps (each resumable: a cut run ships what it has):
    at which the draft's argmax equals the target's token given the target's own prefix.
 
 Then ``python -m research.training.smollm2_export --checkpoint DIR/draft --metrics DIR/metrics.json --out
-xpuspec/models/default_draft`` makes the int8 IR that ships. Needs the ``convert`` and ``genai`` extras.
+xpuspec/models/default_draft`` makes the int8 IR that ships. Needs the ``convert`` extra.
 """
 
 from __future__ import annotations

@@ -97,8 +97,8 @@ class LatencyResult:
             "tpot_ms": _ms(_median([t.tpot_s for t in timings])),
             "drafted": drafted,
             "accepted": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
-            "alpha": accepted / tested if tested else None,
+            "acceptance_rate": accepted / drafted if drafted and accepted is not None else None,
+            "alpha": accepted / tested if tested and accepted is not None else None,
             "verification_steps": steps,
             "mean_draft_length": drafted / steps if drafted is not None and steps else None,
             "mean_accepted_per_step": accepted / steps if accepted is not None and steps else None,
@@ -146,12 +146,15 @@ def add_speedups(
         summary["decode_speedup"] = base_tpot / tpot
         alpha = summary.get("alpha")
         costs = (step_costs or {}).get(result.engine, {})
-        step, plain = costs.get(result.draft_length, 0.0), costs.get(0, 0.0)
-        if not isinstance(result.draft_length, int) or alpha is None or not step or not plain:
+        draft_length = result.draft_length
+        if not isinstance(draft_length, int) or alpha is None:
+            continue
+        step, plain = costs.get(draft_length, 0.0), costs.get(0, 0.0)
+        if not step or not plain:
             continue
         # Both steps from the same cost curve (means over the run): a fastest-round TPOT over a mean
         # step would credit the prediction with the machine's noise.
-        predicted = expected_tokens_per_step(alpha, result.draft_length) * plain / step
+        predicted = expected_tokens_per_step(alpha, draft_length) * plain / step
         summary["predicted_speedup"] = predicted
         summary["measured_over_predicted"] = summary["decode_speedup"] / predicted
 

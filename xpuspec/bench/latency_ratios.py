@@ -90,7 +90,7 @@ def peer_ratios(results: list[LatencyResult], summaries: dict[str, dict[str, Any
                 for key, v in rate.items()
                 if key[0] in peers and (key[1] is None or isinstance(key[1], int)) and v
             ]
-            best = max(fixed, key=lambda key: rate[key], default=None)
+            best = max(fixed, key=lambda key: rate[key] or 0.0, default=None)
         else:
             best = (genai, result.draft_length) if rate.get((genai, result.draft_length)) else None
         theirs = rate.get(best) if best is not None else None

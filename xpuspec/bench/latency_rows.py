@@ -119,7 +119,7 @@ def _xpuspec_rows(
         # Adaptive γ and automatic trees learn costs and acceptance (of the draft and of prompt
         # lookups) from their own steps: each on an engine of its own, as a user runs it, not one
         # whose other rows fed it their steps.
-        own = {
+        own: dict[int | str, str | None] = {
             length: xpuspec_engine(f"{label}/{length}", "draft", properties, draft_properties)
             if has_draft
             else None
@@ -155,9 +155,9 @@ def _genai_rows(
                 rows.engines[key] = BenchEngine(key, GENAI, build)
                 keys[speculative] = key
         for length in [None, *config.draft_lengths]:
-            key = keys.get(length is not None)
-            why = reason or ("the bundle has no draft model" if key is None else None)
-            rows.add(label, length, key if not why else None, why)
+            engine_key = keys.get(length is not None)
+            why = reason or ("the bundle has no draft model" if engine_key is None else None)
+            rows.add(label, length, engine_key if not why else None, why)
         # GenAI's LLMPipeline has no adaptive draft length; say so rather than leave the row out.
         rows.add(
             label, ADAPTIVE, None, "LLMPipeline has no adaptive draft length (num_assistant_tokens is fixed)"
@@ -178,14 +178,15 @@ def _genai_rows(
 
 def _transformers_rows(rows: _Rows, config: BenchConfig) -> None:
     """transformers' rows (PyTorch), where the bench was given Hugging Face models."""
-    reason = transformers_unavailable(config.hf_target, config.hf_draft)
+    target, draft = config.hf_target, config.hf_draft
+    reason = transformers_unavailable(target, draft)
     hf_key = None
-    if reason is None:
+    if reason is None and target is not None and draft is not None:  # no reason: both are given
         hf_key = "transformers"
         rows.engines[hf_key] = BenchEngine(
             hf_key,
             TRANSFORMERS,
-            lambda: TransformersLatencyRunner(config.hf_target, config.hf_draft),  # type: ignore[arg-type]
+            lambda: TransformersLatencyRunner(target, draft),
             fresh_per_round=False,  # PyTorch compiles nothing: one load serves every round
         )
     for length in [None, *config.draft_lengths, ADAPTIVE]:

@@ -167,7 +167,10 @@ def run_load(config: BenchConfig, bundle: ModelBundle, prompts: list[list[int]])
         f"{XPUSPEC} server speculative (adaptive γ)": {},
         f"{XPUSPEC} server speculative (γ={GENAI_DRAFT_LENGTH})": {"num_draft_tokens": GENAI_DRAFT_LENGTH},
     }
-    servers = {"none": {f"{XPUSPEC} server target-only": {}}, "draft": speculative}
+    servers: dict[str, dict[str, dict[str, Any]]] = {
+        "none": {f"{XPUSPEC} server target-only": {}},
+        "draft": speculative,
+    }
     genai = {f"{GENAI} CB target-only": False, f"{GENAI} CB speculative (γ={GENAI_DRAFT_LENGTH})": True}
     no_draft = "the bundle has no draft model"
     if config.quick:

@@ -32,7 +32,7 @@ def why_failed(error: BaseException, limit: int = 300) -> str:
 
 def genai_unavailable() -> str | None:
     if importlib.util.find_spec("openvino_genai") is None:
-        return "openvino-genai is not installed (pip install 'xpuspec[genai]')"
+        return "openvino-genai is not installed (a dependency of xpuspec: pip install openvino-genai)"
     return None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -98,7 +99,9 @@ def _wait_running(address: str | None, names: list[str], timeout: float) -> bool
     from ray import serve
 
     ray.init(
-        address=address or os.environ.get("RAY_ADDRESS", "auto"), logging_level="warning", log_to_driver=False
+        address=address or os.environ.get("RAY_ADDRESS", "auto"),
+        logging_level=logging.WARNING,
+        log_to_driver=False,
     )
     try:
         deadline = time.monotonic() + timeout

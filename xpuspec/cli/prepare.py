@@ -213,7 +213,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         if not gguf_source:
             _check_local_configs(config)
         if config.eagle3 is not None:
-            _check_eagle3_head(config, gguf_source)
+            _check_eagle3_head(config, config.eagle3, gguf_source)
     except PrepareError as error:
         report_error(one_line(str(error)))
         return EXIT_USAGE
@@ -287,17 +287,15 @@ def _check_local_configs(config: PrepareConfig) -> None:
         check_vocab_sizes(read["target"], read["draft"])
 
 
-def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
-    """The head's config against the target's sizes (from its config.json or GGUF metadata), before
-    any export; the head's tensors are checked when it is written."""
+def _check_eagle3_head(config: PrepareConfig, head: str, gguf_source: bool) -> None:
+    """The config of ``head`` (``config.eagle3``) against the target's sizes (from its config.json or
+    GGUF metadata), before any export; the head's tensors are checked when it is written."""
     from xpuspec.prepare.eagle3 import check_head_fits, head_folder
 
     if gguf_source:
         from xpuspec.prepare.gguf import GgufModel
 
-        check_head_fits(
-            config.eagle3, GgufModel.read(Path(config.target).expanduser(), "target").architecture_facts()
-        )  # type: ignore[arg-type]
+        check_head_fits(head, GgufModel.read(Path(config.target).expanduser(), "target").architecture_facts())
         return
     from xpuspec.prepare.export import ModelSource
     from xpuspec.prepare.validate import read_local_config
@@ -305,10 +303,10 @@ def _check_eagle3_head(config: PrepareConfig, gguf_source: bool) -> None:
     source = ModelSource.resolve(config.target, "target")
     facts = read_local_config(source.local_path) if source.local_path is not None else None
     if facts is None or "num_hidden_layers" not in vars(facts):
-        head_folder(config.eagle3)  # type: ignore[arg-type]  # a hub target: checked once its config is read
+        head_folder(head)  # a hub target: checked once its config is read
         return
     check_head_fits(
-        config.eagle3,  # type: ignore[arg-type]
+        head,
         {
             "hidden_size": facts.hidden_size,
             "vocab_size": facts.vocab_size,

@@ -170,7 +170,10 @@ class PrefixCachingBlockManager(BlockGeometry):
                 del self._free_cached[block]
             self._ref_count[block] += 1
             seq.block_table.append(block)
-            holding.digests.append(self._digest[block])  # type: ignore[arg-type]
+            digest = self._digest[block]
+            if digest is None:
+                raise AssertionError(f"block {block} is a prefix hit without a digest")
+            holding.digests.append(digest)
         if tail is not None:  # taken whole: its new holder overwrites it from tail_length on
             del self._free_cached[tail]
             self._drop_tail(tail)
@@ -209,8 +212,10 @@ class PrefixCachingBlockManager(BlockGeometry):
         start = len(hits) * size
         longest = min(size - 1, len(token_ids) - 1 - start)
         parent = self._digest[hits[-1]] if hits else self.root_digest
+        if parent is None:
+            raise AssertionError(f"block {hits[-1]} is a prefix hit without a digest")
         for length in range(longest, 0, -1):
-            block = self._tails.get(tail_digest(parent, token_ids[start : start + length]))  # type: ignore[arg-type]
+            block = self._tails.get(tail_digest(parent, token_ids[start : start + length]))
             if block is not None:
                 return block, length
         return None, 0
@@ -411,22 +416,23 @@ class PrefixCachingBlockManager(BlockGeometry):
             is_free = block in free_uncached or block in self._free_cached
             if (count == 0) != is_free:
                 raise AssertionError(f"block {block}: reference count {count} but free={is_free}")
-            digest = self._digest[block]
+            own_digest = self._digest[block]
             tails = self._tail_digests.get(block)
-            if tails and (count or digest is not None):
+            if tails and (count or own_digest is not None):
                 raise AssertionError(f"block {block} is a partial tail but held or fully cached")
-            if block in self._free_cached and digest is None and not tails:
+            if block in self._free_cached and own_digest is None and not tails:
                 raise AssertionError(f"block {block} is in the cached free queue without a digest")
-            if block in free_uncached and digest is not None:
+            if block in free_uncached and own_digest is not None:
                 raise AssertionError(f"block {block} is in the uncached free list with a digest")
-            if count > 1 and digest is None:
+            if count > 1 and own_digest is None:
                 raise AssertionError(f"block {block} is shared by {count} sequences but not a cached block")
-            if self._draft_valid[block] and digest is None:
+            if self._draft_valid[block] and own_digest is None:
                 raise AssertionError(f"block {block} claims draft KV without being cached")
-            if digest is not None:
-                if self._cached.get(digest) != block:
+            if own_digest is not None:
+                if self._cached.get(own_digest) != block:
                     raise AssertionError(f"block {block}'s digest does not map back to it")
-                if block_digest(self._parent[block], self._tokens[block]) != digest:  # type: ignore[arg-type]
+                own_parent, tokens = self._parent[block], self._tokens[block]
+                if own_parent is None or tokens is None or block_digest(own_parent, tokens) != own_digest:
                     raise AssertionError(f"block {block}'s digest does not match its tokens")
         if len(self._cached) != sum(digest is not None for digest in self._digest):
             raise AssertionError("the digest map and the blocks disagree")

@@ -27,7 +27,7 @@ Role = Literal["target", "draft"]
 # "stateful": xpuspec.executor.stateful_runner (static shapes, one KV state per request);
 # "reference": the plugin builds its own runner with `create_runner` (e.g. PyTorch).
 ExecutorKind = Literal["paged", "stateful", "reference"]
-ROLES: tuple[str, ...] = ("target", "draft")
+ROLES: tuple[Role, ...] = ("target", "draft")
 DEFAULT_MAX_DRAFT_TOKENS = 8
 
 

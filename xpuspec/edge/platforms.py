@@ -70,7 +70,7 @@ def target_environment(target: TargetPlatform | None, python_version: str | None
     """The PEP 508 marker values of ``target`` (None: this machine) running ``python_version``."""
     from packaging.markers import default_environment
 
-    environment = dict(default_environment())
+    environment = {key: str(value) for key, value in default_environment().items()}
     if python_version is not None:
         if not re.fullmatch(r"3\.\d+", python_version):
             raise ValueError(f"--python-version takes MAJOR.MINOR such as 3.11, got {python_version!r}")

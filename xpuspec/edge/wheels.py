@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import shutil
 import subprocess
@@ -48,10 +49,10 @@ def _run_pip(arguments: list[str], what: str) -> None:
 
 def _setuptools_is_recent() -> bool:
     try:
-        import setuptools
-    except ImportError:
+        version = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
         return False
-    major = int(setuptools.__version__.split(".", 1)[0])
+    major = int(version.split(".", 1)[0])
     return major >= 77
 
 
@@ -114,7 +115,8 @@ def download_wheelhouse(
     Returns the wheel file names.
     """
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    for target in targets or [None]:
+    machines: list[TargetPlatform | None] = [*targets] or [None]  # None: this machine
+    for target in machines:
         environment = target_environment(target, python_version)
         lines = [pin.line().split(";", 1)[0].strip() for pin in pins if pin.applies_to(environment)]
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:

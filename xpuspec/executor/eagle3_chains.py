@@ -92,12 +92,14 @@ class GreedyChains:
             self._chains[key] = compiling
         if not compiling.done():
             return None
-        error = compiling.exception()
-        if error is not None:
+        failure = compiling.exception()
+        if failure is not None:
             if key not in self._errors:
                 self._errors.add(key)
                 logger.warning(
-                    "EAGLE-3: the chain of %d drafts did not compile, drafting pass by pass: %s", count, error
+                    "EAGLE-3: the chain of %d drafts did not compile, drafting pass by pass: %s",
+                    count,
+                    failure,
                 )
             return None
         return compiling.result()

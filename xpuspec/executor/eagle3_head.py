@@ -204,7 +204,7 @@ class Eagle3Head:
             cache.append(present_key[i, :, :length], present_value[i, :, :length])
             results.append(
                 HeadStepResult(
-                    logits=logits[i, : len(step.logits_rows)].copy(), hidden=hidden_out[i, :length].copy()
+                    logits=logits[i, : step.num_logits].copy(), hidden=hidden_out[i, :length].copy()
                 )
             )
         return results

@@ -121,7 +121,7 @@ def fill_pass(
             )
     batch = len(steps)
     pasts = [cache.length for cache in caches]
-    lengths = [step.token_ids.shape[0] for step in steps]
+    lengths = [len(step.token_ids) for step in steps]
     new = max(max(lengths), rows)
     if batch == 1:
         # The cache is the past input as it is: no copy, and its width changes once per CACHE_GRAIN.
@@ -141,7 +141,7 @@ def fill_pass(
     hidden = request.input(graph.HIDDEN_IN, (batch, new, config.hidden_size))
     positions = request.input(graph.POSITION_IDS, (batch, new))
     mask = request.input(graph.ATTENTION_MASK, (batch, new, past + new))
-    logits_indices = request.input(graph.LOGITS_INDICES, (batch, max(len(s.logits_rows) for s in steps)))
+    logits_indices = request.input(graph.LOGITS_INDICES, (batch, max(s.num_logits for s in steps)))
     # Padded query rows attend to themselves only, so no row is fully masked.
     mask[:, np.arange(new), past + np.arange(new)] = True
     for i, (step, length, cached) in enumerate(zip(steps, lengths, pasts, strict=True)):
@@ -162,5 +162,5 @@ def fill_pass(
                 )
             mask[i, :length, :cached] = given[:, :cached]
             mask[i, :length, past : past + length] = given[:, cached:]
-        logits_indices[i, : len(step.logits_rows)] = step.logits_rows
+        logits_indices[i, : step.num_logits] = step.logits_rows
     return lengths

@@ -213,6 +213,8 @@ def add_hidden_state_taps(
             f"model (id i = the stream entering layer i, {num_layers} = after the last), got {layer_ids}"
         )
     hidden_size = _last_dim(boundaries[0])
+    if hidden_size is None:
+        raise ValueError("the model's hidden size is dynamic: its taps need a static last dimension")
     states = [boundaries[layer] for layer in layer_ids]
     concatenated = opset.concat(states, axis=-1) if len(states) > 1 else states[0]
     width = len(layer_ids) * hidden_size

@@ -50,7 +50,7 @@ class HostInput:
         self._request = request
         self._name = name
         self._dtype = dtype
-        self.array = np.zeros(0, dtype=dtype)  # [capacity]
+        self.array: np.ndarray = np.zeros(0, dtype=dtype)  # [capacity]
         self._tensor: ov.Tensor | None = None
         self._bound_size = -1  # the tensor's current shape[0]
         self.reserve(capacity)
@@ -68,6 +68,8 @@ class HostInput:
         """Expose the first ``size`` elements to the model."""
         # Setting a shape is a call into OpenVINO, not free; decode steps mostly repeat the last one.
         if size != self._bound_size:
+            if self._tensor is None:
+                raise ValueError(f"{self._name}: bound to {size} elements before any were reserved")
             self._tensor.shape = [size]
             self._bound_size = size
 
@@ -143,7 +145,7 @@ def batch_size(chunks: list[SequenceChunk], block_size: int, num_blocks: int) ->
         if min(used_blocks) < 0 or max(used_blocks) >= num_blocks:
             raise ValueError(f"block ids must be in [0, {num_blocks}), got {list(used_blocks)}")
         if chunk.tree_parents is not None:
-            check_tree(chunk)
+            check_tree(chunk.tree_parents, len(chunk.token_ids))
             num_mask_entries += length * length  # padding included
         num_tokens += length
         num_block_entries += -(-context // block_size)  # padding may reach the scratch block
@@ -227,10 +229,8 @@ def write_batch(
     return num_sampled
 
 
-def check_tree(chunk: SequenceChunk) -> None:
-    """Check a tree chunk's parents (the kernel checks none of it)."""
-    parents = chunk.tree_parents
-    length = len(chunk.token_ids)
+def check_tree(parents: Sequence[int], length: int) -> None:
+    """Check the parents of a tree chunk of ``length`` tokens (the kernel checks none of it)."""
     if len(parents) != length:
         raise ValueError(f"tree_parents has {len(parents)} entries for {length} tokens")
     for index, parent in enumerate(parents):

@@ -134,6 +134,10 @@ class StatefulModelRunner:
 
     def release(self, sequence_id: str) -> None:
         """Forget a sequence's KV and return its request to the pool (a no-op for unknown ids)."""
+        self._release_slot(sequence_id)
+
+    def _release_slot(self, sequence_id: object) -> None:
+        """:meth:`release` for any slot key, the scratch slot's included."""
         slot = self._slots.pop(sequence_id, None)
         if slot is None:
             return
@@ -192,7 +196,7 @@ class StatefulModelRunner:
         if key is _SCRATCH:
             if chunk.past_length:
                 raise ValueError("a chunk without sequence_id has no history: its past_length must be 0")
-            self.release(_SCRATCH)  # type: ignore[arg-type]
+            self._release_slot(_SCRATCH)
         slot = self._slots.get(key)
         if slot is None:
             if chunk.past_length:
@@ -256,7 +260,7 @@ class StatefulModelRunner:
 
     def _launch(self, slot: _Slot, chunk: SequenceChunk) -> None:
         past, length = chunk.past_length, len(chunk.token_ids)
-        inputs = {
+        inputs: dict[str, np.ndarray] = {
             "input_ids": np.asarray(chunk.token_ids, dtype=np.int64).reshape(1, length),
             "attention_mask": np.ones((1, past + length), dtype=np.int64),
             "position_ids": np.arange(past, past + length, dtype=np.int64).reshape(1, length),

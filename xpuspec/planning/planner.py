@@ -36,7 +36,7 @@ from typing import Any
 
 from xpuspec.devices.capabilities import CoreLike
 from xpuspec.devices.placement import Placement, resolve_device
-from xpuspec.devices.plugin import OpenVINODevicePlugin
+from xpuspec.devices.plugin import OpenVINODevicePlugin, Role
 from xpuspec.devices.registry import PluginRegistry
 from xpuspec.executor.properties import TUNED_KEYS, readable
 from xpuspec.models.bundle import ModelBundle
@@ -220,7 +220,7 @@ def tune_properties(
     # Step costs at a realistic context: a few hundred tokens of prompt text.
     timing_prompt = tokenizer.encode(" ".join(WORKLOAD_PROMPTS) * 8)[: min(256, room)]
     results: dict[tuple[str, str], TuneResult] = {}
-    roles = [("target", bundle.target)]
+    roles: list[tuple[Role, Any]] = [("target", bundle.target)]
     if bundle.draft is not None and not tune.quick:  # the draft's properties change speed, never answers
         roles.append(("draft", bundle.draft))
     for device in devices:
@@ -236,13 +236,13 @@ def tune_properties(
 
             def make_runner(
                 properties: dict[str, Any],
-                role: str = role,
+                role: Role = role,
                 model: Any = model,
                 plugin: OpenVINODevicePlugin = plugin,
                 device: str = device,
             ) -> Any:
                 merged = plugin.compile_properties(
-                    role,  # type: ignore[arg-type]
+                    role,
                     properties or None,
                     weights=model_weights(model),
                 )
@@ -250,7 +250,7 @@ def tune_properties(
                     model.path, device=device, properties=merged, num_blocks=16, core=core
                 )
 
-            defaults = plugin.compile_properties(role, None, weights=weights)  # type: ignore[arg-type]
+            defaults = plugin.compile_properties(role, None, weights=weights)
             default_tuned = {key: defaults[key] for key in TUNED_KEYS if key in defaults}
             progress(f"{device} / {role}: measuring compile properties (default: {readable(default_tuned)})")
             results[(role, device)] = tune_role(

@@ -21,7 +21,7 @@ _INT4_TYPES = (ov.Type.u4, ov.Type.i4)
 
 def calibration_inputs(tokenizer: Any, prompts: Sequence[str]) -> list[dict[str, np.ndarray]]:
     """One stateful-model input dict per prompt (NNCF resets the model state between items)."""
-    items = []
+    items: list[dict[str, np.ndarray]] = []
     for prompt in prompts:
         token_ids = np.asarray(tokenizer(prompt)["input_ids"], dtype=np.int64)[None]  # [1, num_tokens]
         if token_ids.shape[1] == 0:

@@ -41,7 +41,7 @@ def default_properties_record(models: dict[str, Any]) -> dict[str, Any] | None:
     """``{"CPU": {"target": {...}, "draft": {...}, "speculation": note}}`` for the models' manifest facts;
     ``None`` when no CPU plugin is registered."""
     from xpuspec.devices.executors import model_weights
-    from xpuspec.devices.plugin import OpenVINODevicePlugin
+    from xpuspec.devices.plugin import ROLES, OpenVINODevicePlugin
     from xpuspec.devices.registry import default_registry
     from xpuspec.models.bundle import ModelInfo
 
@@ -50,8 +50,8 @@ def default_properties_record(models: dict[str, Any]) -> dict[str, Any] | None:
         return None
     own = _device_defaults()
     record: dict[str, Any] = {}
-    for role, facts in models.items():
-        weights = model_weights(ModelInfo(role, Path("."), dict(facts)))
+    for role in (role for role in ROLES if role in models):
+        weights = model_weights(ModelInfo(role, Path("."), dict(models[role])))
         compiled = {**own, **plugin.compile_properties(role, None, weights=weights)}
         record[role] = {key: compiled[key] for key in TUNED_KEYS if key in compiled}
     target = record.get("target", {})

@@ -51,7 +51,7 @@ def export_genai_eagle3_head(head_dir: Path, target_dir: Path, layers: list[int]
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    class XpuspecEagle3Head(LlamaEagle3ForCausalLM):  # type: ignore[misc]
+    class XpuspecEagle3Head(LlamaEagle3ForCausalLM):
         """optimum infers the library from the class's module; under ``optimum.*`` it looks for a
         wrapped ``.model`` and fails, elsewhere it falls back to transformers' PreTrainedModel."""
 

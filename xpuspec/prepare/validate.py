@@ -49,7 +49,7 @@ def check_group_size(role: str, config: Any, compression: WeightCompression) -> 
         or compression.group_size_fallback != "error"
     ):
         return
-    group = int(compression.group_size)  # type: ignore[arg-type]
+    group = int(compression.group_size)
     sizes = layer_input_sizes(config)
     misfits = {name: size for name, size in sizes.items() if size % group}
     if not misfits:
@@ -88,7 +88,8 @@ def read_local_config(folder: Path) -> Any | None:
         return None
     if not isinstance(facts, dict):
         return None
-    text = facts.get("text_config") if isinstance(facts.get("text_config"), dict) else facts
+    nested = facts.get("text_config")
+    text = nested if isinstance(nested, dict) else facts
     if not all(key in text for key in ("hidden_size", "num_attention_heads", "vocab_size")):
         return None
     return SimpleNamespace(**text)

@@ -44,7 +44,7 @@ class TreeShape:
 def parse_draft_tree(value: object) -> TreeShape | str | None:
     """``SamplingParams.draft_tree``: None (a chain), "auto", or a mapping {"depth", "width", "nodes"}."""
     if value is None or value == AUTO:
-        return value  # type: ignore[return-value]
+        return value
     if isinstance(value, TreeShape):
         return value
     if isinstance(value, Mapping):

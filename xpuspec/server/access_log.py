@@ -30,7 +30,8 @@ WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 def request_id(environ: dict[str, Any]) -> str:
     """The id AccessLog gave this request (a fresh one when the app runs without it)."""
-    return environ.setdefault(REQUEST_ID_KEY, uuid.uuid4().hex)  # type: ignore[no-any-return]
+    given: str = environ.setdefault(REQUEST_ID_KEY, uuid.uuid4().hex)
+    return given
 
 
 class AccessLog:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from flask import Flask, Response, request
+from flask.json.provider import DefaultJSONProvider
 
 from xpuspec.api.engine_loop import EngineLoop
 from xpuspec.server.access_log import AccessLog
@@ -47,13 +48,15 @@ def create_app(
     factory = pipeline if callable(pipeline) and not hasattr(pipeline, "engine") else (lambda: pipeline)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    json_provider = DefaultJSONProvider(app)
+    json_provider.sort_keys = False
+    json_provider.ensure_ascii = False
+    app.json = json_provider
 
     # The gauges read the loop lazily (at scrape time), so the metrics can exist before the loop.
     metrics = ServerMetrics(lambda: loop.snapshot, lambda: loop.num_in_flight)
     loop = make_loop(
-        factory,  # type: ignore[arg-type]
+        factory,
         max_in_flight=config.max_queue,
         on_finish=metrics.record_finished,
         on_cancel=metrics.cancelled_requests.inc,
@@ -67,7 +70,7 @@ def create_app(
     app.register_blueprint(ollama_api)
     app.register_blueprint(operations)
     app.register_blueprint(chat_page)
-    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = AccessLog(app.wsgi_app)  # type: ignore[method-assign]  # as Flask documents middleware
     if start:
         loop.start()
     return app

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from flask import Blueprint, Response, jsonify, send_from_directory
 
@@ -51,7 +50,7 @@ def page_file(name: str) -> Response:
     return _page_file(name)  # send_from_directory refuses names outside STATIC_DIR (404)
 
 
-def _field_default(name: str) -> Any:
+def _field_default(name: str) -> object:
     return ChatCompletionRequest.model_fields[name].default
 
 

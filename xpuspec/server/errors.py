@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from flask import Flask, Response
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ def register_error_handlers(app: Flask) -> None:
     def handle_http_exception(error: HTTPException) -> Response:
         status = error.code or 500
         headers = {}
-        if status == 405 and error.valid_methods:  # type: ignore[attr-defined]
-            headers["Allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
+        if isinstance(error, MethodNotAllowed) and error.valid_methods:  # werkzeug's 405
+            headers["Allow"] = ", ".join(error.valid_methods)
         message = error.description or error.name
         if status == 404:
             message = "no such route; the API lives under /v1 (see /openapi.json)"

@@ -27,12 +27,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
+from waitress.parser import HTTPRequestParser
 from waitress.server import BaseWSGIServer, create_server
 from waitress.task import ThreadedTaskDispatcher
+
+from xpuspec.server.access_log import WSGIApp
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +85,11 @@ class _TimedChannel(HTTPChannel):
 
     reject_early: RejectEarly | None = None  # set on a subclass per listener
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.request_started = time.monotonic()
         self.never_sent = True
-        self.body_of: Any = None  # the partial request whose body is arriving
+        self.body_of: HTTPRequestParser | None = None  # the partial request whose body is arriving
         self.body_started = 0.0
         self.discarding = False  # answered before its body: what else the client sends is dropped
 
@@ -105,7 +107,7 @@ class _TimedChannel(HTTPChannel):
                 self._answer_without_body(partial)
         return accepted
 
-    def _answer_without_body(self, partial: Any) -> None:
+    def _answer_without_body(self, partial: HTTPRequestParser) -> None:
         """Hand the request to the app now, with an empty body, and close the connection after it."""
         with self.requests_lock:
             partial.close()  # the body received so far: never read
@@ -149,11 +151,11 @@ class _LaneDispatcher(ThreadedTaskDispatcher):
         self.lane = ThreadedTaskDispatcher()
         self.lane_paths = lane_paths
         self.inline_paths = inline_paths
-        self._inline: list[Any] = []
+        self._inline: list[HTTPChannel] = []
         self._inline_lock = threading.Lock()
         self.loop_thread: threading.Thread | None = None  # the thread running the event loop
 
-    def add_task(self, task: Any) -> None:
+    def add_task(self, task: HTTPChannel) -> None:
         # Called with the channel's requests lock held, so requests[0] is the one to serve.
         requests = getattr(task, "requests", None)
         path = getattr(requests[0], "path", None) if requests else None
@@ -185,7 +187,7 @@ class HttpListener:
 
     def __init__(
         self,
-        app: Any,
+        app: WSGIApp,
         host: str,
         port: int,
         limits: ListenerLimits | None = None,
@@ -197,7 +199,7 @@ class HttpListener:
         in, with an empty body, and the connection closes after the answer (``app`` must refuse it
         without reading a body, e.g. a missing API key)."""
         self.limits = limits or ListenerLimits()
-        self.map: dict[int, Any] = {}
+        self.map: dict[int, wasyncore.dispatcher] = {}  # waitress's socket map: fd -> its dispatcher
         self.dispatcher = _LaneDispatcher(LANE_PATHS, INLINE_PATHS)
         self.server = create_server(
             app,
@@ -215,7 +217,8 @@ class HttpListener:
             channel_request_lookahead=1,
             ident="xpuspec",
         )
-        channel_class = type("_Channel", (_TimedChannel,), {"reject_early": staticmethod(reject_early)})
+        rejecting = {"reject_early": staticmethod(reject_early)} if reject_early is not None else {}
+        channel_class = type("_Channel", (_TimedChannel,), rejecting)
         for dispatcher in self.map.values():
             if isinstance(dispatcher, BaseWSGIServer):
                 dispatcher.channel_class = channel_class

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from xpuspec.server import unsupported
 from xpuspec.server.choices import PreparedRequest
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_schemas import (
@@ -29,25 +30,27 @@ from xpuspec.server.ollama_schemas import (
     OllamaOptions,
 )
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
+from xpuspec.server.unsupported import Check
+
+RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
 
 # Ollama's tag for "the one version there is": `name:latest` names the same model as `name`.
 LATEST_TAG = ":latest"
 
 
-def _neutral(*values: Any) -> Callable[[Any], bool]:
+def _neutral(*values: object) -> Callable[[object], bool]:
     return lambda value: value is None or any(value == v and type(value) is not bool for v in values)
 
 
-def _off(value: Any) -> bool:
+def _off(value: object) -> bool:
     return value is None or value is False
 
 
-def _empty(value: Any) -> bool:
+def _empty(value: object) -> bool:
     return value is None or value in ("", [], {})
 
 
-# field -> (is it at its neutral value?, what the client may send instead); see unsupported.py.
-Check = tuple[Callable[[Any], bool], str]
+# field -> (is it at its neutral value?, what the client may send instead), as for the OpenAI routes.
 SHARED: dict[str, Check] = {
     "think": (_off, "omit it or send false: this model does not think"),
     "logprobs": (_off, "omit it or send false"),
@@ -72,21 +75,14 @@ OPTIONS: dict[str, Check] = {
 }
 
 
-def check_supported(body: Mapping[str, Any], checks: Mapping[str, Check]) -> None:
+def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> None:
     """A 400 naming the first field sent with a value this server does not implement."""
     options = body.get("options")
     fields = {
         **body,
         **({f"options.{k}": v for k, v in options.items()} if isinstance(options, dict) else {}),
     }
-    for name, (neutral, instead) in {**checks, **OPTIONS}.items():
-        if name in fields and not neutral(fields[name]):
-            raise APIError(
-                400,
-                f"{name} is not supported by this server: {instead}",
-                param=name,
-                code="unsupported_parameter",
-            )
+    unsupported.check_supported(fields, {**checks, **OPTIONS})
 
 
 def resolve_model(name: str, model_names: tuple[str, ...]) -> str:
@@ -127,7 +123,7 @@ def _common(body: OllamaGenerationFields, served: str) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value is not None}
 
 
-def _validated(model: type[ChatCompletionRequest] | type[CompletionRequest], fields: dict[str, Any]) -> Any:
+def _validated(model: type[RequestModel], fields: dict[str, Any]) -> RequestModel:
     try:
         return model.model_validate(fields, strict=True)
     except ValidationError as error:
@@ -161,7 +157,7 @@ def chat_request(body: OllamaChatRequest, served: str) -> ChatCompletionRequest:
     fields["messages"] = [_message(message, index) for index, message in enumerate(body.messages)]
     if body.tools:
         fields["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
-    return _validated(ChatCompletionRequest, fields)  # type: ignore[no-any-return]
+    return _validated(ChatCompletionRequest, fields)
 
 
 def generate_request(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -95,7 +95,7 @@ def ollama_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     A call whose arguments are not a JSON object cannot be expressed in Ollama's shape: it is dropped,
     with a warning in the log.
     """
-    converted = []
+    converted: list[dict[str, Any]] = []
     for call in calls:
         function = call["function"]
         try:
@@ -130,7 +130,7 @@ def ndjson(line: dict[str, Any]) -> str:
     return json.dumps(line, ensure_ascii=False) + "\n"
 
 
-def ollama_stream(frames: Generator[str, None, None], context: OllamaContext) -> Iterator[str]:
+def ollama_stream(frames: Generator[str, None, None], context: OllamaContext) -> Generator[str, None, None]:
     """The NDJSON lines of a reply from the SSE frames of its OpenAI stream: per write, one line with
     its text and calls (none when it has neither), then an error line or the final one.
 

@@ -24,7 +24,6 @@ from xpuspec.server.json_body import parse_json_object
 from xpuspec.server.ollama_requests import (
     GENERATE,
     SHARED,
-    Check,
     apply_limits,
     chat_request,
     check_num_ctx,
@@ -38,6 +37,7 @@ from xpuspec.server.openai_routes import Framing, ready_requests, respond, start
 from xpuspec.server.responses import Kind
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import server_state
+from xpuspec.server.unsupported import Check
 
 ollama_api = Blueprint("ollama_api", __name__, url_prefix="/api")
 
@@ -80,7 +80,7 @@ def _parse(schema: type[Body], checks: dict[str, Check]) -> Body:
 
 def _loaded_reply(model: str, generate: bool) -> Response:
     """Ollama's answer to a request without a prompt: the model is loaded (as it always is here)."""
-    body = {"model": model, "created_at": created_at()}
+    body: dict[str, object] = {"model": model, "created_at": created_at()}
     body.update({"response": ""} if generate else {"message": {"role": "assistant", "content": ""}})
     return jsonify({**body, "done": True, "done_reason": "load"})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,7 +17,7 @@ from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
 from xpuspec.server.errors import APIError
 from xpuspec.server.json_body import parse_json_object
-from xpuspec.server.provenance import speculation_of
+from xpuspec.server.provenance import Speculation, speculation_of
 from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
 from xpuspec.server.state import ServerState, server_state
@@ -55,16 +55,16 @@ def ready_requests(state: ServerState) -> RequestPreparer:
 class TrackedStream:
     """A response body that tells the state when it is closed, even if never iterated."""
 
-    def __init__(self, frames: Iterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(self, frames: Generator[str, None, None], on_close: Callable[[], None]) -> None:
         self._frames = frames
         self._on_close: Callable[[], None] | None = on_close
 
-    def __iter__(self) -> Iterable[str]:
+    def __iter__(self) -> Iterator[str]:
         return self._frames
 
     def close(self) -> None:
         try:
-            self._frames.close()  # type: ignore[attr-defined]
+            self._frames.close()
         finally:
             if self._on_close is not None:
                 self._on_close()
@@ -145,7 +145,7 @@ class Framing:
     OpenAI frames, and its whole body made from the OpenAI body."""
 
     mimetype: str
-    frames: Callable[[Iterator[str]], Iterator[str]]
+    frames: Callable[[Generator[str, None, None]], Generator[str, None, None]]
     body: Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -159,7 +159,7 @@ def respond(
     streamed: bool,
     framing: Framing,
     include_usage: bool = False,
-    speculation: Any = None,
+    speculation: Speculation | None = None,
 ) -> Response:
     """A submitted generation's response, streamed or whole, tool calls rewritten, in ``framing``'s
     protocol; shared with the Ollama routes. The state counts the response open until it is closed."""
@@ -171,7 +171,7 @@ def respond(
             frames_of = tools.rewrite_stream(frames_of, prepared.tools.max_calls, prepared.tools.forced)
         frames = TrackedStream(framing.frames(frames_of), lambda: state.response_closed(streamed=True))
         return Response(
-            frames,  # type: ignore[arg-type]
+            frames,
             mimetype=framing.mimetype,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

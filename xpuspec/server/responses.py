@@ -6,7 +6,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -238,7 +238,7 @@ class _ChunkFrames:
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
         choice.update(self.context.note(index, finish_reason))
-        chunk = {**self.base, "choices": [choice], **self.extra}
+        chunk: dict[str, object] = {**self.base, "choices": [choice], **self.extra}
         if self.speculation is not None and not role:
             runs = self.runs.setdefault(index, Runs())
             provenance: dict[str, Any] = {"runs": runs.take()}
@@ -264,7 +264,7 @@ def stream(
     include_usage: bool,
     coalesce_s: HoldSeconds = 0.0,
     speculation: Speculation | None = None,
-) -> Iterator[str]:
+) -> Generator[str, None, None]:
     """SSE frames: chunks per choice, one finish_reason each, the usage chunk if asked, then [DONE].
 
     Everything that arrived for a choice together (the tokens of one engine step, and those of later

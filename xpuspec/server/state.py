@@ -52,4 +52,5 @@ class ServerState:
 
 
 def server_state(app: Flask | None = None) -> ServerState:
-    return (app or current_app).extensions[EXTENSION_KEY]  # type: ignore[no-any-return]
+    state: ServerState = (app or current_app).extensions[EXTENSION_KEY]
+    return state

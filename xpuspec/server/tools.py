@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,6 +244,7 @@ def parse_calls(
     ``<tool_call>`` tag it ended in), so call markup never becomes content. ``forced``: the reply was
     forced to be calls (required / named): it has no content, only its complete calls.
     """
+    content: str | None
     if CALL_OPEN in text or (cut and _open_tag_tail(text)):
         content, calls, changed = _hermes_calls(text, cut)
     else:
@@ -259,7 +260,7 @@ def parse_calls(
 def _hermes_calls(text: str, cut: bool) -> tuple[str, list[dict[str, Any]], bool]:
     """The text around ``<tool_call>`` blocks, the calls, and whether anything was taken out."""
     calls: list[dict[str, Any]] = []
-    parts = []
+    parts: list[str] = []
     changed = False
     rest = text
     while CALL_OPEN in rest:
@@ -309,7 +310,8 @@ def _split_json_objects(text: str) -> tuple[list[str], str]:
     """The JSON values at the start of ``text`` (separated by ``;`` or whitespace), and what follows
     them that does not parse ("" when all of it did)."""
     decoder = json.JSONDecoder()
-    parts, index = [], 0
+    parts: list[str] = []
+    index = 0
     while index < len(text):
         try:
             _, end = decoder.raw_decode(text, index)
@@ -392,7 +394,7 @@ class _ChoiceStream:
 
 def rewrite_stream(
     writes: Iterator[str], max_calls: int | None = None, forced: bool = False
-) -> Iterator[str]:
+) -> Generator[str, None, None]:
     """SSE frames of a chat completion with calls sent as ``tool_calls`` deltas (see module doc).
 
     Each item of ``writes`` may hold several SSE events (the stream coalesces one engine step's

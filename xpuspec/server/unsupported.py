@@ -11,37 +11,36 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from xpuspec.server.errors import APIError
 
 logger = logging.getLogger(__name__)
 
 
-def _absent(value: Any) -> bool:
+def _absent(value: object) -> bool:
     """null, false, 0, "" or an empty list/object: what leaving the parameter out means."""
     return value is None or value is False or value == 0 or value in ("", [], {})
 
 
-def _one(value: Any) -> bool:
+def _one(value: object) -> bool:
     return value is None or (type(value) is int and value == 1)
 
 
-def _zero(value: Any) -> bool:
+def _zero(value: object) -> bool:
     return value is None or (type(value) in (int, float) and value == 0)
 
 
-def _no_tool_choice(value: Any) -> bool:
+def _no_tool_choice(value: object) -> bool:
     # "auto" and "none" mean "no tool call" when no tools are given (tools themselves are refused).
     return value is None or value in ("none", "auto")
 
 
-def _text_only(value: Any) -> bool:
+def _text_only(value: object) -> bool:
     return value is None or value == ["text"]
 
 
 # parameter -> (is it at its neutral value?, what the client may send instead)
-Check = tuple[Callable[[Any], bool], str]
+Check = tuple[Callable[[object], bool], str]
 
 SHARED: dict[str, Check] = {
     "logit_bias": (_absent, "omit it or send {}"),
@@ -75,7 +74,7 @@ CHAT: dict[str, Check] = {
 }
 
 
-def check_supported(body: Mapping[str, Any], checks: Mapping[str, Check]) -> None:
+def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> None:
     """Raise a 400 ``unsupported_parameter`` for the first parameter sent with a value not implemented."""
     for name, (neutral, instead) in checks.items():
         if name in body and not neutral(body[name]):
@@ -87,7 +86,7 @@ def check_supported(body: Mapping[str, Any], checks: Mapping[str, Check]) -> Non
             )
 
 
-def log_unknown(body: Mapping[str, Any], known: set[str]) -> None:
+def log_unknown(body: Mapping[str, object], known: set[str]) -> None:
     unknown = sorted(set(body) - known)
     if unknown:
         logger.debug("ignoring unknown request fields: %s", ", ".join(unknown[:20]))

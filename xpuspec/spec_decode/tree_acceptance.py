@@ -99,7 +99,8 @@ class TreeAcceptance:
             (parent, token): node
             for node, (parent, token) in enumerate(zip(tree.parents, tree.token_ids, strict=True))
         }
-        node, accepted, tokens = -1, [], []
+        node, tokens = -1, []
+        accepted: list[int] = []
         while True:
             wanted = int(target_tokens[node + 1])
             child = child_of.get((node, wanted))
@@ -120,7 +121,8 @@ class TreeAcceptance:
         _check_rows(tree, target_probs)
         if tree.probs is None or tree.probs.shape != (len(tree), target_probs.shape[1]):
             raise ValueError("sampled tree verification needs the draft distribution of every node")
-        node, accepted, tokens = -1, [], []
+        node, tokens = -1, []
+        accepted: list[int] = []
         while True:
             residual = target_probs[node + 1].astype(np.float64)  # r_1 = p
             chosen = None

@@ -133,7 +133,10 @@ class TreeBuild:
             parents.append(index_of[parent] if parent >= 0 else -1)
         probs = None
         if not self.chunk.sequence.params.greedy:
-            probs = np.stack([self.nodes[node].probs for node in chosen])  # type: ignore[misc]
+            drawn = [row for node in chosen if (row := self.nodes[node].probs) is not None]
+            if len(drawn) != len(chosen):
+                raise AssertionError("a node of a sampled tree lacks the distribution it was drawn from")
+            probs = np.stack(drawn)
         tree = DraftTree([self.nodes[node].token for node in chosen], parents, probs)
         return Proposal(tree.token_ids, tree.probs, tree_parents=tree.parents)
 

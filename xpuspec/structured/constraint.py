@@ -40,13 +40,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher
 
+if TYPE_CHECKING:
+    # Declared only in llguidance's type stub (the module is compiled): a name for type checking.
+    from llguidance._lib import JsonCompileOptions
+
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 # The JSON compiler's options unless the schema's "x-guidance" says otherwise.
-JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": True, "whitespace_pattern": " ?"}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": True, "whitespace_pattern": " ?"}
 # llguidance reads multipleOf as a double and takes at most 10 fraction digits of it.
 MAX_FRACTION_DIGITS = 10
 I_JSON_LIMIT = 2**53 - 1
@@ -174,7 +178,8 @@ def _requirements(node: dict[str, Any], root: Any) -> list[list[Any]]:
             needs.append(list(node[key]))
     types = _types(node)
     if types == {"object"} and isinstance(node.get("required"), list):
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        declared = node.get("properties")
+        properties = declared if isinstance(declared, dict) else {}
         for name in node["required"]:
             if not isinstance(name, str):
                 continue
@@ -184,7 +189,8 @@ def _requirements(node: dict[str, Any], root: Any) -> list[list[Any]]:
                 needs.append([node.get("additionalProperties", True)])
     min_items = node.get("minItems")
     if types == {"array"} and isinstance(min_items, int) and min_items > 0:
-        prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+        prefix_items = node.get("prefixItems")
+        prefix = prefix_items if isinstance(prefix_items, list) else []
         needs.extend([item] for item in prefix[:min_items])
         if min_items > len(prefix) and isinstance(node.get("items"), (dict, bool)):
             needs.append([node["items"]])

@@ -36,6 +36,7 @@ as wide as the model's vocabulary: model ids beyond the tokenizer's are never al
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -455,7 +456,7 @@ def grammar_compiler(
         path = Path(model_dir) / TOKENIZER_FILE
         if path.is_file():
             return GrammarCompiler(
-                lambda path=path: load_tokenizer(path, tokenizer, eos_token_ids),
+                functools.partial(load_tokenizer, path, tokenizer, eos_token_ids),
                 vocab_size,
                 eos_token_ids,
                 limits,

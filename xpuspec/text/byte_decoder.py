@@ -168,8 +168,9 @@ class ByteTable:
             _constant_data(vocab_decoder.input_value(port).get_node())
             for port in range(1, _VOCAB_DECODER_INPUTS)
         )
-        chars = chars.tobytes()
-        token_bytes = [chars[begin:end] for begin, end in zip(begins.tolist(), ends.tolist(), strict=True)]
+        char_bytes = chars.tobytes()
+        pairs = zip(begins.tolist(), ends.tolist(), strict=True)
+        token_bytes: list[bytes] = [char_bytes[begin:end] for begin, end in pairs]
         text_steps: list[TextStep] = []
         joined = False
         for node in model.get_ordered_ops():

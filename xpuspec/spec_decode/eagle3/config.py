@@ -226,12 +226,15 @@ class Eagle3HeadConfig:
 
     def check_target(self, target: Mapping[str, Any] | str | Path) -> tuple[int, int, int]:
         """Check the head fits a target (its ``config.json`` dict, or its folder); return its tap layers."""
-        if not isinstance(target, Mapping):
+        config: Mapping[str, Any]
+        if isinstance(target, Mapping):
+            config = target
+        else:
             path = Path(target) / CONFIG_FILE if Path(target).is_dir() else Path(target)
             if not path.is_file():
                 raise ValueError(f"no target config at {path}")
-            target = json.loads(path.read_text())
-        target = target.get("text_config") or target
+            config = json.loads(path.read_text())
+        target = config.get("text_config") or config
         problems = []
         if int(target.get("hidden_size", -1)) != self.hidden_size:
             problems.append(

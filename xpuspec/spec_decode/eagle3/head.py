@@ -59,6 +59,11 @@ class HeadStep:
             )
         self.logits_rows = rows
 
+    @property
+    def num_logits(self) -> int:
+        """How many of the positions get logits (``logits_rows``; None: the last only)."""
+        return 1 if self.logits_rows is None else len(self.logits_rows)
+
 
 @dataclass
 class HeadStepResult:

@@ -130,9 +130,10 @@ class HeadStates:
             )
         if not kept:
             return
-        rows = np.concatenate(kept)
+        kept_rows = np.concatenate(kept)
         # A target whose taps carry the head's fc (the engine's) gives fused rows already.
-        fused = rows if rows.shape[1] == self.head.config.hidden_size else self.head.fuse(rows)
+        hidden_size = self.head.config.hidden_size
+        fused = kept_rows if kept_rows.shape[1] == hidden_size else self.head.fuse(kept_rows)
         row = 0
         for request_id, first, count in owners:
             self.sequence_at(request_id, first).add(fused[row : row + count])
