@@ -27,7 +27,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 from xpuspec.cluster import reports
 from xpuspec.cluster.prefix_index import CacheGeometry, PrefixIndex, prompt_digests
-from xpuspec.cluster.routing import Decision, decide
+from xpuspec.cluster.routing import Decision, Outcome, decide
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +83,9 @@ class PrefixAffinityRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         decision, digests = self._decisions.pop(_request_id(pending_request), (Decision(None, "miss"), []))
         key = _key(replica_id)
-        if decision.outcome == "affinity" and decision.preferred != key:
+        outcome: Outcome = decision.outcome
+        if outcome == "affinity" and decision.preferred != key:
             outcome = "fallback"  # the preferred replica refused (its queue was full)
-        else:
-            outcome = decision.outcome
         reports.REPORTS.counts.add(outcome)
         if digests:
             self._index.routed(key, digests)

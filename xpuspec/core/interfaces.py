@@ -144,7 +144,7 @@ class TreeDrafting(Protocol):
 
     def propose(
         self,
-        requests: list[tuple[ScheduledChunk, TreeShapeLike]],
+        requests: Sequence[tuple[ScheduledChunk, TreeShapeLike]],
         rngs: dict[str, np.random.Generator] | None = None,
     ) -> dict[str, Proposal]:
         """One tree per (chunk, shape); ``chunk.num_draft_tokens`` is its node budget. ``rngs`` holds

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from xpuspec.core.block_manager import BlockManager
+from xpuspec.core.prefix_cache import PrefixCachingBlockManager
 from xpuspec.core.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,9 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager | PrefixCachingBlockManager
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
         self._waiting: deque[Sequence] = deque()

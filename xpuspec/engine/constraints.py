@@ -130,7 +130,7 @@ def mask_target_rows(rows: np.ndarray, guide: GuidedRequest, draft_ids: list[int
     except Exception as error:
         raise ConstraintFailure(constraint_failure(error)) from error
     width = min(masks.shape[1], rows.shape[1])
-    allowed_rows = masks[:, :width].any(axis=1)
+    allowed_rows = np.asarray(masks[:, :width].any(axis=1))
     for row in range(masks.shape[0]):
         if not allowed_rows[row]:
             raise ConstraintFailure(

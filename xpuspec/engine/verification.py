@@ -217,6 +217,7 @@ class Verifier:
     ) -> tuple[TreeVerification, int]:
         """Verify a tree, move the accepted path's KV to consecutive positions; return the result
         and the tree's depth (what acceptance rates and stats count as drafted)."""
+        assert proposal.tree_parents is not None  # _verify sends only trees here
         tree = DraftTree(proposal.token_ids, proposal.tree_parents, proposal.probs)
         if sequence.params.greedy:
             result = self.tree_acceptance.verify_greedy(tree, rows)

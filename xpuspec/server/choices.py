@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pydantic import BaseModel
 
@@ -174,11 +174,11 @@ def prepare_completion(body: CompletionRequest, requests: RequestPreparer) -> Pr
     if isinstance(prompt, str):
         prompts = [requests.tokenizer.encode(prompt)]
     elif all(isinstance(item, str) for item in prompt):
-        prompts = requests.tokenizer.encode_batch(prompt)  # type: ignore[arg-type]
+        prompts = requests.tokenizer.encode_batch(cast(list[str], prompt))
     elif all(isinstance(item, int) for item in prompt):
-        prompts = [list(prompt)]  # type: ignore[arg-type]
-    else:
-        prompts = [list(item) for item in prompt]  # type: ignore[union-attr]
+        prompts = [list(cast(list[int], prompt))]
+    else:  # the schema admits no other shape (CompletionRequest.prompt)
+        prompts = [list(item) for item in cast(list[list[int]], prompt)]
     for index, token_ids in enumerate(prompts):
         if not token_ids:
             raise APIError(400, f"prompt {index} encodes to no tokens", param="prompt", code="invalid_value")

@@ -348,9 +348,9 @@ class CostModel:
         verify_s = verify.get("mean") or self.target_cost((gamma + 1) * num_sequences, num_sequences)
         if gamma == 0:
             return verify_s
-        drafting = self.drafting.table(num_sequences).get(gamma, {})
-        if drafting.get("mean"):
-            return verify_s + drafting["mean"]
+        drafting_mean = self.drafting.table(num_sequences).get(gamma, {}).get("mean")
+        if drafting_mean:
+            return verify_s + drafting_mean
         draft = self.draft_passes.table(num_sequences).get(1, {})
         draft_s = draft.get("mean") or self.draft_cost(num_sequences) - self.draft_python
         return verify_s + gamma * (draft_s + self.draft_python)
