@@ -154,8 +154,7 @@ class LLMEngine:
         # Compiles output constraints (response_format, guided_regex, guided_grammar); set by the
         # pipeline from the bundle's tokenizer.json. None: constrained requests are refused.
         self.grammar: GrammarCompiler | None = None
-        # Asked between the passes of a decode burst: True ends it, so that work waiting outside the
-        # engine (a server's new requests and aborts) is not held back for the rest of the burst.
+        # The interrupt of the step in progress (step's argument), asked between a burst's passes.
         self.burst_interrupt: Callable[[], bool] | None = None
         # Told the seconds of each phase of a step (xpuspec.engine.strategy.PhaseHooks); None: untimed.
         self.phase_hooks: PhaseHooks | None = None
@@ -330,8 +329,11 @@ class LLMEngine:
         return len(self.sequences)
 
     # --------------------------------------------------------------------- step
-    def step(self) -> list[StepOutput]:
+    def step(self, interrupt: Callable[[], bool] | None = None) -> list[StepOutput]:
         """Run one batched step; return what changed for each touched request.
+
+        ``interrupt`` is asked between the passes of a decode burst: True ends the burst, so that
+        work waiting outside the engine (a server's new requests and aborts) is not held back.
 
         Never raises for a failure inside the step: a request's own failure ends it alone, any
         other ends every request in flight (see :meth:`recover`); both come back as outputs with
@@ -339,10 +341,13 @@ class LLMEngine:
         """
         started = self.phase_started()
         self.step_outputs = []
+        self.burst_interrupt = interrupt
         try:
             self._step()
         except Exception as error:
             self.recover(error)
+        finally:
+            self.burst_interrupt = None
         outputs, self.step_outputs = self.step_outputs, []
         self.phase_ended("step", started)
         return outputs
