@@ -453,15 +453,11 @@ class Pipeline:
                     if output.finish_reason == "error":
                         raise GenerationError(output.error or "the request failed")
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None) -> str:
-        """Queue one request of token ids (the pipeline's default γ and tree filled in); return its id,
-        for :meth:`steps` and :meth:`abort`. Raises ValueError, queueing nothing, if it is refused."""
-        params = params or SamplingParams()
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> str:
+        """Queue one request of token ids with ``params`` as they are (``generate`` fills in the
+        pipeline's default γ and tree; this does not); return its id, for :meth:`steps` and
+        :meth:`abort`. Raises ValueError, queueing nothing, if the engine refuses it."""
         request_id = f"pipe-{next(self._request_counter)}"
-        if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
-            params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
-        if params.draft_tree is None and self.default_draft_tree is not None:
-            params = dataclasses.replace(params, draft_tree=self.default_draft_tree)
         self.driver.add(request_id, prompt_token_ids, params)
         return request_id
 
@@ -476,6 +472,10 @@ class Pipeline:
         self.driver.abort(request_id)
 
     def _add(self, prompt: str | Messages, params: SamplingParams) -> str:
+        if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
+            params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
+        if params.draft_tree is None and self.default_draft_tree is not None:
+            params = dataclasses.replace(params, draft_tree=self.default_draft_tree)
         return self.add_request(self.encode(prompt), params)
 
     @staticmethod

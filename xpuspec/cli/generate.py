@@ -227,8 +227,8 @@ def summary_line(
     elif params.num_draft_tokens is not None:
         policy = f"γ = {params.num_draft_tokens}"
     else:
-        policy = f"adaptive γ <= {pipe.engine.length_policy.max_draft_tokens}"
-        if pipe.engine.prompt_lookup is not None:
+        policy = f"adaptive γ <= {pipe.length_policy.max_draft_tokens}"
+        if pipe.prompt_lookup is not None:
             policy += " + prompt lookup"
     if params.draft_tree is not None:
         tree = params.draft_tree
@@ -257,7 +257,7 @@ def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
     """The cost model's case against drafting: measured step costs and the acceptance it used."""
     from xpuspec.spec_decode.policy.acceptance import AcceptanceTracker
 
-    policy = pipe.engine.length_policy
+    policy = pipe.length_policy
     costs = policy.cost_model
     target_s, draft_s = costs.target_cost(1, num_sequences=1), costs.draft_cost(1)
     alpha = acceptance if acceptance is not None else AcceptanceTracker().prior
