@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from xpuspec.api.engine_loop import EngineDriver
+from xpuspec.api.engine_driver import EngineDriver
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import DrafterCaps, ExecutorCaps
 from xpuspec.core.scheduler import ScheduledChunk

@@ -1,4 +1,4 @@
-"""The one engine driver: only ``api/engine_loop.py`` steps an engine, nothing outside the API layer
+"""The one engine driver: only ``api/engine_driver.py`` steps an engine, nothing outside the API layer
 reaches into ``pipeline.engine``, and inline runs share the engine without losing each other's steps."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import F32
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.api.engine_loop import EngineDriver
+from xpuspec.api.engine_driver import EngineDriver
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = ROOT / "xpuspec" / "api" / "engine_loop.py"
+DRIVER = ROOT / "xpuspec" / "api" / "engine_driver.py"
 # `pipe.engine`, `self.pipeline.engine`, `pipelines[name].engine`: an attribute `engine` of a pipeline.
 PIPELINE_ENGINE = re.compile(r"\b\w*pipe\w*(?:\[[^\]]*\])?\.engine\b")
 # `engine.step(`, `self._engine.step(`: stepping an engine (an optimizer's step is another thing).
@@ -70,7 +70,7 @@ def test_nothing_outside_the_api_layer_reaches_into_a_pipelines_engine() -> None
     assert not found, "use the Pipeline's own methods:\n" + "\n".join(found)
 
 
-def test_only_the_engine_loop_module_steps_an_engine() -> None:
+def test_only_the_engine_driver_module_steps_an_engine() -> None:
     steppers = {
         path.relative_to(ROOT).as_posix()
         for path in _sources("xpuspec", "research")

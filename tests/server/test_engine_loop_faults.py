@@ -18,8 +18,7 @@ import pytest
 
 from tests.support.faults import EXACT, FaultyRunner, RaisingDetokenizer, RaisingStopMatcher, fail_nth
 from xpuspec.api import request_text as request_text_module
-from xpuspec.api.engine_loop import ChoiceRequest, EngineLoop
-from xpuspec.api.generation import Generation
+from xpuspec.api.engine_loop import ChoiceRequest, EngineLoop, Generation
 from xpuspec.api.pipeline import Pipeline
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.text import IncrementalDetokenizer, StopStringMatcher

@@ -12,7 +12,7 @@ import pytest
 
 from tests.server.conftest import LiveServer
 from tests.server.test_streaming import data_lines, generation
-from xpuspec.api.generation import ChoiceEvent
+from xpuspec.api.engine_loop import ChoiceEvent
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server.provenance import Speculation, speculation_of
 from xpuspec.server.responses import ResponseContext, stream

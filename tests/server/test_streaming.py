@@ -12,8 +12,7 @@ import openai
 import pytest
 
 from tests.server.conftest import LiveServer
-from xpuspec.api.engine_loop import EngineLoop
-from xpuspec.api.generation import _WAKE_ANY, _WAKE_FINAL, ChoiceEvent, Generation
+from xpuspec.api.engine_loop import _WAKE_ANY, _WAKE_FINAL, ChoiceEvent, EngineLoop, Generation
 from xpuspec.server.responses import ResponseContext, _ChunkFrames, stream
 
 TRICKY_TEXTS = [

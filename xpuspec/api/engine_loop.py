@@ -1,47 +1,39 @@
-"""The one driver of ``LLMEngine.step``: requests go in, the engine steps, outputs come out as text.
+"""The server's engine loop: one thread drives a Pipeline's engine; request threads talk to it by queue.
 
-:class:`EngineDriver` is the only caller of ``step`` (as vLLM's ``EngineCore`` and llama.cpp's slot
-loop are): it admits and aborts requests, steps the engine, and turns every output into its
-request's text with :func:`xpuspec.api.request_text.apply_output` (exact stops, per-request
-failures). ``LLMEngine`` is not thread-safe, so one thread drives a driver at a time:
-
-* **inline**, in the caller's thread: :meth:`EngineDriver.run` steps until the caller's requests
-  finish, yielding their :class:`RequestStep`\\ s (``Pipeline.generate``/``stream``/``steps``, the
-  bench runners and research scripts, all through the Pipeline);
-* **in a loop thread**, for the server and the cluster's replicas: :class:`EngineLoop` owns a
-  Pipeline's driver in one background thread. A request thread encodes its prompts (the tokenizer
-  is thread-safe), calls :meth:`EngineLoop.submit` and reads
-  :class:`~xpuspec.api.generation.ChoiceEvent`\\ s from the returned
-  :class:`~xpuspec.api.generation.Generation`; commands waiting in the loop's queue end a decode
-  burst (the interrupt ``step`` asks between its passes).
+``LLMEngine`` is not thread-safe, so only the loop thread admits, aborts and steps, all through the
+pipeline's :class:`~xpuspec.api.engine_driver.EngineDriver` (the one caller of ``step``, which the
+Python API runs inline in the caller's thread). A request thread encodes its prompts (the tokenizer
+is thread-safe), calls :meth:`EngineLoop.submit` and reads :class:`ChoiceEvent`\\ s from the returned
+:class:`Generation`. The driver makes the text (detokenizing, stop strings) in the loop thread with
+:func:`xpuspec.api.request_text.apply_output`, as for the Python API (exact stops, per-request
+failures). Commands waiting in the loop's queue end a decode burst: the loop passes
+:meth:`EngineLoop.has_waiting_commands` as the step's interrupt.
 
 Failures: a request that fails alone (its sampling, its text) and every request ended by a failed
-engine step get a final output with ``finish_reason == "error"`` and ``error`` set; the engine
-recovers and the loop goes on. :attr:`EngineLoop.stepping` says whether the loop is alive and
-iterating, for ``/health``.
+engine step get a final :class:`ChoiceEvent` with ``finish_reason == "error"`` and ``error`` set;
+the engine recovers and the loop goes on. :attr:`EngineLoop.stepping` says whether the loop is
+alive and iterating, for ``/health``.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from xpuspec.api.generation import ChoiceEvent, Generation
-from xpuspec.api.request_text import RequestText, apply_output
 from xpuspec.core.prefix_cache import PrefixCachingBlockManager
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from xpuspec.api.engine_driver import RequestStep
     from xpuspec.api.pipeline import Pipeline
-    from xpuspec.engine.engine import LLMEngine, StepOutput
-    from xpuspec.text import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +42,8 @@ IDLE_WAIT_S = 0.1
 # The loop counts as stepping while its last iteration is younger than this. An iteration is one
 # engine step (tens of ms, a few seconds at most for a long prefill on a slow device) or one idle wait.
 STEPPING_TIMEOUT_S = 10.0
+# What wakes a Generation's reader: nothing (it is not waiting), any event, or only a final one.
+_WAKE_NEVER, _WAKE_ANY, _WAKE_FINAL = 0, 1, 2
 
 
 class QueueFullError(Exception):
@@ -58,6 +52,30 @@ class QueueFullError(Exception):
 
 class NotAcceptingError(Exception):
     """The loop is loading, draining or has stopped."""
+
+
+@dataclass
+class ChoiceEvent:
+    """New text of one choice; ``finish_reason`` set on its last event.
+
+    A choice ended by an error has ``finish_reason == "error"`` and the message in ``error``.
+    """
+
+    index: int
+    text: str
+    num_new_tokens: int
+    finish_reason: str | None = None
+    stats: RequestStats | None = None
+    error: str | None = None
+    failed_constraint: bool = False  # the error is the request's own output constraint's (a 400)
+    # With ChoiceRequest.provenance: of num_new_tokens, the accepted drafts (they come first), and
+    # how many leading characters of text they released.
+    num_accepted_drafts: int = 0
+    draft_chars: int = 0
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
 
 
 @dataclass
@@ -85,125 +103,95 @@ class EngineSnapshot:
     prefix_cached_blocks: int = 0  # KV blocks holding a reusable prompt prefix
 
 
-@dataclass
-class RequestStep:
-    """One request's part of one engine step: the engine's output (cut after a stop string), the text
-    it released, and when the step returned (``time.perf_counter()``)."""
+class Generation:
+    """The choices of one HTTP request in flight; their events arrive in order per choice.
 
-    output: StepOutput
-    text: str
-    time: float
-    # With mark_drafts (EngineDriver.add): how many leading characters of text the accepted drafts released.
-    draft_chars: int = 0
-
-
-class EngineDriver:
-    """Admits, aborts and steps one engine, turning each output into its request's text.
-
-    Requests of several callers may share the engine: :meth:`run` yields the steps of its own
-    requests and keeps the others' for the run that asks for them. ``tokenizer`` None: outputs
-    carry no text (an engine of synthetic models, as research's policy replay drives).
+    The loop thread hands over all events of one step at once (:meth:`deliver`); the request thread
+    takes everything that has arrived in one call (:meth:`take_events`), so tokens that pile up while
+    it writes become one frame. The reader is woken only when what it waits for arrived: any event,
+    or (while it holds events back to coalesce them, or collects a whole response) a final one.
     """
 
-    def __init__(self, engine: LLMEngine, tokenizer: Tokenizer | None) -> None:
-        self._engine = engine
-        self._tokenizer = tokenizer
-        self._texts: dict[str, RequestText | None] = {}  # requests in the engine
-        self._marks: set[str] = set()  # requests whose accepted drafts are marked in their text
-        self._kept: dict[str, list[RequestStep]] = {}  # steps no run has taken yet
+    def __init__(self, loop: EngineLoop, request_ids: list[str]) -> None:
+        self._loop = loop
+        self._request_ids = request_ids
+        self._unfinished = set(range(len(request_ids)))
+        self._ready = threading.Condition(threading.Lock())
+        self._pending: list[ChoiceEvent] = []
+        self._num_final_pending = 0
+        self._waiting_for = _WAKE_NEVER  # what the reader sleeps on; read by deliver under the lock
+        # When the loop last delivered, and the gap before that: from them a reader with nothing
+        # pending predicts whether the next step's events arrive before its hold ends.
+        self._last_delivery = 0.0
+        self._delivery_gap = 0.0
+        self._taken: collections.deque[ChoiceEvent] = collections.deque()  # for next_event
 
-    def add(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        *,
-        tenant: str | None = None,
-        mark_drafts: bool = False,
-    ) -> None:
-        """Queue a request; raises ValueError (and the engine holds nothing of it) when it is refused."""
-        self._engine.add_request(request_id, prompt_token_ids, params, tenant=tenant)
-        try:
-            self._texts[request_id] = RequestText(self._tokenizer, params) if self._tokenizer else None
-        except BaseException:
-            self._engine.abort(request_id)
-            raise
-        if mark_drafts:
-            self._marks.add(request_id)
+    def deliver(self, events: list[ChoiceEvent]) -> None:
+        """Called by the loop thread with the events of one iteration, in order."""
+        num_final = sum(1 for event in events if event.final)
+        now = time.monotonic()
+        with self._ready:
+            self._delivery_gap = now - self._last_delivery
+            self._last_delivery = now
+            self._pending.extend(events)
+            self._num_final_pending += num_final
+            if self._waiting_for == _WAKE_ANY or (num_final and self._waiting_for == _WAKE_FINAL):
+                self._ready.notify()
 
-    def abort(self, request_id: str, finish_reason: str = "abort") -> None:
-        """End a request now ("abort" or "error"), freeing its KV; its end is the caller's to report."""
-        self._forget(request_id)
-        self._kept.pop(request_id, None)
-        self._engine.abort(request_id, finish_reason=finish_reason)
+    def take_events(self, timeout: float, hold_until: float = 0.0) -> list[ChoiceEvent]:
+        """Every event that arrived, in order; waits up to ``timeout`` s for one (then returns []).
 
-    def has_unfinished(self) -> bool:
-        return self._engine.has_unfinished()
-
-    def step(self, interrupt: Callable[[], bool] | None = None) -> list[RequestStep]:
-        """Run one engine step; ``interrupt`` is asked between the passes of a decode burst (True ends it)."""
-        try:
-            outputs = self._engine.step(interrupt=interrupt)
-        except Exception as error:  # step() recovers by itself; this is a last resort
-            outputs = self._engine.recover(error)
-        now = time.perf_counter()
-        steps = []
-        for output in outputs:
-            if output.request_id not in self._texts:
-                continue  # aborted meanwhile: its end was reported then
-            steps.append(self._request_step(output, now))
-        return steps
-
-    def run(self, request_ids: Collection[str]) -> Generator[RequestStep, None, None]:
-        """Step in the caller's thread until these requests finish, yielding their steps in order.
-
-        Requests still unfinished when the iterator is closed early are aborted.
+        Until ``time.monotonic()`` reaches ``hold_until``, events that finish no choice are held back
+        (unless a final event is among them): they arrive with later ones, in one batch.
         """
-        pending = set(request_ids)
-        try:
-            for request_id in request_ids:
-                for step in self._kept.pop(request_id, []):
-                    if step.output.finished:
-                        pending.discard(request_id)
-                    yield step
-            while pending:
-                if not self._engine.has_unfinished():
-                    raise RuntimeError("the engine stopped with requests unfinished")
-                for step in self.step():
-                    request_id = step.output.request_id
-                    if request_id not in pending:
-                        self._kept.setdefault(request_id, []).append(step)
-                        continue
-                    if step.output.finished:
-                        pending.discard(request_id)
-                    yield step
-        finally:
-            for request_id in pending:
-                self.abort(request_id)
+        deadline = time.monotonic() + timeout
+        with self._ready:
+            while True:
+                now = time.monotonic()
+                ready = bool(self._pending) and (self._num_final_pending > 0 or now >= hold_until)
+                if ready or now >= deadline:
+                    break
+                if not self._pending and now < hold_until <= self._last_delivery + self._delivery_gap:
+                    # Nothing to hold, and the next step's events are due after the hold ends anyway
+                    # (steps slower than the stream interval, as with many streams at once): a timer
+                    # at hold_until would wake this thread for nothing, so wait for the events. Any
+                    # that still come early make it wait out the hold below.
+                    self._waiting_for, wake_at = _WAKE_ANY, deadline
+                elif self._pending or now < hold_until:
+                    # Holding: only a final event ends the wait early.
+                    self._waiting_for, wake_at = _WAKE_FINAL, min(deadline, hold_until)
+                else:
+                    self._waiting_for, wake_at = _WAKE_ANY, deadline
+                self._ready.wait(None if wake_at == float("inf") else wake_at - now)
+                self._waiting_for = _WAKE_NEVER
+            if not ready:
+                return []
+            events, self._pending = self._pending, []
+            self._num_final_pending = 0
+        for event in events:
+            if event.final:
+                self._unfinished.discard(event.index)
+        return events
 
-    def _request_step(self, output: StepOutput, now: float) -> RequestStep:
-        """The text of one output (a failure making it ends that request alone, with "error")."""
-        request_id = output.request_id
-        text = self._texts[request_id]
-        delta, draft_chars = "", 0
-        if text is not None:
-            mark = request_id in self._marks
-            try:
-                delta = apply_output(self._engine, text, output, mark_drafts=mark)
-            except Exception as error:  # a bug outside the text's own guard must not stop the loop
-                logger.exception("making the text of %s failed", request_id)
-                if not output.finished:
-                    self._engine.abort(request_id, finish_reason="error")
-                output.finished, output.finish_reason = True, "error"
-                output.error = f"making the text failed: {type(error).__name__}: {error}"
-            draft_chars = text.marked_chars if mark and output.num_accepted_drafts else 0
-        if output.finished:
-            self._forget(request_id)
-        return RequestStep(output, delta, now, draft_chars)
+    def take_final_events(self, timeout: float) -> list[ChoiceEvent]:
+        """Like :meth:`take_events`, but woken only when a choice finished (a non-streamed response)."""
+        return self.take_events(timeout, hold_until=float("inf"))
 
-    def _forget(self, request_id: str) -> None:
-        self._texts.pop(request_id, None)
-        self._marks.discard(request_id)
+    def next_event(self, timeout: float | None = None) -> ChoiceEvent | None:
+        """The next event, or None after ``timeout`` seconds without one."""
+        if not self._taken:
+            self._taken.extend(self.take_events(float("inf") if timeout is None else timeout))
+        return self._taken.popleft() if self._taken else None
+
+    @property
+    def done(self) -> bool:
+        return not self._unfinished and not self._taken
+
+    def cancel(self) -> None:
+        """Abort every unfinished choice (the client left); idempotent."""
+        for index in sorted(self._unfinished):
+            self._loop.abort(self._request_ids[index])
+        self._unfinished.clear()
 
 
 @dataclass
@@ -217,8 +205,8 @@ class _Active:
 
 
 class EngineLoop:
-    """Owns a Pipeline's :class:`EngineDriver` in one background thread: admission, stepping,
-    delivery, draining."""
+    """Drives a Pipeline's engine driver in one background thread: admission, stepping, delivery,
+    draining."""
 
     def __init__(
         self,

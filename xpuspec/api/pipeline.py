@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from xpuspec.api import calibration_cache
 from xpuspec.api.eagle3_drafter import eagle3_proposer
-from xpuspec.api.engine_loop import EngineDriver, RequestStep
+from xpuspec.api.engine_driver import EngineDriver, RequestStep
 from xpuspec.api.results import GenerationError, GenerationResult
 from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import compile_ahead, create_runner
@@ -121,7 +121,7 @@ class Pipeline:
         self.proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
         self._build_engine(self.proposer, config, overlap)
         self.engine.phase_hooks = phase_hooks
-        # The one driver of the engine's steps: inline here, or in the server's loop thread.
+        # The one driver of the engine's steps: inline in generate/stream/steps, or in a server's loop thread.
         self.driver = EngineDriver(self.engine, self.tokenizer)
         # What the calibration's timings depend on, beside the machine (calibration_cache.machine_facts).
         setup = {
@@ -389,6 +389,11 @@ class Pipeline:
     def block_manager(self) -> BlockManager:
         """The target's KV blocks (and, with prefix caching, the cached prompt prefixes)."""
         return self.engine.block_manager
+
+    @property
+    def num_engine_failures(self) -> int:
+        """Engine steps that failed as a whole (every request in flight ended with "error")."""
+        return self.engine.num_engine_failures
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached prefixes no request holds (after a forward outside the engine wrote KV,

@@ -7,8 +7,8 @@ preparation (chat template, tokenizer, limits), response bodies and SSE frames a
 The loop still loads a pipeline, for that preparation: its engine never steps.
 
 A pump thread per request reads the replica's stream (lists of
-:class:`~xpuspec.api.generation.ChoiceEvent`) and hands each list to the request's
-:class:`~xpuspec.api.generation.Generation`, as the local loop does. If the replica fails (it
+:class:`~xpuspec.api.engine_loop.ChoiceEvent`) and hands each list to the request's
+:class:`~xpuspec.api.engine_loop.Generation`, as the local loop does. If the replica fails (it
 died, or was killed), every unfinished choice ends with an error event: a stream already started
 ends with the server's error frame, a whole response is a 500.
 """
@@ -21,8 +21,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.api.engine_loop import ChoiceRequest, EngineLoop, NotAcceptingError, QueueFullError
-from xpuspec.api.generation import ChoiceEvent, Generation
+from xpuspec.api.engine_loop import (
+    ChoiceEvent,
+    ChoiceRequest,
+    EngineLoop,
+    Generation,
+    NotAcceptingError,
+    QueueFullError,
+)
 from xpuspec.core.request_stats import RequestStats
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """One engine replica: a Serve deployment that owns a Pipeline in the server's own EngineLoop.
 
 ``generate`` streams the events of one request's choices (lists of
-:class:`~xpuspec.api.generation.ChoiceEvent`, one per engine iteration that had any) to the
+:class:`~xpuspec.api.engine_loop.ChoiceEvent`, one per engine iteration that had any) to the
 ingress. ``check_health`` is the engine's own health (the loop is stepping, as ``/health`` says).
 ``record_routing_stats`` reports what the prefix cache holds, the requests in flight and the
 replica's Prometheus text (:class:`~xpuspec.cluster.reports.ReplicaReport`).
@@ -21,8 +21,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xpuspec.api.engine_loop import ChoiceRequest, EngineLoop
-from xpuspec.api.generation import ChoiceEvent
+from xpuspec.api.engine_loop import ChoiceEvent, ChoiceRequest, EngineLoop
 from xpuspec.cluster.prefix_index import DIGEST_BYTES, CacheGeometry
 from xpuspec.cluster.reports import ReplicaReport
 from xpuspec.cluster.settings import ClusterSettings

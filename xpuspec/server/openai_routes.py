@@ -10,8 +10,7 @@ from typing import Any, TypeVar
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from xpuspec.api.engine_loop import NotAcceptingError, QueueFullError
-from xpuspec.api.generation import Generation
+from xpuspec.api.engine_loop import Generation, NotAcceptingError, QueueFullError
 from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion

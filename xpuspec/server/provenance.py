@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from xpuspec.api.generation import ChoiceEvent
+from xpuspec.api.engine_loop import ChoiceEvent
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.sample.sampling_params import SamplingParams

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from xpuspec.api.generation import ChoiceEvent, Generation
+from xpuspec.api.engine_loop import ChoiceEvent, Generation
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.server.errors import APIError
 from xpuspec.server.provenance import Runs, Speculation, summary
