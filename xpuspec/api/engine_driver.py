@@ -72,7 +72,9 @@ class EngineDriver:
         """Queue a request; raises ValueError (and the engine holds nothing of it) when it is refused."""
         self._engine.add_request(request_id, prompt_token_ids, params, tenant=tenant)
         try:
-            self._texts[request_id] = RequestText(self._tokenizer, params) if self._tokenizer else None
+            self._texts[request_id] = (
+                RequestText(self._tokenizer, params) if self._tokenizer is not None else None
+            )
         except BaseException:
             self._engine.abort(request_id)
             raise

@@ -41,7 +41,7 @@ def create_app(
     subclass may run the engine elsewhere (``xpuspec.cluster`` forwards each submission to a replica).
     """
     config = config or ServerConfig()
-    factory = pipeline if callable(pipeline) and not hasattr(pipeline, "engine") else (lambda: pipeline)
+    factory = pipeline if callable(pipeline) else (lambda: pipeline)  # a Pipeline is not callable
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
