@@ -17,8 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 def eagle3_proposer(
-    head_dir: str | Path,
-    head: HeadFolder,
+    head_dir: str | Path | None,
+    head: HeadFolder | None,
     target_path: Path,
     device: str,
     properties: PropertiesArg,
@@ -29,6 +29,9 @@ def eagle3_proposer(
     ``device``, drafting from ``target_runner``'s tapped states."""
     from xpuspec.executor.eagle3_head import HEAD_WEIGHT_TYPE, Eagle3Head
     from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
+
+    if head is None:
+        raise ValueError(f"no EAGLE-3 head was read from {head_dir}")
 
     config = head.config
     head_runtime = Eagle3Head.from_folders(

@@ -268,9 +268,10 @@ class Pipeline:
             core = runner_limits["core"]
             user = draft_properties if draft_properties is not None else properties
             device = self.draft_device.device  # type: ignore[union-attr]
+            target = self.bundle.target.path
             return lambda head: eagle3_proposer(
-                eagle3_head, head, self.bundle.target.path, device, user, core, self.target_runner
-            )  # type: ignore[arg-type]
+                eagle3_head, head, target, device, user, core, self.target_runner
+            )
         if self.draft_device is None:
             drafter = NgramDraftProposer() if self.drafter == "ngram" else None
             return lambda head: drafter
