@@ -45,6 +45,7 @@ from xpuspec.text import ChatTemplate, Tokenizer
 
 if TYPE_CHECKING:
     from xpuspec.core.block_manager import BlockManager
+    from xpuspec.core.prefix_cache import PrefixCachingBlockManager
     from xpuspec.executor.eagle3_head import HeadFolder
     from xpuspec.spec_decode.policy.cost_model import CostModel
     from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
@@ -387,7 +388,7 @@ class Pipeline:
         return self.engine.prompt_lookup
 
     @property
-    def block_manager(self) -> BlockManager:
+    def block_manager(self) -> BlockManager | PrefixCachingBlockManager:
         """The target's KV blocks (and, with prefix caching, the cached prompt prefixes)."""
         return self.engine.block_manager
 
