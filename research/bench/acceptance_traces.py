@@ -57,13 +57,11 @@ def draft_choices(runner: Any, token_ids: list[int], first: int, chunk_tokens: i
     return choices[first - 1 :]
 
 
-def greedy_continuation(engine: Any, ids: list[int], params: SamplingParams) -> list[int]:
-    """The tokens ``engine`` generates for ``ids`` (run with no other request in flight)."""
-    engine.add_request("acceptance-trace", ids, params)
+def greedy_continuation(pipeline: Any, ids: list[int], params: SamplingParams) -> list[int]:
+    """The tokens ``pipeline`` generates for ``ids`` (``params`` as given, no stop strings)."""
     tokens: list[int] = []
-    while engine.has_unfinished():
-        for output in engine.step():
-            tokens += output.new_token_ids
+    for step in pipeline.steps([pipeline.add_request(ids, params)]):
+        tokens += step.output.new_token_ids
     return tokens
 
 
@@ -72,17 +70,17 @@ def collect(bundle: str | None, workload: str, count: int, max_tokens: int) -> d
 
     pipe = Pipeline(bundle, drafter="draft", properties="exact", draft_properties="exact")
     prompts = load_workload(workload, count)
-    max_prompt_tokens = pipe.bundle.max_context - max_tokens - pipe.engine.config.max_draft_tokens - 1
+    max_prompt_tokens = pipe.bundle.max_context - max_tokens - pipe.engine_config.max_draft_tokens - 1
     encoded = encode_prompts(pipe, prompts, max_prompt_tokens)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, num_draft_tokens=0)
-    runner = pipe.engine.proposer.runner  # type: ignore[union-attr]
+    runner = pipe.proposer.runner  # type: ignore[union-attr]
     traces = []
     for prompt, ids in zip(prompts, encoded, strict=True):
-        continuation = greedy_continuation(pipe.engine, list(ids), params)
+        continuation = greedy_continuation(pipe, list(ids), params)
         choices = draft_choices(runner, list(ids) + list(continuation), len(ids))
         match = [int(a == b) for a, b in zip(choices, continuation, strict=True)]
         traces.append({"source": prompt.source, "prompt_tokens": len(ids), "match": match})
-        pipe.engine.reset_prefix_cache()
+        pipe.reset_prefix_cache()
     matches = sum(sum(t["match"]) for t in traces)
     total = sum(len(t["match"]) for t in traces)
     return {

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     max_prompt_tokens = pipe.bundle.max_context - args.max_tokens - 1
     prompts = encode_prompts(pipe, load_workload(workload, args.prompts), max_prompt_tokens)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=args.ignore_eos)
-    continuations = [greedy_continuation(pipe.engine, list(ids), params) for ids in prompts]
+    continuations = [greedy_continuation(pipe, list(ids), params) for ids in prompts]
     print(
         f"{len(prompts)} prompts, {sum(map(len, continuations))} greedy tokens, lookups of up to {args.gamma}"
     )

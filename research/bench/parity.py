@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"python -m research.bench.parity: {error}") from None
     pipeline = xpuspec_pipeline(args.bundle, properties, needs_draft, args.drafter)
     max_prompt_tokens = (
-        pipeline.bundle.max_context - args.max_tokens - pipeline.engine.config.max_draft_tokens - 1
+        pipeline.bundle.max_context - args.max_tokens - pipeline.engine_config.max_draft_tokens - 1
     )
     prompts = encode_prompts(pipeline, workload, max_prompt_tokens)
     ours = XpuspecLatencyRunner(pipeline)

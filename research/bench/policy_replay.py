@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from xpuspec.api.engine_driver import EngineDriver
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.core.interfaces import DrafterCaps, ExecutorCaps
 from xpuspec.core.scheduler import ScheduledChunk
@@ -230,6 +231,7 @@ def replay(
         clock=clock,
     )
     engine.calibrate()
+    driver = EngineDriver(engine, tokenizer=None)  # synthetic models: tokens, no text
     target.shape_changes = 0
     histogram: dict[int, int] = {}
     tokens = drafted = accepted = steps = 0
@@ -241,20 +243,20 @@ def replay(
         params = SamplingParams(
             max_tokens=len(match), temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens
         )
-        engine.add_request(request_id, [PROMPT_TOKEN] * int(trace.get("prompt_tokens", 32)), params)
+        driver.add(request_id, [PROMPT_TOKEN] * int(trace.get("prompt_tokens", 32)), params)
         first_token_at = None
         drafter.gammas = {}  # the prefill step's drafting is left out, as its time is
-        while engine.has_unfinished():
-            for output in engine.step():
-                if first_token_at is None:
-                    first_token_at = clock.now
-                    drafter.gammas = {}
-                    continue
-                steps += 1
-                tokens += len(output.new_token_ids)
-                if output.finished:
-                    drafted += output.stats.drafted
-                    accepted += output.stats.accepted
+        for step in driver.run([request_id]):
+            output = step.output
+            if first_token_at is None:
+                first_token_at = clock.now
+                drafter.gammas = {}
+                continue
+            steps += 1
+            tokens += len(output.new_token_ids)
+            if output.finished:
+                drafted += output.stats.drafted
+                accepted += output.stats.accepted
         seconds += clock.now - first_token_at
         for gamma, count in drafter.gammas.items():
             histogram[gamma] = histogram.get(gamma, 0) + count

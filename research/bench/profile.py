@@ -1,7 +1,7 @@
 """Where a step's time goes: ``python -m research.bench.profile [--bundle B] [--http] [--layers]``.
 
 Runs greedy requests one at a time through ``Pipeline.generate`` (the real path: engine step, text,
-stop strings) with the engine's phase hooks set (``LLMEngine.phase_hooks``) and timers wrapped around
+stop strings) with the pipeline's phase hooks (``Pipeline(phase_hooks=...)``) and timers wrapped around
 the executors and the text path, then prints for each configuration (target-only and each fixed γ)
 the time per target pass ("step") and per token of:
 
@@ -74,6 +74,11 @@ class Timers:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
+    def clear(self) -> None:
+        """Start the totals again (the phase hooks keep reporting while a pipeline runs untimed)."""
+        self.seconds.clear()
+        self.calls.clear()
+
     def on_phase(self, name: str, seconds: float) -> None:
         """The engine's phase hook: add the phases the report shows."""
         row = ENGINE_PHASES.get(name)
@@ -112,34 +117,30 @@ def _patched(owner: Any, attribute: str, timers: Timers, name: str) -> Iterator[
 
 @contextlib.contextmanager
 def instrumented(pipeline: Any, timers: Timers) -> Iterator[None]:
-    """Time the phases of ``pipeline``'s engine steps (its phase hooks) and wrap timers around its
-    executors and text path while the block runs."""
-    import xpuspec.api.pipeline as pipeline_module
+    """Start ``timers`` (``pipeline``'s phase hooks) afresh and wrap them around its executors and text
+    path while the block runs."""
+    from xpuspec.api.request_text import RequestText
     from xpuspec.text.detokenizer import IncrementalDetokenizer
 
-    engine = pipeline.engine
+    timers.clear()
     patches = [
-        (pipeline_module.RequestText, "push", TEXT),
+        (RequestText, "push", TEXT),
         (IncrementalDetokenizer, "push", DETOKENIZE),
         (IncrementalDetokenizer, "flush", DETOKENIZE),
     ]
     runners = [(pipeline.target_runner, TARGET_DEVICE, TARGET_DISPATCH, TARGET_INPUTS)]
-    if isinstance(engine.proposer, DraftModelProposer):
-        runners.append((engine.proposer.runner, DRAFT_DEVICE, DRAFT_DISPATCH, DRAFT_INPUTS))
+    if isinstance(pipeline.proposer, DraftModelProposer):
+        runners.append((pipeline.proposer.runner, DRAFT_DEVICE, DRAFT_DISPATCH, DRAFT_INPUTS))
     for runner, device, dispatch, inputs in runners:
         patches.append((runner, "wait", device))
         if hasattr(runner, "_fill_inputs") and hasattr(runner, "request"):
             # start() = fill inputs + start_async: time the parts (the request is wrapped as a whole).
             patches.append((runner, "_fill_inputs", inputs))
             patches.append((runner, "start", dispatch))
-    hooks, engine.phase_hooks = engine.phase_hooks, timers
-    try:
-        with contextlib.ExitStack() as stack:
-            for owner, attribute, name in patches:
-                stack.enter_context(_patched(owner, attribute, timers, name))
-            yield
-    finally:
-        engine.phase_hooks = hooks
+    with contextlib.ExitStack() as stack:
+        for owner, attribute, name in patches:
+            stack.enter_context(_patched(owner, attribute, timers, name))
+        yield
 
 
 @dataclass
@@ -210,14 +211,19 @@ def stage_rows(timers: Timers, wall_seconds: float) -> dict[str, float]:
 
 
 def profile_configuration(
-    pipeline: Any, prompts: list[str], max_tokens: int, num_draft_tokens: int | None, label: str
+    pipeline: Any,
+    timers: Timers,
+    prompts: list[str],
+    max_tokens: int,
+    num_draft_tokens: int | None,
+    label: str,
 ) -> StageProfile:
-    """Generate ``max_tokens`` greedy tokens for each prompt, one request at a time, under the timers."""
+    """Generate ``max_tokens`` greedy tokens for each prompt, one request at a time, under ``timers``
+    (the phase hooks ``pipeline`` was built with)."""
     params = SamplingParams(
         max_tokens=max_tokens, temperature=0.0, ignore_eos=True, num_draft_tokens=num_draft_tokens
     )
     pipeline.generate(prompts[:1], params)  # warm-up: first shapes compile kernels
-    timers = Timers()
     num_tokens = 0
     with instrumented(pipeline, timers):
         started = time.perf_counter()
@@ -287,7 +293,7 @@ def http_profile(
             bundle,
             Path(folder) / "server.log",
             pipeline.drafter,
-            prefix_caching=pipeline.engine.config.enable_prefix_caching,
+            prefix_caching=pipeline.engine_config.enable_prefix_caching,
         ) as server,
         httpx.Client() as client,
     ):
@@ -361,16 +367,24 @@ def _profile(args: argparse.Namespace) -> int:
     prompts = [prompt.text for prompt in heldout_code_prompts(args.prompts)]
     gammas = [_draft_length(value) for value in args.draft_lengths.split(",") if value.strip()]
     pipelines: dict[str, Any] = {}
+    timers: dict[str, Timers] = {}
     for gamma in gammas:
         drafter = "none" if gamma == 0 else "draft"
         if drafter not in pipelines:
             # No prefix cache: the prompts repeat (rounds, the HTTP comparison), and each request
             # should pay its prefill as a new one does.
+            timers[drafter] = Timers()
             pipelines[drafter] = Pipeline(
-                args.bundle, drafter=drafter, properties=properties, enable_prefix_caching=False
+                args.bundle,
+                drafter=drafter,
+                properties=properties,
+                enable_prefix_caching=False,
+                phase_hooks=timers[drafter],
             )
         label = {0: "target-only", None: "adaptive γ"}.get(gamma, f"γ = {gamma}")
-        profile = profile_configuration(pipelines[drafter], prompts, args.max_tokens, gamma or None, label)
+        profile = profile_configuration(
+            pipelines[drafter], timers[drafter], prompts, args.max_tokens, gamma or None, label
+        )
         if args.layers:
             counted = Pipeline(
                 args.bundle,

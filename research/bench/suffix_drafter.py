@@ -100,7 +100,7 @@ class Totals:
 
 
 def run_round(pipe: Any, prompts: list[Prompt], params: SamplingParams, capacity: int) -> dict[str, Any]:
-    lookup = pipe.engine.prompt_lookup
+    lookup = pipe.prompt_lookup
     index = SharedSuffixIndex(capacity)
     totals = {"on": Totals(), "off": Totals()}
     drafted, accepted = lookup.shared_drafted, lookup.shared_accepted
@@ -168,7 +168,7 @@ def main() -> None:
     bundle = None if args.bundle == "default" else args.bundle
     # The demo pair in exact mode (outputs must agree); the default model with its own properties.
     pipe = Pipeline(bundle, properties="exact" if demo else None, enable_prefix_caching=False)
-    if pipe.engine.prompt_lookup is None:
+    if pipe.prompt_lookup is None:
         raise SystemExit(
             f"drafter {pipe.drafter!r}: prompt lookup (and so the shared index) needs a draft model"
         )

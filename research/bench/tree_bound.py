@@ -122,7 +122,7 @@ def _measure_rates(pipeline: Any, prompts: list[str], max_tokens: int, tree: dic
     levels = tree["depth"]
     reached = np.zeros((levels, MAX_RANK))
     hits = np.zeros((levels, MAX_RANK))
-    policy = pipeline.engine.tree_policy
+    policy = pipeline.tree_policy
     record = policy.record
 
     def counting(num_children_on_path: list[int], accepted_ranks: list[int]) -> None:
@@ -153,7 +153,7 @@ def _measure_costs(pipeline: Any, rounds: int, repeats: int = 8) -> tuple[dict[i
     """Idle seconds of the target's pass by tokens, and of the draft's one-token pass."""
     from xpuspec.core.chunks import SequenceChunk
 
-    target, draft = pipeline.target_runner, pipeline.engine.proposer.runner
+    target, draft = pipeline.target_runner, pipeline.proposer.runner
     table = list(range(1, 1 + -(-(CONTEXT + max(COST_TOKENS)) // target.block_size)))
     draft_table = list(range(1, 1 + -(-(CONTEXT + 1) // draft.block_size)))
 

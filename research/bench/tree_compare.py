@@ -60,19 +60,15 @@ class Tally:
     nodes: int = 0
 
 
-def _run_batch(
-    engine: Any, request_ids: list[str], prompts: list[list[int]], params: Any
-) -> tuple[float, int, list[Any]]:
+def _run_batch(pipeline: Any, prompts: list[list[int]], params: Any) -> tuple[float, int, list[Any]]:
     """Seconds, request-passes that gave tokens (summed over the requests), and each request's final
     stats, of ``prompts`` run at once."""
     started = time.perf_counter()
-    for request_id, token_ids in zip(request_ids, prompts, strict=True):
-        engine.add_request(request_id, token_ids, params)
+    request_ids = [pipeline.add_request(token_ids, params) for token_ids in prompts]
     stats = {}
-    while engine.has_unfinished():
-        for output in engine.step():
-            if output.finished:
-                stats[output.request_id] = output.stats
+    for step in pipeline.steps(request_ids):
+        if step.output.finished:
+            stats[step.output.request_id] = step.output.stats
     finals = [stats[request_id] for request_id in request_ids]
     # Counted by the requests, not by step(): a target-only step may run a burst of passes.
     return time.perf_counter() - started, sum(s.target_passes for s in finals), finals
@@ -99,26 +95,24 @@ def compare(
             row = name if len(pipelines) == 1 or name == "target-only" else f"{drafter} {name}"
             fields = CONFIGURATIONS[name]
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **fields)
-            runs[row] = pipeline.engine, params
+            runs[row] = pipeline, params
     tallies = {row: Tally() for row in runs}
-    counter = iter(range(1 << 62))
     # One batch per prompt: that prompt and the next ones, cycled, `concurrency` in all.
     batches = [
         [prompts[(first + offset) % len(prompts)] for offset in range(concurrency)]
         for first in range(len(prompts))
     ]
     for batch in batches[:2]:  # warm-up: every shape compiles its kernels once
-        for engine, params in runs.values():
-            _run_batch(engine, [f"warm-{next(counter)}" for _ in batch], batch, params)
+        for pipeline, params in runs.values():
+            _run_batch(pipeline, batch, params)
     for round_index in range(rounds):
         for batch_index, batch in enumerate(batches):
             order = list(runs)
             if (round_index + batch_index) % 2:
                 order.reverse()
             for row in order:
-                engine, params = runs[row]
-                request_ids = [f"r-{next(counter)}" for _ in batch]
-                seconds, passes, stats = _run_batch(engine, request_ids, batch, params)
+                pipeline, params = runs[row]
+                seconds, passes, stats = _run_batch(pipeline, batch, params)
                 tally = tallies[row]
                 tally.seconds.append(seconds)
                 tally.tokens += sum(request.num_output_tokens for request in stats)

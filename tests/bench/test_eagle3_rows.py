@@ -30,7 +30,7 @@ def _rows(tmp_path: Path, eagle3: bool):  # type: ignore[no-untyped-def]
 
     def build(drafter, properties, draft_properties):  # type: ignore[no-untyped-def]
         built.append((drafter, properties, draft_properties))
-        return SimpleNamespace(engine=SimpleNamespace(proposer=None))  # a pipeline without drafter
+        return SimpleNamespace(proposer=None)  # a pipeline without drafter
 
     config = BenchConfig(out=tmp_path, draft_lengths=(2, 4))
     configs, engines = configurations(config, _bundle(eagle3), build, SAME, (None, None))  # type: ignore[arg-type]

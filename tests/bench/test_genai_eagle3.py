@@ -182,7 +182,7 @@ def _rows(tmp_path: Path, bundle: object):  # type: ignore[no-untyped-def]
     return configurations(
         config,
         bundle,  # type: ignore[arg-type]
-        lambda *args: SimpleNamespace(engine=None),
+        lambda *args: SimpleNamespace(proposer=None),
         F32,
         (None, None),
     )

@@ -5,6 +5,8 @@ Compared in exact mode against the same engine with bursts off (``decode_burst_s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.conftest import EXACT_PRESET
@@ -33,13 +35,15 @@ def bursted(pair_bundle) -> Pipeline:
     return make_pipe(pair_bundle, **ALWAYS)
 
 
-def tokens_per_step(pipe: Pipeline, prompt: str, params: SamplingParams) -> list[int]:
-    """The new tokens each ``step()`` gave one request."""
+def tokens_per_step(
+    pipe: Pipeline, prompt: str, params: SamplingParams, interrupt: Callable[[], bool] | None = None
+) -> list[int]:
+    """The new tokens each ``step(interrupt)`` gave one request."""
     engine = pipe.engine
     engine.add_request("probe", pipe.encode(prompt), params)
     counts = []
     while engine.has_unfinished():
-        counts += [len(output.new_token_ids) for output in engine.step()]
+        counts += [len(output.new_token_ids) for output in engine.step(interrupt=interrupt)]
     return counts
 
 
@@ -118,12 +122,7 @@ def test_adaptive_gamma_at_zero_bursts_and_still_probes_on_time(pair_bundle, unb
 
 
 def test_a_waiting_request_or_the_interrupt_ends_a_burst(bursted, pair_bundle):
-    engine = bursted.engine
-    engine.burst_interrupt = lambda: True
-    try:
-        assert tokens_per_step(bursted, PROMPTS[3], GREEDY) == [1] * MAX_TOKENS
-    finally:
-        engine.burst_interrupt = None
+    assert tokens_per_step(bursted, PROMPTS[3], GREEDY, interrupt=lambda: True) == [1] * MAX_TOKENS
     # Two requests, one sequence slot: the second waits while the first decodes, so no bursts then.
     pipe = make_pipe(pair_bundle, max_num_seqs=1, **ALWAYS)
     for name in ("a", "b"):

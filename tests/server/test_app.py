@@ -94,11 +94,11 @@ def test_a_mid_stream_engine_failure_is_an_error_frame_then_done(
     real_step = engine.step
     calls = {"count": 0}
 
-    def failing_step():  # type: ignore[no-untyped-def]
+    def failing_step(interrupt=None):  # type: ignore[no-untyped-def]
         calls["count"] += 1
         if calls["count"] == 3:
             raise RuntimeError("injected fault")
-        return real_step()
+        return real_step(interrupt=interrupt)
 
     failures_before = client.get("/v1/xpuspec/state").get_json()
     engine.step = failing_step
@@ -218,9 +218,9 @@ def test_health_says_stalled_while_the_engine_does_not_step(client: FlaskClient,
     real_step = engine.step
     release = threading.Event()
 
-    def hung_step():  # type: ignore[no-untyped-def]
+    def hung_step(interrupt=None):  # type: ignore[no-untyped-def]
         release.wait(30)  # a device call that does not return
-        return real_step()
+        return real_step(interrupt=interrupt)
 
     saved, loop.stall_after_s = loop.stall_after_s, 0.5
     engine.step = hung_step

@@ -212,12 +212,24 @@ def test_stepping_follows_the_loop_thread():
 
 
 def test_queued_requests_and_aborts_end_a_decode_burst():
-    """The loop hands the engine its interrupt: True while a command waits to be taken."""
+    """The loop hands every step its interrupt: True while a command waits to be taken."""
     engine_loop = EngineLoop(lambda: Pipeline("demo", drafter="none", properties=EXACT), max_in_flight=4)
     engine_loop.start()
     assert engine_loop.ready.wait(TIMEOUT_S)
+    assert engine_loop.pipeline is not None
+    engine = engine_loop.pipeline.engine
+    interrupts = []
+    original_step = engine.step
+
+    def recording_step(interrupt=None):
+        interrupts.append(interrupt)
+        return original_step(interrupt=interrupt)
+
+    engine.step = recording_step
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    assert collect(engine_loop.submit([ChoiceRequest(0, [1, 2, 3], params)])).finish_reason == "length"
     engine_loop.stop()  # nothing takes the queue from now on
-    interrupt = engine_loop.pipeline.engine.burst_interrupt
-    assert interrupt is not None and not interrupt()
+    assert interrupts and all(interrupt == engine_loop.has_waiting_commands for interrupt in interrupts)
+    assert not engine_loop.has_waiting_commands()
     engine_loop._commands.put(("abort", "nobody"))
-    assert interrupt()
+    assert engine_loop.has_waiting_commands()

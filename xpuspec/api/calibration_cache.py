@@ -15,11 +15,14 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpuspec.engine.calibration import CalibrationTimings
 from xpuspec.models.bundle import cache_dir
 from xpuspec.version import __version__
+
+if TYPE_CHECKING:
+    from xpuspec.engine.engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -78,3 +81,16 @@ def store(key: str, timings: CalibrationTimings) -> None:
         os.replace(temporary, folder / f"{key}.json")
     except OSError as error:
         logger.debug("cannot store the calibration (%s); the next start calibrates again", error)
+
+
+def calibrate(engine: LLMEngine, setup: dict[str, Any] | None) -> None:
+    """Calibrate ``engine``'s cost model, replaying the timings an earlier start with the same
+    ``setup`` on this machine stored (and storing them if there were none); None: time them."""
+    if setup is None:
+        engine.calibrate()
+        return
+    key = calibration_key(setup)
+    stored = load(key)
+    timings = engine.calibrate(stored=stored)
+    if stored is None:
+        store(key, timings)

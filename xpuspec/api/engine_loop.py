@@ -1,10 +1,13 @@
-"""The one thread that drives the engine; request threads talk to it through queues.
+"""The server's engine loop: one thread drives a Pipeline's engine; request threads talk to it by queue.
 
-``LLMEngine`` is not thread-safe, so only the loop thread calls ``add_request``, ``abort`` and
-``step``. A request thread encodes its prompts (the tokenizer is thread-safe), calls
-:meth:`EngineLoop.submit` and reads :class:`ChoiceEvent`\\ s from the returned :class:`Generation`.
-Text (detokenizing, stop strings) is made in the loop thread by :func:`xpuspec.api.request_text.apply_output`,
-the same function the Python API uses (exact stops, per-request failures).
+``LLMEngine`` is not thread-safe, so only the loop thread admits, aborts and steps, all through the
+pipeline's :class:`~xpuspec.api.engine_driver.EngineDriver` (the one caller of ``step``, which the
+Python API runs inline in the caller's thread). A request thread encodes its prompts (the tokenizer
+is thread-safe), calls :meth:`EngineLoop.submit` and reads :class:`ChoiceEvent`\\ s from the returned
+:class:`Generation`. The driver makes the text (detokenizing, stop strings) in the loop thread with
+:func:`xpuspec.api.request_text.apply_output`, as for the Python API (exact stops, per-request
+failures). Commands waiting in the loop's queue end a decode burst: the loop passes
+:meth:`EngineLoop.has_waiting_commands` as the step's interrupt.
 
 Failures: a request that fails alone (its sampling, its text) and every request ended by a failed
 engine step get a final :class:`ChoiceEvent` with ``finish_reason == "error"`` and ``error`` set;
@@ -21,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xpuspec.core.prefix_cache import PrefixCachingBlockManager
@@ -29,10 +32,9 @@ from xpuspec.core.request_stats import RequestStats
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from xpuspec.api.engine_driver import RequestStep
     from xpuspec.api.pipeline import Pipeline
-    from xpuspec.api.request_text import RequestText
     from xpuspec.api.requests import RequestPreparer
-    from xpuspec.engine.engine import StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -199,14 +201,13 @@ class _Active:
 
     generation: Generation
     index: int
-    text: RequestText
     num_prompt_tokens: int
-    pending_text: list[str] = field(default_factory=list)
     provenance: bool = False
 
 
 class EngineLoop:
-    """Owns a Pipeline's engine in one background thread: admission, stepping, delivery, draining."""
+    """Drives a Pipeline's engine driver in one background thread: admission, stepping, delivery,
+    draining."""
 
     def __init__(
         self,
@@ -316,29 +317,28 @@ class EngineLoop:
             self.load_error = error
             self.ready.set()
             return
-        engine = self.pipeline.engine
-        # New requests and aborts queued meanwhile end a decode burst: they wait one pass, not a burst.
-        engine.burst_interrupt = lambda: not self._commands.empty()
-        self.snapshot = EngineSnapshot(kv_blocks_total=engine.block_manager.num_blocks)
+        driver = self.pipeline.driver
+        self.snapshot = EngineSnapshot(kv_blocks_total=self.pipeline.engine.block_manager.num_blocks)
         self.ready.set()
         logger.info("engine ready")
         while not self._stop.is_set():
             self.last_iteration = time.monotonic()
-            self._take_commands(block=not engine.has_unfinished())
-            if engine.has_unfinished():
-                try:
-                    outputs = engine.step()
-                except Exception as error:  # step() recovers by itself; this is a last resort
-                    outputs = engine.recover(error)
-                for output in outputs:
+            self._take_commands(block=not driver.has_unfinished())
+            if driver.has_unfinished():
+                # Requests and aborts queued meanwhile end a decode burst: they wait a pass, not a burst.
+                for step in driver.step(interrupt=self.has_waiting_commands):
                     try:
-                        self._deliver(output)
+                        self._deliver(step)
                     except Exception as error:  # a bug in delivering one request must not stop the loop
-                        logger.exception("delivering %s failed", output.request_id)
-                        self._fail(output.request_id, f"delivering the output failed: {error}")
+                        logger.exception("delivering %s failed", step.output.request_id)
+                        self._fail(step.output.request_id, f"delivering the output failed: {error}")
             self._publish()
         self._fail_all("the server stopped")
         self._publish()
+
+    def has_waiting_commands(self) -> bool:
+        """Requests or aborts wait for the loop to take them (the interrupt of a decode burst)."""
+        return not self._commands.empty()
 
     def _take_commands(self, block: bool) -> None:
         try:
@@ -357,13 +357,15 @@ class EngineLoop:
                 return
 
     def _add(self, request_id: str, generation: Generation, choice: ChoiceRequest) -> None:
-        from xpuspec.api.request_text import RequestText
-
         assert self.pipeline is not None
         try:
             # Atomic: a request the engine rejects leaves no trace in it.
-            self.pipeline.engine.add_request(
-                request_id, choice.prompt_token_ids, choice.params, tenant=choice.tenant
+            self.pipeline.driver.add(
+                request_id,
+                choice.prompt_token_ids,
+                choice.params,
+                tenant=choice.tenant,
+                mark_drafts=choice.provenance,
             )
         except Exception as error:  # the request fails alone; anything else escaping would end the loop
             if not isinstance(error, ValueError):  # ValueError is the engine's refusal; the rest are bugs
@@ -373,37 +375,30 @@ class EngineLoop:
             self._num_ended += 1
             return
         self._active[request_id] = _Active(
-            generation,
-            choice.index,
-            RequestText(self.pipeline.tokenizer, choice.params),
-            len(choice.prompt_token_ids),
-            provenance=choice.provenance,
+            generation, choice.index, len(choice.prompt_token_ids), provenance=choice.provenance
         )
 
     def _abort(self, request_id: str) -> None:
         assert self.pipeline is not None
         if self._active.pop(request_id, None) is None:
             return  # finished before the abort arrived
-        self.pipeline.engine.abort(request_id)
+        self.pipeline.driver.abort(request_id)
         self._num_ended += 1
         if self._on_cancel is not None:
             self._on_cancel()
 
-    def _deliver(self, output: StepOutput) -> None:
-        from xpuspec.api.request_text import apply_output
-
+    def _deliver(self, step: RequestStep) -> None:
+        output = step.output
         active = self._active.get(output.request_id)
         if active is None:
             return
-        assert self.pipeline is not None
-        delta = apply_output(self.pipeline.engine, active.text, output, mark_drafts=active.provenance)
         num_tokens = len(output.new_token_ids)
         drafts = output.num_accepted_drafts if active.provenance else 0
-        draft_chars = active.text.marked_chars if drafts else 0
+        draft_chars = step.draft_chars if drafts else 0
         if not output.finished:
-            if delta or num_tokens:
+            if step.text or num_tokens:
                 event = ChoiceEvent(
-                    active.index, delta, num_tokens, num_accepted_drafts=drafts, draft_chars=draft_chars
+                    active.index, step.text, num_tokens, num_accepted_drafts=drafts, draft_chars=draft_chars
                 )
                 self._outbox.append((active.generation, event))
             return
@@ -411,7 +406,7 @@ class EngineLoop:
         reason = output.finish_reason or "stop"
         final = ChoiceEvent(
             active.index,
-            delta,
+            step.text,
             num_tokens,
             finish_reason=reason,
             stats=output.stats,
@@ -439,7 +434,7 @@ class EngineLoop:
             return
         try:
             if self.pipeline is not None:
-                self.pipeline.engine.abort(request_id, finish_reason="error")
+                self.pipeline.driver.abort(request_id, finish_reason="error")
         except Exception:
             logger.exception("aborting %s failed", request_id)
         event = ChoiceEvent(active.index, "", 0, finish_reason="error", error=message)

@@ -8,15 +8,17 @@ result.text, result.token_ids, result.finish_reason, result.stats
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api import calibration_cache
-from xpuspec.api.request_text import RequestText, apply_output
+from xpuspec.api.eagle3_drafter import eagle3_proposer
+from xpuspec.api.engine_driver import EngineDriver, RequestStep
 from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
 from xpuspec.api.results import GenerationError, GenerationResult
 from xpuspec.core.interfaces import Drafter
@@ -32,6 +34,7 @@ from xpuspec.devices.placement import (
 from xpuspec.devices.registry import default_registry
 from xpuspec.engine.engine import EngineConfig, LLMEngine, StepOutput
 from xpuspec.engine.overlap import overlap_wanted
+from xpuspec.engine.strategy import PhaseHooks
 from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.models.bundle import ModelBundle
 from xpuspec.models.resolve import resolve_bundle
@@ -42,8 +45,10 @@ from xpuspec.structured.matcher import GrammarLimits
 from xpuspec.text import ChatTemplate, Tokenizer
 
 if TYPE_CHECKING:
+    from xpuspec.core.block_manager import BlockManager
+    from xpuspec.core.prefix_cache import PrefixCachingBlockManager
     from xpuspec.executor.eagle3_head import HeadFolder
-    from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
+    from xpuspec.spec_decode.policy import CostModel, PromptLookup, SpeculationLengthPolicy, TreeShapePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,7 @@ class Pipeline:
         startup_cache: bool = True,
         shared_lookup_tokens: int | None = None,
         grammar_limits: GrammarLimits | None = None,
+        phase_hooks: PhaseHooks | None = None,
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
         starts of the same setup on this machine (:mod:`xpuspec.api.calibration_cache`). False: time them.
@@ -78,7 +84,8 @@ class Pipeline:
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all.
         ``grammar_limits``: what compiling one request's output constraint may cost (default:
-        :class:`~xpuspec.structured.matcher.GrammarLimits`'s)."""
+        :class:`~xpuspec.structured.matcher.GrammarLimits`'s).
+        ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -109,8 +116,11 @@ class Pipeline:
             "core": core,
         }
         finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
-        proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
-        self._build_engine(proposer, config, overlap, grammar_limits)
+        # The drafter the engine drafts with (None: target only).
+        self.proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
+        self._build_engine(self.proposer, config, overlap, grammar_limits, phase_hooks)
+        # The one driver of the engine's steps: inline in generate/stream/steps, or in a server's loop thread.
+        self.driver = EngineDriver(self.engine, self.tokenizer)
         # What the calibration's timings depend on, beside the machine (calibration_cache.machine_facts).
         setup = {
             "properties": properties,
@@ -179,7 +189,7 @@ class Pipeline:
 
     def _build_target(
         self,
-        properties: PropertiesArg,
+        properties: dict[str, Any] | None,
         eagle3_head: str | Path | None,
         num_kv_blocks: int | None,
         runner_limits: dict[str, Any],
@@ -235,7 +245,12 @@ class Pipeline:
         target's KV blocks, taken after, so the start waits for the longer compile rather than both."""
         if self.drafter == "eagle3":
             core = runner_limits["core"]
-            return lambda head: self._eagle3_proposer(eagle3_head, head, core, draft_properties, properties)  # type: ignore[arg-type]
+            user = draft_properties if draft_properties is not None else properties
+            device = self.draft_device.device  # type: ignore[union-attr]
+            target = self.bundle.target.path
+            return lambda head: eagle3_proposer(
+                eagle3_head, head, target, device, user, core, self.target_runner
+            )
         if self.draft_device is None:
             drafter = NgramDraftProposer() if self.drafter == "ngram" else None
             return lambda head: drafter
@@ -272,6 +287,7 @@ class Pipeline:
         config: EngineConfig,
         overlap: bool | None,
         grammar_limits: GrammarLimits | None,
+        phase_hooks: PhaseHooks | None,
     ) -> None:
         """The engine over the target and the drafter, with grammar support (calibrated next), and the
         request preparer with the engine's limits (``self.requests``)."""
@@ -286,11 +302,16 @@ class Pipeline:
         self.overlap = overlap_wanted(overlap, self.target_device.device, draft_device_name)
         tokenizer = Tokenizer(self.bundle.target.path)
         grammar = load_grammar(self.bundle, tokenizer, self.vocab_size, grammar_limits)
-        self.engine = LLMEngine(
-            self.target_runner, proposer, config, self.bundle.eos_token_ids, overlap=self.overlap
-        )
         # The engine compiles each request's constraint again in add_request, from the same cache.
-        self.engine.grammar = grammar
+        self.engine = LLMEngine(
+            self.target_runner,
+            proposer,
+            config,
+            self.bundle.eos_token_ids,
+            overlap=self.overlap,
+            grammar=grammar,
+            phase_hooks=phase_hooks,
+        )
         limits = RequestLimits(
             config.max_model_len, self.vocab_size, self.engine.block_manager.num_token_slots
         )
@@ -306,58 +327,16 @@ class Pipeline:
     def _calibrate(self, setup: dict[str, Any], cached: bool) -> None:
         """Calibrate the engine's cost model, or (``cached``) replay the timings an earlier start with
         the same ``setup`` on this machine measured (:mod:`xpuspec.api.calibration_cache`)."""
-        if not cached:
-            self.engine.calibrate()
-            return
-        setup = {
-            **setup,
-            "bundle": str(self.bundle.root.resolve()),
-            "manifest": self.bundle.manifest,
-            "devices": [self.target_device.device, self.draft_device and self.draft_device.device],
-            "drafter": self.drafter,
-            "overlap": self.overlap,
-        }
-        key = calibration_cache.calibration_key(setup)
-        stored = calibration_cache.load(key)
-        timings = self.engine.calibrate(stored=stored)
-        if stored is None:
-            calibration_cache.store(key, timings)
-
-    def _eagle3_proposer(
-        self,
-        head_dir: str | Path,
-        head: HeadFolder,
-        core: Any,
-        draft_properties: PropertiesArg,
-        properties: PropertiesArg,
-    ) -> Eagle3Proposer:
-        """The EAGLE-3 head (read once, for the target's taps too) on the draft device, drafting from the
-        tapped target."""
-        from xpuspec.executor.eagle3_head import HEAD_WEIGHT_TYPE, Eagle3Head
-        from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer
-
-        config = head.config
-        head_runtime = Eagle3Head.from_folders(
-            head,
-            self.bundle.target.path,
-            device=self.draft_device.device,  # type: ignore[union-attr]
-            properties=draft_properties if draft_properties is not None else properties,
-            core=core,
-            weight_type=HEAD_WEIGHT_TYPE,
-        )
-        width = self.target_runner.hidden_state_width
-        if width != config.hidden_size:
-            raise ValueError(
-                f"the target's tapped states have {width} features, the EAGLE-3 head's fc gives "
-                f"{config.hidden_size}: it is not this target's head"
-            )
-        logger.info(
-            "EAGLE-3 head %s: target layers %s, draft vocabulary %d",
-            head_dir,
-            self.target_runner.hidden_state_layers,
-            config.draft_vocab_size,
-        )
-        return Eagle3Proposer(head_runtime, self.target_runner.hidden_states, self.target_runner.vocab_size)
+        if cached:
+            setup = {
+                **setup,
+                "bundle": str(self.bundle.root.resolve()),
+                "manifest": self.bundle.manifest,
+                "devices": [self.target_device.device, self.draft_device and self.draft_device.device],
+                "drafter": self.drafter,
+                "overlap": self.overlap,
+            }
+        calibration_cache.calibrate(self.engine, setup if cached else None)
 
     # ------------------------------------------------------------------ prompts
     @property
@@ -384,6 +363,47 @@ class Pipeline:
         """Token ids of a text prompt, or of chat messages rendered with the chat template."""
         return self.requests.encode(prompt)
 
+    # ------------------------------------------------------- what the engine holds
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The step costs the speculation policy weighs: calibrated, then refreshed by every step."""
+        return self.engine.cost_model
+
+    @property
+    def length_policy(self) -> SpeculationLengthPolicy:
+        """Chooses γ for requests that leave num_draft_tokens unset."""
+        return self.engine.length_policy
+
+    @property
+    def tree_policy(self) -> TreeShapePolicy:
+        """Chooses the tree shape of requests with draft_tree "auto"."""
+        return self.engine.tree_policy
+
+    @property
+    def prompt_lookup(self) -> PromptLookup | None:
+        """Drafts looked up in the prompt and the output so far (None: off)."""
+        return self.engine.prompt_lookup
+
+    @property
+    def block_manager(self) -> BlockManager | PrefixCachingBlockManager:
+        """The target's KV blocks (and, with prefix caching, the cached prompt prefixes)."""
+        return self.engine.block_manager
+
+    @property
+    def num_engine_failures(self) -> int:
+        """Engine steps that failed as a whole (every request in flight ended with "error")."""
+        return self.engine.num_engine_failures
+
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefixes no request holds (after a forward outside the engine wrote KV,
+        as in timing one); return how many blocks were dropped."""
+        return self.engine.reset_prefix_cache()
+
+    # --------------------------------------------------------------- generation
     # --------------------------------------------------------------- generation
     def generate(
         self,
@@ -398,87 +418,79 @@ class Pipeline:
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], dict)
         ):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         if isinstance(params, list):
             if len(params) != len(prompts):
                 raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
             per_prompt = params
         else:
             per_prompt = [params or SamplingParams()] * len(prompts)
-        texts: dict[str, RequestText] = {}
-        order = []
+        order: list[str] = []
         try:
             for prompt, prompt_params in zip(prompts, per_prompt, strict=True):
-                request_id = self._add(prompt, prompt_params)
-                texts[request_id] = RequestText(self.tokenizer, prompt_params)
-                order.append(request_id)
+                order.append(self._add(prompt, prompt_params))
         except ValueError:
             for request_id in order:  # nothing half-submitted stays in the engine
-                self.engine.abort(request_id)
+                self.driver.abort(request_id)
             raise
+        texts = {request_id: "" for request_id in order}
+        token_ids: dict[str, list[int]] = {request_id: [] for request_id in order}
         finished: dict[str, StepOutput] = {}
-        try:
-            for output, _ in self._run(texts):
-                if output.finished:
-                    finished[output.request_id] = output
-        finally:
-            for request_id in order:
-                if request_id not in finished:
-                    self.engine.abort(request_id)
-        return [self._result(texts[rid], finished[rid]) for rid in order]
+        with contextlib.closing(self.driver.run(order)) as steps:  # an exception aborts the unfinished
+            for step in steps:
+                request_id = step.output.request_id
+                texts[request_id] += step.text
+                token_ids[request_id] += step.output.new_token_ids
+                if step.output.finished:
+                    finished[request_id] = step.output
+        return [self._result(texts[rid], token_ids[rid], finished[rid]) for rid in order]
 
     def stream(self, prompt: str | Messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of one request piece by piece as it is generated.
 
         Raises :class:`GenerationError` after the text so far when the request ends with "error".
         """
-        params = params or SamplingParams()
-        request_id = self._add(prompt, params)
-        texts = {request_id: RequestText(self.tokenizer, params)}
-        done = False
-        try:
-            for output, delta in self._run(texts):
-                if delta:
-                    yield delta
-                done = output.finished
-                if done:
+        request_id = self._add(prompt, params or SamplingParams())
+        with contextlib.closing(self.driver.run([request_id])) as steps:  # closed early: aborted
+            for step in steps:
+                if step.text:
+                    yield step.text
+                output = step.output
+                if output.finished:
                     self.last_stats = output.stats.as_dict()
                     if output.finish_reason == "error":
                         raise GenerationError(output.error or "the request failed")
-        finally:
-            if not done:
-                self.engine.abort(request_id)
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> str:
+        """Queue one request of token ids with ``params`` as they are (``generate`` fills in the
+        pipeline's default γ and tree; this does not); return its id, for :meth:`steps` and
+        :meth:`abort`. Raises ValueError, queueing nothing, if the engine refuses it."""
+        request_id = f"pipe-{next(self._request_counter)}"
+        self.driver.add(request_id, prompt_token_ids, params)
+        return request_id
+
+    def steps(self, request_ids: Collection[str]) -> Generator[RequestStep, None, None]:
+        """Step the engine until these requests finish, yielding each step's output for them with its
+        new text and time (for per-step figures: time to first token, inter-token latency). Closing
+        the iterator early aborts the requests still unfinished."""
+        return self.driver.run(request_ids)
+
+    def abort(self, request_id: str) -> None:
+        """End a queued or running request now, freeing its KV."""
+        self.driver.abort(request_id)
 
     def _add(self, prompt: str | Messages, params: SamplingParams) -> str:
-        request_id = f"pipe-{next(self._request_counter)}"
         if params.num_draft_tokens is None and self.default_num_draft_tokens is not None:
             params = dataclasses.replace(params, num_draft_tokens=self.default_num_draft_tokens)
         if params.draft_tree is None and self.default_draft_tree is not None:
             params = dataclasses.replace(params, draft_tree=self.default_draft_tree)
-        self.engine.add_request(request_id, self.encode(prompt), params)
-        return request_id
-
-    def _run(self, texts: dict[str, RequestText]) -> Iterator[tuple[StepOutput, str]]:
-        """Step the engine until these requests finish, turning tokens into text on the way."""
-        pending = set(texts)
-        while pending:
-            outputs = self.engine.step()
-            if not outputs and not self.engine.has_unfinished():
-                raise RuntimeError("the engine stopped with requests unfinished")
-            for output in outputs:
-                text = texts.get(output.request_id)
-                if text is None:
-                    continue
-                delta = apply_output(self.engine, text, output)
-                if output.finished:
-                    pending.discard(output.request_id)
-                yield output, delta
+        return self.add_request(self.encode(prompt), params)
 
     @staticmethod
-    def _result(text: RequestText, output: StepOutput) -> GenerationResult:
+    def _result(text: str, token_ids: list[int], output: StepOutput) -> GenerationResult:
         return GenerationResult(
-            text=text.text,
-            token_ids=list(text.token_ids),
+            text=text,
+            token_ids=token_ids,
             finish_reason=output.finish_reason,
             stats=output.stats.as_dict(),
             error=output.error,

@@ -1,8 +1,8 @@
 """From engine outputs to a request's text: detokenizing, stop strings, and the end of a request.
 
-Both front ends (``Pipeline`` for the Python API, ``EngineLoop`` for the server) feed every
-:class:`~xpuspec.engine.engine.StepOutput` of a request through :func:`apply_output`, so the rules
-below hold the same way in both:
+The engine's one driver (:class:`~xpuspec.api.engine_driver.EngineDriver`, run inline by ``Pipeline``
+and in the server's loop thread) feeds every :class:`~xpuspec.engine.engine.StepOutput` of a request
+through :func:`apply_output`, so the rules below hold the same way for the Python API and the server:
 
 * **Exact stops.** A step may emit several tokens (accepted drafts). When a stop string ends inside
   them, the tokens after the one that completes it are dropped: from the output's token ids, from

@@ -116,7 +116,7 @@ def run_latency(
             running = _running(rows, failed, round_index, len(prompts), progress)
             _run_round(running, built, prompts, config, round_index, progress)
             cost_models.update(
-                (key, runner.pipeline.engine.cost_model)
+                (key, runner.pipeline.cost_model)
                 for key, runner in built.items()
                 if isinstance(runner, XpuspecLatencyRunner)
             )

@@ -110,17 +110,14 @@ class _XpuspecRunner:
             engine_config=EngineConfig(max_model_len=max_context, enable_prefix_caching=prefix_caching),
             use_placement=False,
         )
-        self._ids = 0
 
     def first_token_seconds(self, token_ids: list[int]) -> float:
         from xpuspec.sample.sampling_params import SamplingParams
 
-        engine = self.pipeline.engine
-        self._ids += 1
         started = time.perf_counter()
-        engine.add_request(f"mt-{self._ids}", token_ids, SamplingParams(max_tokens=1, temperature=0.0))
-        while engine.has_unfinished():
-            engine.step()
+        request_id = self.pipeline.add_request(token_ids, SamplingParams(max_tokens=1, temperature=0.0))
+        for _ in self.pipeline.steps([request_id]):
+            pass
         return time.perf_counter() - started
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from xpuspec.api.errors import CommandError
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
-from xpuspec.sample.draft_tree import parse_draft_tree_text
+from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree_text
 from xpuspec.sample.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -227,12 +227,13 @@ def summary_line(
     elif params.num_draft_tokens is not None:
         policy = f"γ = {params.num_draft_tokens}"
     else:
-        policy = f"adaptive γ <= {pipe.engine.length_policy.max_draft_tokens}"
-        if pipe.engine.prompt_lookup is not None:
+        policy = f"adaptive γ <= {pipe.length_policy.max_draft_tokens}"
+        if pipe.prompt_lookup is not None:
             policy += " + prompt lookup"
     if params.draft_tree is not None:
         tree = params.draft_tree
-        policy += f", tree {tree if isinstance(tree, str) else f'{tree.depth},{tree.width},{tree.nodes}'}"
+        shape = f"{tree.depth},{tree.width},{tree.nodes}" if isinstance(tree, TreeShape) else tree
+        policy += f", tree {shape}"
     line = (
         f"[{pipe.drafter} drafter, {policy}] {tokens} tokens in {elapsed:.2f}s "
         f"({tokens / max(elapsed, 1e-9):.1f} tokens/s, first token "
@@ -257,7 +258,7 @@ def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
     """The cost model's case against drafting: measured step costs and the acceptance it used."""
     from xpuspec.spec_decode.policy import AcceptanceTracker
 
-    policy = pipe.engine.length_policy
+    policy = pipe.length_policy
     costs = policy.cost_model
     target_s, draft_s = costs.target_cost(1, num_sequences=1), costs.draft_cost(1)
     alpha = acceptance if acceptance is not None else AcceptanceTracker().prior

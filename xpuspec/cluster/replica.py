@@ -84,7 +84,7 @@ class EngineReplica:
         """What the router needs: the prefix cache's block digests, the load, and the metrics."""
         pipeline = self.loop.pipeline
         assert pipeline is not None
-        block_manager = pipeline.engine.block_manager
+        block_manager = pipeline.block_manager
         if isinstance(block_manager, PrefixCachingBlockManager):
             root = block_manager.root_digest
             digests = tuple(digest[:DIGEST_BYTES] for digest in block_manager.cached_digests())

@@ -119,6 +119,7 @@ class LLMEngine:
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool = False,
         grammar: GrammarCompiler | None = None,
+        phase_hooks: PhaseHooks | None = None,
     ):
         self.target = target
         self.proposer = proposer
@@ -148,11 +149,8 @@ class LLMEngine:
         )
         self.num_engine_failures = 0  # steps that failed as a whole (model execution)
         self.num_requests_failed = 0  # requests ended by those failures
-        # The burst interrupt of a step() called without one (``step(interrupt=...)`` is the way to
-        # give one; this default is kept for callers that set it once).
-        self.burst_interrupt: Interrupt | None = None
         # Told the seconds of each phase of a step (xpuspec.engine.strategy.PhaseHooks); None: untimed.
-        self.phase_hooks: PhaseHooks | None = None
+        self.phase_hooks = phase_hooks
 
     # ------------------------------------------------------------ composition
     @property
@@ -333,7 +331,10 @@ class LLMEngine:
     def step(self, interrupt: Interrupt | None = None) -> list[StepOutput]:
         """Run one batched step, schedule → propose → verify → update; return what changed for each
         touched request. ``interrupt``: asked between the passes of a decode burst, True ends it
-        (work waiting outside the engine); None: ``burst_interrupt``.
+        (work waiting outside the engine); None: bursts run their course.
+
+        ``interrupt`` is asked between the passes of a decode burst: True ends the burst, so that
+        work waiting outside the engine (a server's new requests and aborts) is not held back.
 
         Never raises for a failure inside the step: a request's own failure ends it alone, any
         other ends every request in flight (see :meth:`recover`); both come back as outputs with
@@ -348,7 +349,7 @@ class LLMEngine:
             outputs += finished
             self.phase_ended("schedule", phase)
             if chunks:  # propose → verify → update, in the order of the engine's strategy
-                self.strategy.run(chunks, outputs, started, interrupt or self.burst_interrupt)
+                self.strategy.run(chunks, outputs, started, interrupt)
         except Exception as error:
             outputs += self.recover(error)
         self.phase_ended("step", started_step)

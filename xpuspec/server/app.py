@@ -45,7 +45,7 @@ def create_app(
     loop's ``requests``, never its engine).
     """
     config = config or ServerConfig()
-    factory = pipeline if callable(pipeline) and not hasattr(pipeline, "engine") else (lambda: pipeline)
+    factory = pipeline if callable(pipeline) else (lambda: pipeline)  # a Pipeline is not callable
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     json_provider = DefaultJSONProvider(app)

@@ -43,13 +43,11 @@ def test_xpuspec_side_reuses_no_prompt_prefix_since_genai_side_cannot():
     pipeline = parity.xpuspec_pipeline("demo", None, needs_draft=False)
     prompt = pipeline.encode("def fibonacci(n):\n    " * 8)
     cached = []
-    for request_id in ("first", "again"):  # the same prompt twice, as every round repeats its prompts
-        pipeline.engine.add_request(request_id, prompt, SamplingParams(max_tokens=2, ignore_eos=True))
-        finished = []
-        while not finished:
-            finished = [output for output in pipeline.engine.step() if output.finished]
+    for _ in range(2):  # the same prompt twice, as every round repeats its prompts
+        request_id = pipeline.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        finished = [step.output for step in pipeline.steps([request_id]) if step.output.finished]
         cached.append(finished[0].stats.cached_tokens)
-    assert len(prompt) > 2 * pipeline.engine.block_manager.block_size  # a cache would hold full blocks
+    assert len(prompt) > 2 * pipeline.block_manager.block_size  # a cache would hold full blocks
     assert cached == [0, 0]
 
 

@@ -5,24 +5,24 @@ from __future__ import annotations
 import pytest
 
 from research.bench import profile
-from research.bench.profile import ROWS, profile_configuration
+from research.bench.profile import ROWS, Timers, profile_configuration
 from xpuspec.api.pipeline import Pipeline
 
 PROMPTS = ["def add(a, b):\n", "import os\n"]
+TIMERS = Timers()
 
 
 @pytest.fixture(scope="module")
 def demo_pipeline() -> Pipeline:
-    return Pipeline("demo", drafter="draft")
+    return Pipeline("demo", drafter="draft", phase_hooks=TIMERS)
 
 
 @pytest.mark.parametrize("num_draft_tokens", [0, 3])
 def test_profile_times_each_stage_and_restores_the_pipeline(
     demo_pipeline: Pipeline, num_draft_tokens
 ) -> None:
-    engine = demo_pipeline.engine
-    draft_runner = engine.proposer.runner
-    result = profile_configuration(demo_pipeline, PROMPTS, 12, num_draft_tokens, "run")
+    draft_runner = demo_pipeline.proposer.runner
+    result = profile_configuration(demo_pipeline, TIMERS, PROMPTS, 12, num_draft_tokens, "run")
     assert result.num_tokens == 2 * 12
     assert 0 < result.num_steps <= result.num_tokens
     assert set(result.rows) == set(ROWS)
@@ -33,9 +33,9 @@ def test_profile_times_each_stage_and_restores_the_pipeline(
     assert sum(result.rows.values()) == pytest.approx(result.wall_seconds)
     assert result.rows["target device"] < result.wall_seconds
     # The wrappers are gone: the methods are the classes' again.
-    for owner in (engine, demo_pipeline.target_runner, draft_runner):
+    for owner in (demo_pipeline.target_runner, draft_runner):
         assert not {"step", "wait", "start", "_fill_inputs", "_schedule"} & set(vars(owner))
-    from xpuspec.api.pipeline import RequestText
+    from xpuspec.api.request_text import RequestText
     from xpuspec.text.detokenizer import IncrementalDetokenizer
 
     assert (
