@@ -102,9 +102,9 @@ def test_a_new_pipeline_uses_the_recorded_placement(planned_bundle):
     assert pipe.target_device.device == "CPU" and pipe.draft_device is None
     submitted = []
     add_request = pipe.engine.add_request
-    pipe.engine.add_request = lambda rid, ids, params: (
+    pipe.engine.add_request = lambda rid, ids, params, **options: (
         submitted.append(params),
-        add_request(rid, ids, params),
+        add_request(rid, ids, params, **options),
     )
     pipe.generate(["def add(a, b):", "x"], [SamplingParams(max_tokens=4), SamplingParams(num_draft_tokens=1)])
     # γ from the manifest for a request that leaves it unset; a request's own γ wins.

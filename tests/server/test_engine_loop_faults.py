@@ -231,5 +231,5 @@ def test_queued_requests_and_aborts_end_a_decode_burst():
     engine_loop.stop()  # nothing takes the queue from now on
     assert interrupts and all(interrupt == engine_loop.has_waiting_commands for interrupt in interrupts)
     assert not engine_loop.has_waiting_commands()
-    engine_loop._commands.put(("abort", "nobody"))
+    engine_loop.abort("nobody")
     assert engine_loop.has_waiting_commands()

@@ -205,6 +205,22 @@ class _Active:
     provenance: bool = False
 
 
+@dataclass(frozen=True)
+class AddCommand:
+    """A request thread's choice for the loop thread to add to the engine."""
+
+    request_id: str
+    generation: Generation
+    choice: ChoiceRequest
+
+
+@dataclass(frozen=True)
+class AbortCommand:
+    """A request thread's abort of one of its choices, for the loop thread."""
+
+    request_id: str
+
+
 class EngineLoop:
     """Drives a Pipeline's engine driver in one background thread: admission, stepping, delivery,
     draining."""
@@ -224,7 +240,7 @@ class EngineLoop:
         self.load_error: BaseException | None = None
         self.ready = threading.Event()
         self.snapshot = EngineSnapshot()
-        self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[AddCommand | AbortCommand] = queue.SimpleQueue()
         self._admission = threading.Lock()
         self._num_in_flight = 0
         self._accepting = True
@@ -285,11 +301,11 @@ class EngineLoop:
         request_ids = [f"req-{next(self._ids)}" for _ in choices]
         generation = Generation(self, request_ids)
         for request_id, choice in zip(request_ids, choices, strict=True):
-            self._commands.put(("add", (request_id, generation, choice)))
+            self._commands.put(AddCommand(request_id, generation, choice))
         return generation
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(AbortCommand(request_id))
 
     def stop_accepting(self) -> None:
         with self._admission:
@@ -346,11 +362,10 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            kind, payload = command
-            if kind == "add":
-                self._add(*payload)  # type: ignore[misc]
+            if isinstance(command, AddCommand):
+                self._add(command.request_id, command.generation, command.choice)
             else:
-                self._abort(payload)  # type: ignore[arg-type]
+                self._abort(command.request_id)
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:

@@ -243,30 +243,30 @@ class Pipeline:
         """The drafter the placement chose (an EAGLE-3 head, a draft model, n-grams, or none), finished
         once the target is built. A draft model compiles meanwhile, in a thread: it needs only the
         target's KV blocks, taken after, so the start waits for the longer compile rather than both."""
+        user = draft_properties if draft_properties is not None else properties
         if self.drafter == "eagle3":
-            core = runner_limits["core"]
-            user = draft_properties if draft_properties is not None else properties
-            device = self.draft_device.device  # type: ignore[union-attr]
-            target = self.bundle.target.path
+            assert self.draft_device is not None  # the placement gives a head its device
+            device, core, target = self.draft_device.device, runner_limits["core"], self.bundle.target.path
             return lambda head: eagle3_proposer(
                 eagle3_head, head, target, device, user, core, self.target_runner
             )
         if self.draft_device is None:
             drafter = NgramDraftProposer() if self.drafter == "ngram" else None
             return lambda head: drafter
-        if draft_vocab is None:
-            draft_vocab = self.bundle.draft.facts.get("draft_vocab")  # type: ignore[union-attr]
-        self.draft_vocab = draft_vocab
-        user = draft_properties if draft_properties is not None else properties
-        draft = (self.draft_device, self.bundle.draft, "draft", user)
+        draft_device, draft_model = self.draft_device, self.bundle.draft
+        assert draft_model is not None  # the placement gives a device only to a bundle's draft
+        self.draft_vocab = draft_vocab if draft_vocab is not None else draft_model.facts.get("draft_vocab")
         tuned = self.tuned_properties["draft"]
-        options = dict(tuned_properties=tuned, logits_vocab=draft_vocab, **runner_limits)
-        ahead = compile_ahead(*draft, **options)  # type: ignore[arg-type]
+        options = dict(tuned_properties=tuned, logits_vocab=self.draft_vocab, **runner_limits)
+        ahead = compile_ahead(draft_device, draft_model, "draft", user, **options)
 
         def finish(head: HeadFolder | None) -> Drafter:
             target = self.target_runner
             draft_runner = create_runner(
-                *draft,  # type: ignore[arg-type]
+                draft_device,
+                draft_model,
+                "draft",
+                user,
                 num_blocks=target.num_blocks,
                 block_size=target.block_size,
                 precompiled=ahead.result() if ahead is not None else None,

@@ -57,7 +57,7 @@ class IngressServer:
         server_state(app).metrics.registry.register(ReplicaMetricsCollector())
         self._app = app
         # Flask's __call__ types its environ as a dict, a2wsgi's protocol as its Environ TypedDict.
-        return WSGIMiddleware(app, workers=WSGI_THREADS)  # type: ignore[arg-type]
+        return WSGIMiddleware(app, workers=WSGI_THREADS)  # type: ignore[arg-type]  # environ types differ
 
     def check_health(self) -> None:
         error = server_state(self._app).loop.load_error if self._app is not None else None
@@ -90,10 +90,10 @@ def replica_deployment(settings: ClusterSettings) -> Any:
         graceful_shutdown_timeout_s=120,
         request_router_config=RequestRouterConfig(
             # Ray 2.60 types these pydantic fields wrongly (as dicts); the model takes these values.
-            request_router_class=ROUTER_CLASS,  # type: ignore[arg-type]
+            request_router_class=ROUTER_CLASS,  # type: ignore[arg-type]  # Ray 2.60 types it as a dict
             request_router_kwargs={"policy": "affinity"},
-            request_routing_stats_period_s=1,  # type: ignore[arg-type]
-            request_routing_stats_timeout_s=10,  # type: ignore[arg-type]
+            request_routing_stats_period_s=1,  # type: ignore[arg-type]  # Ray 2.60 types it as a dict
+            request_routing_stats_timeout_s=10,  # type: ignore[arg-type]  # Ray 2.60 types it as a dict
         ),
     )(EngineReplica)
 

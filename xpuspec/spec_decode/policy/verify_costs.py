@@ -139,10 +139,13 @@ class VerifyCostCurve:
         entries = self._buckets.get(bucket)
         shape: list[float | None] = [None] * (self.max_tokens_per_sequence + 1)
         if entries is not None:
-            sizes = [n for n in range(1, len(entries)) if entries[n].calibrated is not None]
+            calibrated = {n: entries[n].calibrated for n in range(1, len(entries))}
+            sizes = [n for n, seconds in calibrated.items() if seconds is not None]
             blocks: list[list[float]] = []  # [sum, count] of pooled runs
-            for n in sizes:
-                blocks.append([entries[n].calibrated, 1.0])  # type: ignore[list-item]
+            for seconds in calibrated.values():
+                if seconds is None:
+                    continue
+                blocks.append([seconds, 1.0])
                 while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
                     total, count = blocks.pop()
                     blocks[-1][0] += total
@@ -179,36 +182,36 @@ class VerifyCostCurve:
         shape = self._shape(batch_bucket(num_sequences))
         scale = self.scale(num_sequences) or 1.0
         values: list[float | None] = [None] * width
-        known: list[int] = []
+        known: dict[int, float] = {}  # the sizes measured or calibrated, ascending
         corrections = _corrections(entries, shape)
         for n in range(1, width):
             cell = entries[n]
             calibrated = shape[n]
             if calibrated is not None:
-                values[n] = scale * calibrated * corrections[n]
+                value = scale * calibrated * corrections[n]
             elif cell.weight > 0:
-                values[n] = cell.total / cell.weight
+                value = cell.total / cell.weight
             else:
                 continue
-            known.append(n)
+            values[n] = known[n] = value
         if not known:
             return values
         if len(known) == width - 1:
             return _non_decreasing(values)
         per_token = slope() if callable(slope) else slope
-        first, last = known[0], known[-1]
+        first, last = min(known), max(known)
         for n in range(1, width):
-            if values[n] is not None:
+            if n in known:
                 continue
             if n < first:
-                values[n] = max(values[first] + per_token * (n - first), 0.0)  # type: ignore[operator]
+                values[n] = max(known[first] + per_token * (n - first), 0.0)
             elif n > last:
-                values[n] = max(values[last] + per_token * (n - last), 0.0)  # type: ignore[operator]
+                values[n] = max(known[last] + per_token * (n - last), 0.0)
             else:
                 below = max(k for k in known if k < n)
                 above = min(k for k in known if k > n)
-                v0, v1 = values[below], values[above]
-                values[n] = v0 + (v1 - v0) * (n - below) / (above - below)  # type: ignore[operator]
+                v0, v1 = known[below], known[above]
+                values[n] = v0 + (v1 - v0) * (n - below) / (above - below)
         return _non_decreasing(values)
 
     def table(self, num_sequences: int = 1) -> dict[int, dict[str, float | None]]:
