@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import PROMPTS, target_only_outputs
+from tests.support.engine_runs import draft_whenever_the_cost_model_says
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig
 
@@ -151,6 +152,7 @@ def test_adaptive_decode_steps_keep_their_count_until_shrinking_pays(pair_bundle
     pinned here, so the test does not rest on this machine's timings."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     pipe.engine.cost_model.shrink_pays = lambda *args: shrink
+    draft_whenever_the_cost_model_says(pipe.engine)  # steps without drafting are not padded
     runner = pipe.engine.target
     fill_inputs = runner._fill_inputs
     steps: list[tuple[int, int]] = []  # (tokens with padding, padding) of each decode step

@@ -10,7 +10,8 @@ drafting, each verification, and whether drafting paid at that batch. The module
 - ``speculation_length``: γ of a chain (Leviathan et al.'s expected tokens per second);
 - ``tree_policy``: the shape of an "auto" tree;
 - ``prompt_lookup``: drafts that cost nothing where a sequence repeats itself, and their rates;
-- ``drafting_payoff``: whether adaptive drafting pays at a batch shape, from whole steps;
+- ``drafting_payoff``: whether adaptive drafting pays at a batch shape and kind of work, from whole
+  steps;
 - ``draft_choice``: per sequence and step, a chain, a tree, a lookup or nothing, and the probes;
 - ``step_shape``: the target steps' shape, and the padding that keeps it.
 
@@ -104,7 +105,7 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None:
             return {}
-        choice.new_step()
+        choice.new_step(sequences)
         return {
             sequence.request_id: choice.num_draft_tokens(sequence, num_running, sequence.request_id in guided)
             for sequence in sequences
@@ -127,7 +128,8 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None:
             return True
-        if any(choice.would_draft(sequence, len(sequences)) for sequence in sequences):
+        kind = choice.work_kind(sequences)
+        if any(choice.would_draft(sequence, len(sequences), kind) for sequence in sequences):
             return False  # the next step drafts (or probes): a step of its own
         choice.steps_without_drafting += 1
         return True
@@ -220,7 +222,7 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None or choice.step_drafting_on is None or not decode_sequences(runner_chunks):
             return
-        choice.payoff.record(num_sequences, choice.step_drafting_on, num_tokens, seconds)
+        choice.payoff.record(num_sequences, choice.step_kind, choice.step_drafting_on, num_tokens, seconds)
 
     # ------------------------------------------------------------ requests
     def admit(self, request_id: str, tenant: str | None) -> None:

@@ -18,7 +18,7 @@ from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
-from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff
+from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff, WorkKind
 from xpuspec.spec_decode.policy.prompt_lookup import LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.policy.step_shape import StepShape
@@ -61,15 +61,32 @@ class DraftChoice:
         # Whole steps' tokens per second with drafts and without, per batch shape (recorded by the
         # engine): adaptive drafting stops where it has given less.
         self.payoff = DraftingPayoff()
-        # Whether this step's adaptive requests were allowed to draft (None: none asked).
+        # Whether this step's adaptive requests were allowed to draft (None: none asked), and the
+        # kind of work the step is measured as (``work_kind``).
         self.step_drafting_on: bool | None = None
+        self.step_kind = WorkKind.FREE
         self._warned_no_trees = False
 
-    def new_step(self) -> None:
-        """Forget the last step's trees and lookups (before the scheduler plans the next)."""
+    def new_step(self, sequences: list[Sequence]) -> None:
+        """Forget the last step's trees and lookups (before the scheduler plans the next, whose
+        decoding ``sequences`` set the kind of work it is measured as)."""
         self.trees = {}
         self.lookups = {}
         self.step_drafting_on = None
+        self.step_kind = self.work_kind(sequences)
+
+    def work_kind(self, sequences: list[Sequence]) -> WorkKind:
+        """COPY when a prompt lookup finds a continuation for one of the adaptive ``sequences``
+        (unseeded, γ not fixed), FREE otherwise."""
+        lookup = self.prompt_lookup
+        if lookup is not None and any(
+            sequence.params.num_draft_tokens is None
+            and sequence.params.seed is None
+            and lookup.has_candidate(sequence, self.max_draft_tokens)
+            for sequence in sequences
+        ):
+            return WorkKind.COPY
+        return WorkKind.FREE
 
     def num_draft_tokens(self, sequence: Sequence, num_running: int, guided: bool) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget.
@@ -90,18 +107,19 @@ class DraftChoice:
         self.trees[sequence.request_id] = shape
         return shape.nodes
 
-    def would_draft(self, sequence: Sequence, num_running: int) -> bool:
-        """Whether a step now would draft for ``sequence``, which has no output constraint (asked
-        between the passes of a decode burst: unlike :meth:`num_draft_tokens` it leaves this step's
-        choices alone)."""
-        drafting_on = self.step_drafting_on
+    def would_draft(self, sequence: Sequence, num_running: int, kind: WorkKind) -> bool:
+        """Whether a step of ``kind`` now would draft for ``sequence``, which has no output constraint
+        (asked between the passes of a decode burst: unlike :meth:`num_draft_tokens` it leaves this
+        step's choices alone)."""
+        drafting_on, step_kind = self.step_drafting_on, self.step_kind
+        self.step_kind = kind
         try:
             return (
                 self._tree_choice(sequence, num_running, guided=False)[0] is not None
                 or self._chain_length(sequence, num_running)[0] > 0
             )
         finally:
-            self.step_drafting_on = drafting_on
+            self.step_drafting_on, self.step_kind = drafting_on, step_kind
 
     def record_step(self, wanted: list[ScheduledChunk]) -> None:
         """A step's drafting, ``wanted`` its chunks with drafts: count the steps since the draft
@@ -198,12 +216,12 @@ class DraftChoice:
         return gamma, False, None
 
     def _may_draft(self, running: int) -> bool:
-        """Whether adaptive requests may draft at this batch shape this step
+        """Whether adaptive requests may draft at this batch shape and kind of work this step
         (:class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff`). Its steps without drafts also
         measure γ = 0 at that shape, the cost every γ is weighed against: at a shape never
         calibrated it otherwise came from one odd step, which could make verifying several tokens
         per sequence look as cheap as one (docs/experiments/code-comment-figures.md)."""
-        allowed = self.payoff.pays(running)
+        allowed = self.payoff.pays(running, self.step_kind)
         self.step_drafting_on = allowed
         return allowed
 

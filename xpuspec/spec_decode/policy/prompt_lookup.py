@@ -54,6 +54,10 @@ LONG_MATCH = 2
 SHARED_LONG_MATCH = 12
 
 
+# A lookup's continuation: its tokens, the match length, whether it is shared, its acceptance rates.
+_Candidate = tuple[list[int], int, bool, AcceptanceRates]
+
+
 @dataclass(frozen=True)
 class LookupDraft:
     """A lookup's draft tokens and the length of the n-gram whose earlier occurrence gave them."""
@@ -78,10 +82,18 @@ class PromptLookup:
         self.shared_acceptance = {False: AcceptanceRates(), True: AcceptanceRates()}
         self._tenants: dict[str, str | None] = {}  # each request's tenant, from admit to retire
         self.shared_drafted = self.shared_accepted = 0  # shared draft tokens verified, accepted
+        # Each request's candidates at its last length asked (``_candidates``).
+        self._last_candidates: dict[str, tuple[tuple[int, int], list[_Candidate]]] = {}
 
     def admit(self, request_id: str, tenant: str | None) -> None:
         """``request_id``'s lookups read, and its tokens go to, ``tenant``'s documents."""
         self._tenants[request_id] = tenant
+
+    def has_candidate(self, sequence: Sequence, max_tokens: int) -> bool:
+        """Whether a lookup finds a continuation for ``sequence`` now (its own tokens or, with a shared
+        index, its tenant's earlier requests): the step is of the kind of work that copies
+        (:class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff` measures that kind apart)."""
+        return bool(self._candidates(sequence, max_tokens))
 
     def choose(
         self,
@@ -93,21 +105,11 @@ class PromptLookup:
     ) -> LookupDraft | None:
         """The lookup draft for ``sequence`` this step, or None when the draft model's best choice
         (``model_tokens_per_second``, γ = 0 included) predicts as much."""
-        request_id, max_tokens = sequence.request_id, policy.max_draft_tokens
-        candidates = []
-        tokens, ngram = self._indexes.propose_with_match(request_id, sequence.token_ids, max_tokens)
-        if tokens:
-            candidates.append((tokens, ngram, False, self.acceptance[ngram >= LONG_MATCH]))
-        if self.shared is not None and request_id in self._tenants:  # never another tenant's by default
-            match = self.shared.lookup(self._tenants[request_id], sequence.token_ids, max_tokens)
-            if match is not None and match.token_ids:
-                long = match.match_length >= SHARED_LONG_MATCH
-                candidates.append((match.token_ids, match.match_length, True, self.shared_acceptance[long]))
         best: LookupDraft | None = None
         best_rate = model_tokens_per_second
-        for tokens, ngram, shared, rates in candidates:
+        for tokens, ngram, shared, rates in self._candidates(sequence, policy.max_draft_tokens):
             gamma, tokens_per_second = policy.best(
-                rates.rate(request_id, pooled_prior=True),
+                rates.rate(sequence.request_id, pooled_prior=True),
                 num_sequences,
                 num_sequences,
                 previous_tokens_per_sequence,
@@ -117,6 +119,26 @@ class PromptLookup:
             if gamma > 0 and tokens_per_second > best_rate:
                 best, best_rate = LookupDraft(tokens[:gamma], ngram, shared), tokens_per_second
         return best
+
+    def _candidates(self, sequence: Sequence, max_tokens: int) -> list[_Candidate]:
+        """The lookups' continuations for ``sequence`` at its current length, each with its match length,
+        whether it is shared, and its acceptance rates; computed once per length (a step asks for the
+        kind of work, then for the draft)."""
+        request_id, length = sequence.request_id, len(sequence.token_ids)
+        cached = self._last_candidates.get(request_id)
+        if cached is not None and cached[0] == (length, max_tokens):
+            return cached[1]
+        candidates: list[_Candidate] = []
+        tokens, ngram = self._indexes.propose_with_match(request_id, sequence.token_ids, max_tokens)
+        if tokens:
+            candidates.append((tokens, ngram, False, self.acceptance[ngram >= LONG_MATCH]))
+        if self.shared is not None and request_id in self._tenants:  # never another tenant's by default
+            match = self.shared.lookup(self._tenants[request_id], sequence.token_ids, max_tokens)
+            if match is not None and match.token_ids:
+                long = match.match_length >= SHARED_LONG_MATCH
+                candidates.append((match.token_ids, match.match_length, True, self.shared_acceptance[long]))
+        self._last_candidates[request_id] = ((length, max_tokens), candidates)
+        return candidates
 
     def update(
         self, request_id: str, ngram: int, num_drafted: int, num_accepted: int, shared: bool = False
@@ -140,6 +162,7 @@ class PromptLookup:
 
     def forget(self, request_id: str) -> None:
         self._indexes.forget(request_id)
+        self._last_candidates.pop(request_id, None)
         self._tenants.pop(request_id, None)
         for rates in (*self.acceptance.values(), *self.shared_acceptance.values()):
             rates.forget(request_id)
