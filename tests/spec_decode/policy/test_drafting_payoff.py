@@ -137,6 +137,12 @@ def test_the_engine_stops_adaptive_drafting_at_a_batch_where_it_lost(pipe) -> No
     assert [r.token_ids for r in results] == expected
     assert sum(r.stats["drafted"] for r in results) == 0
     assert payoff._buckets[4, FREE].step > 0, "the engine's steps were not recorded"
+    # A greedy request's seed changes nothing: it is adaptive like the others (clients often send one).
+    while payoff._buckets[4, FREE].step:
+        run(payoff, 1, on_rate=0.5, off_rate=1.0)
+    seeded = pipe.generate(PROMPTS[:4], dataclasses.replace(params, seed=7))
+    assert [r.token_ids for r in seeded] == expected
+    assert sum(r.stats["drafted"] for r in seeded) == 0
     # A fixed γ keeps its drafts; a request alone (batch 1) is measured in a bucket of its own, which
     # a new engine's first request finds untried: it drafts.
     fixed = pipe.generate(PROMPTS[:4], dataclasses.replace(params, num_draft_tokens=2))

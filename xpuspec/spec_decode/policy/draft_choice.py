@@ -81,7 +81,7 @@ class DraftChoice:
         lookup = self.prompt_lookup
         if lookup is not None and any(
             sequence.params.num_draft_tokens is None
-            and sequence.params.seed is None
+            and not sequence.params.seeded
             and lookup.has_candidate(sequence, self.max_draft_tokens)
             for sequence in sequences
         ):
@@ -94,7 +94,7 @@ class DraftChoice:
         shape, tree_rate = self._tree_choice(sequence, num_running, guided)
         if shape is None:
             gamma, probe, lookup = self._chain_length(sequence, num_running)
-            if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
+            if sequence.params.num_draft_tokens is None and not sequence.params.seeded:
                 self._probed |= probe
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
             if lookup is not None:
@@ -144,7 +144,7 @@ class DraftChoice:
         second the cost model predicts for an "auto" tree (infinite for a shape the request fixed,
         which nothing replaces)."""
         wanted = sequence.params.draft_tree
-        if wanted is None or sequence.params.seed is not None:
+        if wanted is None or sequence.params.seeded:
             return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
         if guided:
             return None, 0.0  # the grammar masks chains (xpuspec.engine.constraints), not trees
@@ -180,7 +180,7 @@ class DraftChoice:
         """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the
         tree and chain choices must ask alike: unseeded requests start from the rate pooled over
         every sequence's drafts, not from the fixed prior."""
-        return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
+        return self.acceptance.rate(sequence.request_id, pooled_prior=not sequence.params.seeded)
 
     def _chain_length(self, sequence: Sequence, running: int) -> tuple[int, bool, LookupDraft | None]:
         """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
@@ -189,7 +189,7 @@ class DraftChoice:
         if fixed is not None:
             return min(fixed, self.max_draft_tokens), False, None
         rate = self._acceptance_rate(sequence)
-        if sequence.params.seed is not None:
+        if sequence.params.seeded:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
             # γ = 0 steps decay the rate's counts (xpuspec.engine.verification), so it drafts again after a
