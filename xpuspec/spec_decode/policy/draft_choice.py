@@ -76,17 +76,21 @@ class DraftChoice:
         self.step_kind = self.work_kind(sequences)
 
     def work_kind(self, sequences: list[Sequence]) -> WorkKind:
-        """COPY when a prompt lookup finds a continuation for one of the adaptive ``sequences``
-        (unseeded, γ not fixed), FREE otherwise."""
+        """The step's kind of work, from the prompt lookups of its adaptive ``sequences`` (unseeded, γ
+        not fixed): COPY where one has a long match, SHORT_MATCH where one has any, FREE otherwise."""
         lookup = self.prompt_lookup
-        if lookup is not None and any(
-            sequence.params.num_draft_tokens is None
-            and not sequence.params.seeded
-            and lookup.has_candidate(sequence, self.max_draft_tokens)
-            for sequence in sequences
-        ):
-            return WorkKind.COPY
-        return WorkKind.FREE
+        if lookup is None:
+            return WorkKind.FREE
+        kind = WorkKind.FREE
+        for sequence in sequences:
+            if sequence.params.num_draft_tokens is not None or sequence.params.seeded:
+                continue
+            long = lookup.has_long_match(sequence, self.max_draft_tokens)
+            if long:
+                return WorkKind.COPY
+            if long is not None:
+                kind = WorkKind.SHORT_MATCH
+        return kind
 
     def num_draft_tokens(self, sequence: Sequence, num_running: int, guided: bool) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget.

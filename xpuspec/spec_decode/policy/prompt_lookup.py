@@ -49,6 +49,10 @@ MAX_NGRAM = 4
 # often than a longer one, on code often enough to pay. Pooled together, a chat request's many weak
 # 1-token matches pulled down the rate of its strong ones (docs/experiments/code-comment-figures.md).
 LONG_MATCH = 2
+# A match of this many tokens or more is text being copied: on the default model's chat, summaries and
+# code edits the first draft token of such matches was accepted most of the time, of shorter ones
+# seldom (docs/benchmarks.md, "Speculation per kind of task", has the counts).
+COPY_MATCH = 3
 # Shared matches start at the index's key length; the chat template's tail alone matches several
 # tokens in every earlier request, while a verbatim repeat (a re-sent tool result) soon matches many.
 SHARED_LONG_MATCH = 12
@@ -89,11 +93,18 @@ class PromptLookup:
         """``request_id``'s lookups read, and its tokens go to, ``tenant``'s documents."""
         self._tenants[request_id] = tenant
 
-    def has_candidate(self, sequence: Sequence, max_tokens: int) -> bool:
+    def has_long_match(self, sequence: Sequence, max_tokens: int) -> bool | None:
         """Whether a lookup finds a continuation for ``sequence`` now (its own tokens or, with a shared
-        index, its tenant's earlier requests): the step is of the kind of work that copies
-        (:class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff` measures that kind apart)."""
-        return bool(self._candidates(sequence, max_tokens))
+        index, its tenant's earlier requests), and if so whether its match is long (:data:`COPY_MATCH`
+        tokens of its own, :data:`SHARED_LONG_MATCH` shared); None: no continuation. Long matches are
+        text being copied, and their drafts are accepted far more often than short ones' (whole steps
+        measure the kinds apart: :class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff`)."""
+        candidates = self._candidates(sequence, max_tokens)
+        if not candidates:
+            return None
+        return any(
+            ngram >= (SHARED_LONG_MATCH if shared else COPY_MATCH) for _, ngram, shared, _ in candidates
+        )
 
     def choose(
         self,
