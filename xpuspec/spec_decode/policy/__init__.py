@@ -29,7 +29,7 @@ from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates, AcceptanceTracker
 from xpuspec.spec_decode.policy.cost_model import CostModel, expected_tokens_per_step
-from xpuspec.spec_decode.policy.draft_choice import DraftChoice
+from xpuspec.spec_decode.policy.draft_choice import DraftChoice, DraftDecision
 from xpuspec.spec_decode.policy.prompt_lookup import MAX_NGRAM, LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.policy.step_shape import StepShape, decode_sequences, step_tokens
@@ -41,6 +41,7 @@ __all__ = [
     "MAX_RANK",
     "AcceptanceTracker",
     "CostModel",
+    "DraftDecision",
     "LookupDraft",
     "PromptLookup",
     "SpeculationLengthPolicy",
@@ -115,6 +116,11 @@ class SpeculationPolicy:
     def trees(self) -> dict[str, TreeShape]:
         """The tree shape chosen for each sequence this step."""
         return self.draft_choice.trees if self.draft_choice is not None else {}
+
+    @property
+    def decisions(self) -> dict[str, DraftDecision]:
+        """What each sequence asked about this step drafts, and why not where it does not."""
+        return self.draft_choice.decisions if self.draft_choice is not None else {}
 
     @property
     def lookups(self) -> dict[str, LookupDraft]:

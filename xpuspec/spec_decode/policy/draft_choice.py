@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from enum import Enum
 
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
@@ -25,6 +26,17 @@ from xpuspec.spec_decode.policy.step_shape import StepShape
 from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
 
 logger = logging.getLogger(__name__)
+
+
+class DraftDecision(Enum):
+    """What the policy chose for one sequence in one step (each request's stats count them)."""
+
+    LOOKUP = "prompt lookup"
+    MODEL = "draft model"
+    TREE = "tree"
+    OFF_MEASURED = "off: measured slower"  # whole steps with drafting were slower here (DraftingPayoff)
+    OFF_PREDICTED = "off: predicted slower"  # the cost model's γ = 0
+
 
 # While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
 PROBE_INTERVAL_STEPS = 64
@@ -55,6 +67,7 @@ class DraftChoice:
         self._step_shape = step_shape
         self.trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
         self.lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
+        self.decisions: dict[str, DraftDecision] = {}  # what each sequence drafts this step
         self.steps_without_drafting = 0
         self.probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
         self._probed = self._policy_drafted = False  # this step's choices of γ (reset by record_step)
@@ -72,6 +85,7 @@ class DraftChoice:
         decoding ``sequences`` set the kind of work it is measured as)."""
         self.trees = {}
         self.lookups = {}
+        self.decisions = {}
         self.step_drafting_on = None
         self.step_kind = self.work_kind(sequences)
 
@@ -95,6 +109,7 @@ class DraftChoice:
     def num_draft_tokens(self, sequence: Sequence, num_running: int, guided: bool) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget.
         ``num_running``: the sequences the step runs; ``guided``: ``sequence`` has an output constraint."""
+        request_id = sequence.request_id
         shape, tree_rate = self._tree_choice(sequence, num_running, guided)
         if shape is None:
             gamma, probe, lookup = self._chain_length(sequence, num_running)
@@ -102,13 +117,22 @@ class DraftChoice:
                 self._probed |= probe
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
             if lookup is not None:
-                self.lookups[sequence.request_id] = lookup
+                self.lookups[request_id] = lookup
+                self.decisions[request_id] = DraftDecision.LOOKUP
+            elif gamma > 0:
+                self.decisions[request_id] = DraftDecision.MODEL
+            elif self.step_drafting_on is False and sequence.params.num_draft_tokens is None:
+                self.decisions[request_id] = DraftDecision.OFF_MEASURED
+            else:
+                self.decisions[request_id] = DraftDecision.OFF_PREDICTED
             return gamma
         lookup = self._lookup_over_tree(sequence, tree_rate, num_running)
         if lookup is not None:
-            self.lookups[sequence.request_id] = lookup
+            self.lookups[request_id] = lookup
+            self.decisions[request_id] = DraftDecision.LOOKUP
             return len(lookup.token_ids)
-        self.trees[sequence.request_id] = shape
+        self.trees[request_id] = shape
+        self.decisions[request_id] = DraftDecision.TREE
         return shape.nodes
 
     def would_draft(self, sequence: Sequence, num_running: int, kind: WorkKind) -> bool:
