@@ -36,8 +36,13 @@ class DraftDecision(Enum):
     TREE = "tree"
     OFF_MEASURED = "off: measured slower"  # whole steps with drafting were slower here (DraftingPayoff)
     OFF_PREDICTED = "off: predicted slower"  # the cost model's γ = 0
+    OFF_SHORT = "off: reply too short so far"  # before MODEL_DRAFTS_FROM_TOKEN, and no lookup
 
 
+# An adaptive reply's draft model (or tree drafter) drafts from this output token on. Its first drafting
+# pass catches the draft's cache up over the whole prompt, a set-up that a reply ending sooner cannot
+# recover; prompt lookups, which need none, draft from the first token.
+MODEL_DRAFTS_FROM_TOKEN = 16
 # While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
 PROBE_INTERVAL_STEPS = 64
 MAX_PROBE_INTERVAL_STEPS = 1024
@@ -113,7 +118,8 @@ class DraftChoice:
         shape, tree_rate = self._tree_choice(sequence, num_running, guided)
         if shape is None:
             gamma, probe, lookup = self._chain_length(sequence, num_running)
-            if sequence.params.num_draft_tokens is None and not sequence.params.seeded:
+            adaptive = sequence.params.num_draft_tokens is None
+            if adaptive and not sequence.params.seeded:
                 self._probed |= probe
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
             if lookup is not None:
@@ -121,8 +127,13 @@ class DraftChoice:
                 self.decisions[request_id] = DraftDecision.LOOKUP
             elif gamma > 0:
                 self.decisions[request_id] = DraftDecision.MODEL
-            elif self.step_drafting_on is False and sequence.params.num_draft_tokens is None:
+            elif self.step_drafting_on is False and adaptive:
                 self.decisions[request_id] = DraftDecision.OFF_MEASURED
+            elif (
+                sequence.params.num_draft_tokens is None
+                and sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN
+            ):
+                self.decisions[request_id] = DraftDecision.OFF_SHORT
             else:
                 self.decisions[request_id] = DraftDecision.OFF_PREDICTED
             return gamma
@@ -189,6 +200,8 @@ class DraftChoice:
             return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
         if not self._may_draft(running):
             return None, 0.0  # the chain's γ is 0 then too (_chain_length)
+        if sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN:
+            return None, 0.0  # no drafter set-up yet: a lookup chain at most (_chain_length)
         return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
 
     def _lookup_over_tree(
@@ -226,8 +239,11 @@ class DraftChoice:
         if not self._may_draft(running):
             return 0, False, None
         previous = self._previous_tokens_per_sequence(running)
-        gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
-        if gamma == 0 and self.steps_without_drafting >= self.probe_interval:
+        short = sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN  # lookups only, so far
+        gamma, tokens_per_second = self.length_policy.best(
+            rate, running, running, previous, max_gamma=0 if short else None
+        )
+        if gamma == 0 and not short and self.steps_without_drafting >= self.probe_interval:
             # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
             # A probe costs two changes of the target's shape and a long draft catch-up: while
