@@ -124,18 +124,7 @@ class DraftChoice:
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
             if lookup is not None:
                 self.lookups[request_id] = lookup
-                self.decisions[request_id] = DraftDecision.LOOKUP
-            elif gamma > 0:
-                self.decisions[request_id] = DraftDecision.MODEL
-            elif self.step_drafting_on is False and adaptive:
-                self.decisions[request_id] = DraftDecision.OFF_MEASURED
-            elif (
-                sequence.params.num_draft_tokens is None
-                and sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN
-            ):
-                self.decisions[request_id] = DraftDecision.OFF_SHORT
-            else:
-                self.decisions[request_id] = DraftDecision.OFF_PREDICTED
+            self.decisions[request_id] = self._chain_decision(sequence, gamma, lookup is not None)
             return gamma
         lookup = self._lookup_over_tree(sequence, tree_rate, num_running)
         if lookup is not None:
@@ -145,6 +134,19 @@ class DraftChoice:
         self.trees[request_id] = shape
         self.decisions[request_id] = DraftDecision.TREE
         return shape.nodes
+
+    def _chain_decision(self, sequence: Sequence, gamma: int, looked_up: bool) -> DraftDecision:
+        """What a chain step of ``gamma`` drafts for ``sequence`` is, and why nothing where it is 0."""
+        if looked_up:
+            return DraftDecision.LOOKUP
+        if gamma > 0:
+            return DraftDecision.MODEL
+        if sequence.params.num_draft_tokens is None:
+            if self.step_drafting_on is False:
+                return DraftDecision.OFF_MEASURED
+            if sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN:
+                return DraftDecision.OFF_SHORT
+        return DraftDecision.OFF_PREDICTED
 
     def would_draft(self, sequence: Sequence, num_running: int, kind: WorkKind) -> bool:
         """Whether a step of ``kind`` now would draft for ``sequence``, which has no output constraint
