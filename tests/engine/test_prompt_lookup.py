@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import PROMPTS, target_only_outputs
-from tests.support.engine_runs import draft_whenever_the_cost_model_says, drafters_from_the_first_token
+from tests.support.engine_runs import draft_whenever_the_cost_model_says
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig
 
@@ -97,9 +97,7 @@ def test_only_beside_a_draft_model(pair_bundle):
 
 
 @pytest.mark.parametrize("tree_rate", [1e-9, 1e12], ids=["lookup-predicts-more", "tree-predicts-more"])
-def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(
-    pair_bundle, target_only, tree_rate, monkeypatch
-):
+def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(pair_bundle, target_only, tree_rate):
     """Where the "auto" policy picks a tree and a lookup exists, the cost model's prediction for each
     decides; either way the output stays target-only's. The tree policy is pinned to a tree with a
     chosen prediction, so the test does not depend on which shapes pay on this machine."""
@@ -109,7 +107,6 @@ def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(
     assert pipe.engine.tree_drafter is not None
     pipe.engine.tree_policy.choose_with_rate = lambda *args: (TreeShape(3, 2, 6), tree_rate)
     draft_whenever_the_cost_model_says(pipe.engine)
-    drafters_from_the_first_token(monkeypatch)
     params = dataclasses.replace(ADAPTIVE, draft_tree="auto")
     results = [pipe.generate(prompt, params)[0] for prompt in PROMPTS[:8]]
     assert [r.token_ids for r in results] == target_only[:8]

@@ -11,7 +11,6 @@ import pytest
 
 from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import MAX_TOKENS, PROMPTS, _mismatches
-from tests.support.engine_runs import drafters_from_the_first_token
 from xpuspec import Pipeline, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -54,7 +53,6 @@ def test_one_request_at_a_time(pipe, target_only, draft_tree, monkeypatch):
     monkeypatch.setattr(pipe.engine.cost_model, "draft_cost", lambda num_tokens: 1e-6 * num_tokens)
     monkeypatch.setattr(pipe.engine.cost_model, "target_cost", lambda num_tokens, num_sequences=None: 1e-3)
     monkeypatch.setattr(pipe.engine.policy.draft_choice.payoff, "pays", lambda num_sequences, kind: True)
-    drafters_from_the_first_token(monkeypatch)
     results = [pipe.generate(prompt, _params(draft_tree))[0] for prompt in PROMPTS]
     assert _mismatches(target_only, results) == []
     trees, nodes, accepted = _tree_stats(results)
@@ -129,7 +127,6 @@ def test_trees_keep_the_step_shape(pipe, target_only, monkeypatch):
         cost_model, "target_cost", lambda num_tokens, num_sequences=None: 1e-3 + 2e-5 * num_tokens
     )
     monkeypatch.setattr(pipe.engine.policy.draft_choice.payoff, "pays", lambda num_sequences, kind: True)
-    drafters_from_the_first_token(monkeypatch)
     recording.fixed = False
     results = [pipe.generate(prompt, _params("auto"))[0] for prompt in PROMPTS[:8]]
     assert _mismatches(target_only[:8], results) == []

@@ -29,11 +29,3 @@ def draft_whenever_the_cost_model_says(engine: LLMEngine) -> None:
     choice = engine.policy.draft_choice
     assert choice is not None, "the engine has no drafter"
     choice.payoff.pays = lambda num_sequences, kind: True
-
-
-def drafters_from_the_first_token(monkeypatch: object) -> None:
-    """The draft model and the tree drafter of adaptive requests draft from their first output token
-    (``MODEL_DRAFTS_FROM_TOKEN``): for tests of trees and chains on replies too short to reach it."""
-    from xpuspec.spec_decode.policy import draft_choice
-
-    monkeypatch.setattr(draft_choice, "MODEL_DRAFTS_FROM_TOKEN", 0)

@@ -150,3 +150,16 @@ def test_the_engine_stops_adaptive_drafting_at_a_batch_where_it_lost(pipe) -> No
     payoff._buckets.pop((1, FREE), None)
     assert pipe.generate(PROMPTS[0], params)[0].stats["drafted"] > 0
     assert not payoff.pays(4, FREE)
+
+
+def test_a_clear_win_over_the_predicted_plain_rate_skips_the_probes() -> None:
+    """Drafting whose steps give CLEAR_WIN times the plain steps' predicted rate never probes steps
+    without drafts; one that gives less does."""
+    for on_rate, probes in ((2.5, 0), (1.5, PROBE_OFF_STEPS)):
+        payoff = DraftingPayoff()
+        ways = []
+        for _ in range(FIRST_CYCLE_STEPS):
+            way = payoff.pays(1, COPY)
+            payoff.record(1, COPY, way, round(1000 * (on_rate if way else 1.0)), 1.0, plain_rate=1000.0)
+            ways.append(way)
+        assert ways.count(False) == probes

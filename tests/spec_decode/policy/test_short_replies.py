@@ -1,5 +1,5 @@
 """A short reply pays no drafting set-up it cannot recover: an adaptive request's draft model first
-drafts at its ``MODEL_DRAFTS_FROM_TOKEN``-th output token (its first pass catches the draft's cache up
+drafts at its ``SHORT_REPLY_TOKENS``-th output token (its first pass catches the draft's cache up
 over the whole prompt), while prompt lookups, which need no set-up, may draft from the first."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import PROMPTS
 from tests.support.engine_runs import draft_whenever_the_cost_model_says
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.spec_decode.policy.draft_choice import MODEL_DRAFTS_FROM_TOKEN, DraftDecision
+from xpuspec.spec_decode.policy.draft_choice import SHORT_REPLY_TOKENS, DraftDecision
 
 ADAPTIVE = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
 
@@ -48,20 +48,20 @@ def _model_passes(pipe: Pipeline, params: SamplingParams) -> tuple[list[int], di
 
 def test_a_short_reply_never_runs_the_draft_model(pipe):
     target_only = pipe.generate(PROMPTS[0], dataclasses.replace(ADAPTIVE, num_draft_tokens=0))[0].token_ids
-    short = dataclasses.replace(ADAPTIVE, max_tokens=MODEL_DRAFTS_FROM_TOKEN)
+    short = dataclasses.replace(ADAPTIVE, max_tokens=SHORT_REPLY_TOKENS)
     tokens, decisions, calls = _model_passes(pipe, short)
-    assert tokens == target_only[:MODEL_DRAFTS_FROM_TOKEN]
+    assert tokens == target_only[:SHORT_REPLY_TOKENS]
     assert calls == []
     assert set(decisions) == {DraftDecision.OFF_SHORT.value}
 
 
-def test_a_longer_reply_drafts_from_that_token_and_a_fixed_gamma_from_its_first(pipe):
+def test_a_longer_reply_and_a_fixed_gamma_draft_from_their_first_token(pipe):
     target_only = pipe.generate(PROMPTS[0], dataclasses.replace(ADAPTIVE, num_draft_tokens=0))[0].token_ids
     tokens, decisions, calls = _model_passes(pipe, ADAPTIVE)
     assert tokens == target_only
-    assert calls and min(calls) == MODEL_DRAFTS_FROM_TOKEN
-    assert decisions[DraftDecision.MODEL.value] > 0 and decisions[DraftDecision.OFF_SHORT.value] > 0
-    fixed = dataclasses.replace(ADAPTIVE, max_tokens=MODEL_DRAFTS_FROM_TOKEN, num_draft_tokens=2)
+    assert calls and min(calls) == 1
+    assert decisions[DraftDecision.MODEL.value] > 0 and DraftDecision.OFF_SHORT.value not in decisions
+    fixed = dataclasses.replace(ADAPTIVE, max_tokens=SHORT_REPLY_TOKENS, num_draft_tokens=2)
     tokens, decisions, calls = _model_passes(pipe, fixed)
-    assert tokens == target_only[:MODEL_DRAFTS_FROM_TOKEN] and min(calls) == 1
+    assert tokens == target_only[:SHORT_REPLY_TOKENS] and min(calls) == 1
     assert DraftDecision.OFF_SHORT.value not in decisions

@@ -228,7 +228,11 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None or choice.step_drafting_on is None or not decode_sequences(runner_chunks):
             return
-        choice.payoff.record(num_sequences, choice.step_kind, choice.step_drafting_on, num_tokens, seconds)
+        plain_cost = self.cost_model.target_cost(num_sequences, num_sequences)
+        plain_rate = num_sequences / plain_cost if plain_cost > 0.0 else 0.0  # 0: not measured yet
+        choice.payoff.record(
+            num_sequences, choice.step_kind, choice.step_drafting_on, num_tokens, seconds, plain_rate
+        )
 
     # ------------------------------------------------------------ requests
     def admit(self, request_id: str, tenant: str | None) -> None:

@@ -36,13 +36,13 @@ class DraftDecision(Enum):
     TREE = "tree"
     OFF_MEASURED = "off: measured slower"  # whole steps with drafting were slower here (DraftingPayoff)
     OFF_PREDICTED = "off: predicted slower"  # the cost model's γ = 0
-    OFF_SHORT = "off: reply too short so far"  # before MODEL_DRAFTS_FROM_TOKEN, and no lookup
+    OFF_SHORT = "off: short reply"  # max_tokens at most SHORT_REPLY_TOKENS, and no lookup
 
 
-# An adaptive reply's draft model (or tree drafter) drafts from this output token on. Its first drafting
-# pass catches the draft's cache up over the whole prompt, a set-up that a reply ending sooner cannot
-# recover; prompt lookups, which need none, draft from the first token.
-MODEL_DRAFTS_FROM_TOKEN = 16
+# An adaptive request allowed at most this many tokens never runs the draft model (or tree drafter): its
+# first drafting pass catches the draft's cache up over the whole prompt, a set-up so short a reply
+# cannot recover. Prompt lookups, which need none, still draft.
+SHORT_REPLY_TOKENS = 16
 # While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
 PROBE_INTERVAL_STEPS = 64
 MAX_PROBE_INTERVAL_STEPS = 1024
@@ -144,7 +144,7 @@ class DraftChoice:
         if sequence.params.num_draft_tokens is None:
             if self.step_drafting_on is False:
                 return DraftDecision.OFF_MEASURED
-            if sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN:
+            if sequence.params.max_tokens <= SHORT_REPLY_TOKENS:
                 return DraftDecision.OFF_SHORT
         return DraftDecision.OFF_PREDICTED
 
@@ -202,8 +202,8 @@ class DraftChoice:
             return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
         if not self._may_draft(running):
             return None, 0.0  # the chain's γ is 0 then too (_chain_length)
-        if sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN:
-            return None, 0.0  # no drafter set-up yet: a lookup chain at most (_chain_length)
+        if sequence.params.max_tokens <= SHORT_REPLY_TOKENS:
+            return None, 0.0  # no drafter set-up for a short reply: a lookup chain at most (_chain_length)
         return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
 
     def _lookup_over_tree(
@@ -241,7 +241,7 @@ class DraftChoice:
         if not self._may_draft(running):
             return 0, False, None
         previous = self._previous_tokens_per_sequence(running)
-        short = sequence.num_output_tokens < MODEL_DRAFTS_FROM_TOKEN  # lookups only, so far
+        short = sequence.params.max_tokens <= SHORT_REPLY_TOKENS  # lookups only
         gamma, tokens_per_second = self.length_policy.best(
             rate, running, running, previous, max_gamma=0 if short else None
         )

@@ -45,7 +45,12 @@ from enum import Enum
 
 from xpuspec.spec_decode.policy.verify_costs import batch_bucket
 
-DECAY = 0.9  # per recorded step of the same way: a memory of ~10 steps
+# Per recorded step of the same way. A step without drafts emits one token a sequence, so the "off" rate
+# varies with timing alone and a memory of ~10 steps holds it; the tokens of a step with drafts vary
+# with acceptance as well (at one sequence and γ = 1, one token or two), so "on" keeps ~50 steps: with
+# ~10, chance stretches of rejections turned drafting that paid off for a whole cycle.
+OFF_DECAY = 0.9
+ON_DECAY = 0.98
 # A new bucket decides after a short first cycle: a server's batch sizes come and go, and a whole
 # burst of requests can end inside a long one, all of it drafting on the cost model's word alone.
 FIRST_CYCLE_STEPS = 24
@@ -55,6 +60,11 @@ PROBE_OFF_STEPS = 8  # while drafting is on, the last steps of each cycle run wi
 PROBE_ON_STEPS = 12  # ... and while it is off, with it
 MIN_STEPS = 6  # recorded steps of each way before a bucket decides
 MARGIN = 0.05  # drafting must lose by more than this share before it is turned off
+# Drafting whose steps already give this many times the tokens per second the cost model predicts for
+# plain steps skips the cycle's steps without drafts: they would cost far more than they could teach
+# (a perfect draft's probe steps each give up γ tokens), and the model's plain step, measured on every
+# target-only pass, is the part of it least often wrong.
+CLEAR_WIN = 2.0
 
 
 class WorkKind(Enum):
@@ -70,13 +80,14 @@ class WorkKind(Enum):
 class _Rate:
     """Decayed tokens and seconds of one way of running at one bucket."""
 
+    decay: float
     tokens: float = 0.0
     seconds: float = 0.0
     steps: int = 0
 
     def record(self, tokens: int, seconds: float) -> None:
-        self.tokens = DECAY * self.tokens + tokens
-        self.seconds = DECAY * self.seconds + seconds
+        self.tokens = self.decay * self.tokens + tokens
+        self.seconds = self.decay * self.seconds + seconds
         self.steps += 1
 
     @property
@@ -86,8 +97,8 @@ class _Rate:
 
 @dataclass
 class _Bucket:
-    on: _Rate = field(default_factory=_Rate)
-    off: _Rate = field(default_factory=_Rate)
+    on: _Rate = field(default_factory=lambda: _Rate(ON_DECAY))
+    off: _Rate = field(default_factory=lambda: _Rate(OFF_DECAY))
     drafting: bool = True  # the way chosen, outside the probe steps
     step: int = 0  # steps into the cycle
     cycle: int = FIRST_CYCLE_STEPS
@@ -96,6 +107,19 @@ class _Bucket:
     def drafts_now(self) -> bool:
         probe = PROBE_OFF_STEPS if self.drafting else PROBE_ON_STEPS
         return self.drafting != (self.step >= self.cycle - probe)
+
+    def confirm_clear_win(self, plain_rate: float) -> None:
+        """At the start of a drafting cycle's probe steps: end the cycle, drafting, where its steps
+        clearly win over the rate predicted for plain steps (:data:`CLEAR_WIN`)."""
+        if (
+            self.drafting
+            and self.step == self.cycle - PROBE_OFF_STEPS
+            and self.on.steps >= MIN_STEPS
+            and plain_rate > 0.0
+            and self.on.rate >= CLEAR_WIN * plain_rate
+        ):
+            self.step = 0
+            self.cycle = max(min(2 * self.cycle, MAX_CYCLE_STEPS), CYCLE_STEPS)
 
     def end_cycle(self) -> None:
         """Decide the way of the next cycle, once both are measured; a decision confirmed lengthens
@@ -125,10 +149,18 @@ class DraftingPayoff:
         return self._buckets.setdefault(key, _Bucket()).drafts_now()
 
     def record(
-        self, num_sequences: int, kind: WorkKind, drafting_on: bool, tokens: int, seconds: float
+        self,
+        num_sequences: int,
+        kind: WorkKind,
+        drafting_on: bool,
+        tokens: int,
+        seconds: float,
+        plain_rate: float = 0.0,
     ) -> None:
         """A whole decode step of ``num_sequences`` sequences and ``kind`` that emitted ``tokens``
-        tokens in ``seconds``; ``drafting_on``: its adaptive requests were allowed to draft."""
+        tokens in ``seconds``; ``drafting_on``: its adaptive requests were allowed to draft.
+        ``plain_rate``: the tokens per second the cost model predicts for a step without drafts at this
+        batch (0: unknown), against which a clear win skips the probes (:data:`CLEAR_WIN`)."""
         bucket = self._buckets.get((batch_bucket(max(num_sequences, 1)), kind))
         if bucket is None or seconds <= 0.0:
             return
@@ -138,6 +170,7 @@ class DraftingPayoff:
         bucket.step += 1
         if bucket.step >= bucket.cycle:
             bucket.end_cycle()
+        bucket.confirm_clear_win(plain_rate)
 
     def rates(self, num_sequences: int, kind: WorkKind) -> tuple[float, float]:
         """(on, off) tokens per second at this bucket, 0 where unmeasured: for reports."""
