@@ -112,6 +112,7 @@ def test_wheel_contents(tmp_path: Path) -> None:
         assert f"{folder}/training_metrics.json" in names and f"{folder}/draft_stamp.json" in names
     assert any(n.startswith("xpuspec/models/demo/bundle/target/") for n in names)
     assert "xpuspec/models/demo/smollm2_heldout.jsonl" in names
+    assert "xpuspec/bench/categories.jsonl" in names  # bench --mode categories' prompts
     # The chat page served at / (and so the edge bundle, which installs this wheel).
     static = {p.relative_to(ROOT).as_posix() for p in (ROOT / "xpuspec/server/static").iterdir()}
     assert static and static <= set(names), sorted(static - set(names))

@@ -206,3 +206,21 @@ def test_the_serve_mode_refuses_a_client_count_below_one(capfd):
 
     assert main(["bench", "--mode", "serve", "--concurrency", "0", "--bundle", "demo"]) == EXIT_USAGE
     assert "client counts must be >= 1" in capfd.readouterr().err
+
+
+def test_rounds_rotate_the_rows_and_a_failing_row_stays_out_of_its_client_count(tmp_path):
+    rows = [Row("xpuspec", "a"), Row("xpuspec", "b"), Row("xpuspec", "c")]
+    plan = llama_cpp.ServerRows(rows, {}, None, None, None, 1024, tmp_path)
+    order: list[tuple[str, int]] = []
+
+    def session(row: Row, opened: object, clients: int) -> str:
+        order.append((row.label, clients))
+        if row.label == "b":
+            raise RuntimeError("b failed\nand more")
+        return row.label
+
+    results = llama_cpp.run_rounds(plan, 3, (1, 4), session)
+    per_count = ["a", "b", "c", "c", "a", "c", "a"]  # rotated each round; b out after it failed
+    assert order == [(label, 1) for label in per_count] + [(label, 4) for label in per_count]
+    assert results == {("a", 1): ["a"] * 3, ("c", 1): ["c"] * 3, ("a", 4): ["a"] * 3, ("c", 4): ["c"] * 3}
+    assert plan.not_run["b"].startswith("b failed (log: ") and "b at 4 clients" in plan.not_run

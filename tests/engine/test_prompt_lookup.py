@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import EXACT_PRESET
 from tests.engine.test_exactness import PROMPTS, target_only_outputs
+from tests.support.engine_runs import draft_whenever_the_cost_model_says
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.engine.engine import EngineConfig
 
@@ -105,6 +106,7 @@ def test_an_auto_tree_gives_way_to_a_lookup_that_predicts_more(pair_bundle, targ
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     assert pipe.engine.tree_drafter is not None
     pipe.engine.tree_policy.choose_with_rate = lambda *args: (TreeShape(3, 2, 6), tree_rate)
+    draft_whenever_the_cost_model_says(pipe.engine)
     params = dataclasses.replace(ADAPTIVE, draft_tree="auto")
     results = [pipe.generate(prompt, params)[0] for prompt in PROMPTS[:8]]
     assert [r.token_ids for r in results] == target_only[:8]
@@ -151,6 +153,7 @@ def test_adaptive_decode_steps_keep_their_count_until_shrinking_pays(pair_bundle
     pinned here, so the test does not rest on this machine's timings."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     pipe.engine.cost_model.shrink_pays = lambda *args: shrink
+    draft_whenever_the_cost_model_says(pipe.engine)  # steps without drafting are not padded
     runner = pipe.engine.target
     fill_inputs = runner._fill_inputs
     steps: list[tuple[int, int]] = []  # (tokens with padding, padding) of each decode step

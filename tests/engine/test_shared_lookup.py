@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from tests.support.engine_runs import draft_whenever_the_cost_model_says
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.core.proposal import Proposal
 from xpuspec.engine.engine import LLMEngine
@@ -21,7 +22,9 @@ REQUESTS = [f"# call {call}\n{TOOL}" for call in range(4)]
 
 @pytest.fixture(scope="module")
 def pipe() -> Pipeline:
-    return Pipeline("demo", properties="exact", use_placement=False, shared_lookup_tokens=4096)
+    pipe = Pipeline("demo", properties="exact", use_placement=False, shared_lookup_tokens=4096)
+    draft_whenever_the_cost_model_says(pipe.engine)  # these tests are of what lookups draft
+    return pipe
 
 
 @pytest.fixture(scope="module")

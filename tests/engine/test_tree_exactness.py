@@ -52,6 +52,7 @@ def test_one_request_at_a_time(pipe, target_only, draft_tree, monkeypatch):
     # loaded machine can make look steep.
     monkeypatch.setattr(pipe.engine.cost_model, "draft_cost", lambda num_tokens: 1e-6 * num_tokens)
     monkeypatch.setattr(pipe.engine.cost_model, "target_cost", lambda num_tokens, num_sequences=None: 1e-3)
+    monkeypatch.setattr(pipe.engine.policy.draft_choice.payoff, "pays", lambda num_sequences, kind: True)
     results = [pipe.generate(prompt, _params(draft_tree))[0] for prompt in PROMPTS]
     assert _mismatches(target_only, results) == []
     trees, nodes, accepted = _tree_stats(results)
@@ -125,6 +126,7 @@ def test_trees_keep_the_step_shape(pipe, target_only, monkeypatch):
     monkeypatch.setattr(
         cost_model, "target_cost", lambda num_tokens, num_sequences=None: 1e-3 + 2e-5 * num_tokens
     )
+    monkeypatch.setattr(pipe.engine.policy.draft_choice.payoff, "pays", lambda num_sequences, kind: True)
     recording.fixed = False
     results = [pipe.generate(prompt, _params("auto"))[0] for prompt in PROMPTS[:8]]
     assert _mismatches(target_only[:8], results) == []

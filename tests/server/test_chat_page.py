@@ -426,3 +426,30 @@ def test_the_api_key_prompt_works_and_a_wrong_key_is_refused(
     finally:
         context.close()
         stop_server(server)
+
+
+@pytest.mark.slow
+def test_compare_shows_a_loss_as_a_loss_and_each_reply_what_the_policy_chose(page: Any) -> None:
+    """The page's own renderer, fed a comparison where speculation took twice the target's time and
+    stats that count the policy's decisions: the speed verdict says slower, in the loss's colour."""
+    stats_on = {"wall_s": 2.0, "drafting_decisions": {"off: measured slower": 30, "prompt lookup": 5}}
+    rendered = page.evaluate(
+        """(stats) => {
+            const node = renderCompare(document.createElement("div"), {
+                prompt: "p", on: {content: "a", runs: [], stats: stats}, off: {content: "a", runs: [],
+                stats: {wall_s: 1.0}}});
+            const speed = node.querySelectorAll(".verdict")[1];
+            return {cls: speed.className, text: speed.textContent,
+                    stats: node.querySelector(".column.on .stats").textContent};
+        }""",
+        stats_on,
+    )
+    assert rendered["cls"] == "verdict slower"
+    assert "0.50×" in rendered["text"] and "slower" in rendered["text"] and "50% lost" in rendered["text"]
+    assert "steps: off: measured slower 30, prompt lookup 5" in rendered["stats"]
+    faster = page.evaluate(
+        """() => renderCompare(document.createElement("div"), {prompt: "p",
+            on: {content: "a", runs: [], stats: {wall_s: 1.0}}, off: {content: "a", runs: [],
+            stats: {wall_s: 2.0}}}).querySelectorAll(".verdict")[1].className"""
+    )
+    assert faster == "verdict faster"

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from tests.conftest import EXACT_PRESET, F32  # noqa: E402
 from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless, _mismatches  # noqa: E402
+from tests.support.engine_runs import draft_whenever_the_cost_model_says  # noqa: E402
 from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.core.chunks import SequenceChunk  # noqa: E402
@@ -216,7 +217,8 @@ def test_drafts_equal_the_torch_reference(pair_bundle, head, monkeypatch, caplog
     if schedule == "fixed":
         params = greedy(3, max_tokens=24)
     else:
-        _make_drafting_hopeless(pipe.engine)  # γ = 0, but for a probe of γ = 1 after 64 steps
+        _make_drafting_hopeless(pipe.engine)  # γ = 0, but for a probe of γ = 1 after 64 steps ...
+        draft_whenever_the_cost_model_says(pipe.engine)  # ... which whole steps' rates do not stop
         params = greedy(None, max_tokens=100)
     prompt = PROMPTS[3]
     result = pipe.generate(prompt, params)[0]

@@ -20,3 +20,12 @@ def run_engine(
             tokens[output.request_id].extend(output.new_token_ids)
             stats[output.request_id] = output.stats
     return list(tokens.values()), [stats[request_id] for request_id in tokens]
+
+
+def draft_whenever_the_cost_model_says(engine: LLMEngine) -> None:
+    """Adaptive drafting allowed at every step, whatever whole steps measured
+    (``xpuspec.spec_decode.policy.drafting_payoff``): for tests of what drafting does, not of whether
+    it pays on this machine, which would otherwise decide by timings whether they draft at all."""
+    choice = engine.policy.draft_choice
+    assert choice is not None, "the engine has no drafter"
+    choice.payoff.pays = lambda num_sequences, kind: True

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -28,6 +29,9 @@ class ChatResult:
     seconds: float
     ttft_s: float | None
     prompt_index: int = 0
+    # llama-server's own draft counts (its final event's ``timings``), when it speculated.
+    draft_n: int | None = None
+    draft_accepted: int | None = None
 
 
 @dataclass
@@ -55,7 +59,8 @@ def stream_chat(
     client: httpx.Client, base_url: str, model: str, messages: Messages, max_tokens: int
 ) -> ChatResult:
     """One streamed greedy /v1/chat/completions; the text, the completion tokens (usage, else one per
-    chunk with content), the wall time and the time to the first content."""
+    chunk with content), the wall time, the time to the first content, and llama-server's draft counts
+    where its ``timings`` carry them."""
     payload = {
         "model": model,
         "messages": messages,
@@ -69,6 +74,7 @@ def stream_chat(
     first = None
     pieces: list[str] = []
     usage_tokens = None
+    timings: dict[str, Any] = {}
     # One connection per request, for both servers alike: llama-server's HTTP library closes a kept-alive
     # connection after a few requests, and a reused connection it closed fails the next request.
     headers = {"Connection": "close"}
@@ -83,17 +89,31 @@ def stream_chat(
                     pieces.append(content)
             if event.get("usage"):
                 usage_tokens = int(event["usage"]["completion_tokens"])
+            if isinstance(event.get("timings"), dict):
+                timings = event["timings"]
     seconds = time.perf_counter() - started
     tokens = usage_tokens if usage_tokens is not None else len(pieces)
-    return ChatResult("".join(pieces), tokens, seconds, None if first is None else first - started)
+    result = ChatResult("".join(pieces), tokens, seconds, None if first is None else first - started)
+    if "draft_n" in timings:
+        result.draft_n = int(timings["draft_n"])
+        result.draft_accepted = int(timings.get("draft_n_accepted") or 0)
+    return result
 
 
 def run_clients(
-    base_url: str, model: str, prompts: Sequence[Messages], clients: int, max_tokens: int
+    base_url: str,
+    model: str,
+    prompts: Sequence[Messages],
+    clients: int,
+    max_tokens: int,
+    *,
+    cycle: bool = True,
 ) -> ClientsRound:
     """``clients`` threads answering the round's requests back to back; the first failure is raised
-    once every thread has stopped (the others stop taking new requests after it)."""
-    queue = list(range(max(len(prompts), clients)))
+    once every thread has stopped (the others stop taking new requests after it). With ``cycle`` the
+    prompts repeat until every client has one; without, each prompt is sent once (a server that indexes
+    earlier requests would answer a repeat faster), so at most ``len(prompts)`` are in flight."""
+    queue = list(range(max(len(prompts), clients) if cycle else len(prompts)))
     lock = threading.Lock()
     results: list[ChatResult] = []
     failures: list[BaseException] = []

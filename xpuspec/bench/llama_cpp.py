@@ -17,6 +17,9 @@ time, peak RSS; per client count, xpuspec's default over llama.cpp's best row. x
 answers each prompt once, untimed: each row's greedy agreement with it is reported. ``llama-server``
 is built by ``scripts/build-llama-server.sh`` into the xpuspec cache, or given with ``--llama-server
 PATH``; nothing in xpuspec's runtime uses it.
+
+The rows, their servers and the rotating rounds (:func:`server_rows`, :func:`run_rounds`) are
+`--mode categories`' too (xpuspec.bench.categories).
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -151,29 +154,94 @@ class ServeComparison:
     not_run: dict[str, str] = field(default_factory=dict)
 
 
-def _not_run_key(label: str, clients: int) -> str:
+def not_run_key(label: str, clients: int) -> str:
     return label if clients == 1 else f"{label} at {clients} clients"
 
 
-def _open_server(
-    row: Row,
+@dataclass
+class ServerRows:
+    """The rows a comparison runs, why others are not run, and what starting each row's server needs."""
+
+    rows: list[Row]
+    not_run: dict[str, str]
+    bundle_path: Path | None
+    gguf: Path | None
+    binary: Path | None
+    context: int  # each llama-server slot's
+    logs: Path
+
+    def open(self, row: Row, clients: int, log: Path) -> ServerProcess:
+        """The row's server, not yet started: ``with`` starts it."""
+        if row.engine == "llama.cpp":
+            assert self.binary is not None and self.gguf is not None
+            return LlamaServer(self.binary, self.gguf, row, self.context, log, slots=clients)
+        # Prefix caching as `xpuspec serve` has it by default (llama-server keeps its prompt cache too).
+        # Its continuous batching takes any number of requests in flight: nothing to size per client count.
+        return ServerProcess(self.bundle_path, log, prefix_caching=True, extra_args=row.args)
+
+
+def server_rows(
     bundle_path: Path | None,
-    gguf: Path | None,
-    binary: Path | None,
-    log: Path,
-    context: int,
-    clients: int,
-) -> ServerProcess:
-    if row.engine == "llama.cpp":
-        assert binary is not None and gguf is not None
-        return LlamaServer(binary, gguf, row, context, log, slots=clients)
-    # Prefix caching as `xpuspec serve` has it by default (llama-server keeps its prompt cache too). Its
-    # continuous batching takes any number of requests in flight: nothing to size per client count.
-    return ServerProcess(bundle_path, log, prefix_caching=True, extra_args=row.args)
+    bundle: ModelBundle,
+    *,
+    max_tokens: int,
+    out: Path,
+    llama_server: Path | None = None,
+    threads: Sequence[int] = (1, 2),
+) -> ServerRows:
+    """xpuspec's default and target-only rows, and llama.cpp's at each thread count with and without its
+    n-gram speculation when a llama-server and the bundle's GGUF are there (else one line why not)."""
+    binary = find_llama_server(llama_server)
+    gguf = bundle_gguf(bundle)
+    rows = list(XPUSPEC_ROWS)
+    not_run: dict[str, str] = {}
+    if binary is None:
+        not_run["llama.cpp"] = f"no llama-server: build one with {BUILD_SCRIPT}, or pass --llama-server PATH"
+    elif gguf is None:
+        not_run["llama.cpp"] = "the bundle was not prepared from a GGUF file llama.cpp can read"
+    else:
+        rows += llama_rows(threads)
+    context = slot_context(bundle, max_tokens)
+    return ServerRows(rows, not_run, bundle_path, gguf, binary, context, out / "servers")
+
+
+T = TypeVar("T")
+
+
+def run_rounds(
+    plan: ServerRows,
+    rounds: int,
+    clients: Sequence[int],
+    session: Callable[[Row, ServerProcess, int], T],
+) -> dict[tuple[str, int], list[T]]:
+    """At each client count, every row's server, fresh each round, in an order rotating with the rounds;
+    ``session(row, server, clients)`` starts the server (``with``) and measures it. A row that fails is
+    one line in ``plan.not_run`` and stays out of that client count's later rounds; its log says the rest.
+    Returns each (row label, client count)'s sessions, one a round."""
+    results: dict[tuple[str, int], list[T]] = {}
+    rows = plan.rows
+    for count in clients:
+        for index in range(rounds):
+            shift = index % len(rows)
+            for row in rows[shift:] + rows[:shift]:
+                key = not_run_key(row.label, count)
+                if key in plan.not_run:
+                    continue
+                log = plan.logs / f"{key}.log"
+                try:
+                    result = session(row, plan.open(row, count, log), count)
+                except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
+                    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                    plan.not_run[key] = f"{reason} (log: {log})"
+                    results.pop((row.label, count), None)
+                    logger.warning("%s: not run: %s", key, reason)
+                    continue
+                results.setdefault((row.label, count), []).append(result)
+    return results
 
 
 def _run_row(
-    row: Row, prompts: list[Messages], max_tokens: int, opened: ServerProcess, clients: int
+    row: Row, opened: ServerProcess, clients: int, prompts: list[Messages], max_tokens: int
 ) -> RowRound:
     started = time.perf_counter()
     with opened as server:
@@ -205,42 +273,15 @@ def run_serve_comparison(
 ) -> ServeComparison:
     """At each client count, every row's server, fresh each round, in an order rotating with the
     rounds; then xpuspec's exact mode once, one request at a time, for agreement."""
-    binary = find_llama_server(llama_server)
-    gguf = bundle_gguf(bundle)
-    rows = list(XPUSPEC_ROWS)
-    comparison = ServeComparison(rows, tuple(clients))
-    if binary is None:
-        comparison.not_run["llama.cpp"] = (
-            f"no llama-server: build one with {BUILD_SCRIPT}, or pass --llama-server PATH"
-        )
-    elif gguf is None:
-        comparison.not_run["llama.cpp"] = "the bundle was not prepared from a GGUF file llama.cpp can read"
-    else:
-        rows += llama_rows(threads)
-    context = slot_context(bundle, max_tokens)
-    logs = out / "servers"
-    for count in clients:
-        for index in range(rounds):
-            shift = index % len(rows)
-            for row in rows[shift:] + rows[:shift]:
-                key = _not_run_key(row.label, count)
-                if key in comparison.not_run:
-                    continue
-                log = logs / f"{key}.log"
-                opened = _open_server(row, bundle_path, gguf, binary, log, context, count)
-                try:
-                    result = _run_row(row, prompts, max_tokens, opened, count)
-                except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
-                    # One line, and the row stays out of this client count's later rounds; its log says
-                    # the rest.
-                    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-                    comparison.not_run[key] = f"{reason} (log: {log})"
-                    comparison.rounds.pop((row.label, count), None)
-                    logger.warning("%s: not run: %s", key, reason)
-                    continue
-                comparison.rounds.setdefault((row.label, count), []).append(result)
-    exact = _open_server(EXACT_ROW, bundle_path, None, None, logs / "exact.log", context, 1)
-    comparison.exact_texts = _run_row(EXACT_ROW, prompts, max_tokens, exact, 1).clients_round.texts_by_prompt(
+    plan = server_rows(
+        bundle_path, bundle, max_tokens=max_tokens, out=out, llama_server=llama_server, threads=threads
+    )
+    measured = run_rounds(
+        plan, rounds, clients, lambda row, opened, count: _run_row(row, opened, count, prompts, max_tokens)
+    )
+    comparison = ServeComparison(plan.rows, tuple(clients), measured, not_run=plan.not_run)
+    exact = plan.open(EXACT_ROW, 1, plan.logs / "exact.log")
+    comparison.exact_texts = _run_row(EXACT_ROW, exact, 1, prompts, max_tokens).clients_round.texts_by_prompt(
         len(prompts)
     )
     return comparison

@@ -198,3 +198,41 @@ def write_plots(report: dict[str, Any], out: Path) -> dict[str, dict[str, str]]:
         pyplot.close(figure)
         plots[name] = {"file": f"{name}.png"}
     return plots
+
+
+CATEGORY_PLOT = "categories.png"
+
+
+def category_bars(pyplot: Any, summary: dict[str, Any]) -> Any:
+    """Tokens/s per category, a bar per row side by side; one panel per client count."""
+    levels = summary["levels"]
+    figure, panels = pyplot.subplots(len(levels), 1, figsize=(9, 3.6 * len(levels)), squeeze=False)
+    labels = [row["row"] for row in summary["rows"]]
+    for axes, level in zip(panels[:, 0], levels, strict=True):
+        entries = [*level["categories"], {"name": "overall", **level["overall"]}]
+        present = [label for label in labels if level["overall"]["rows"].get(label)]
+        width = 0.8 / max(1, len(present))
+        for index, label in enumerate(present):
+            speeds = [(entry["rows"].get(label) or {}).get("tokens_per_s", 0.0) for entry in entries]
+            positions = [x + (index - (len(present) - 1) / 2) * width for x in range(len(entries))]
+            axes.bar(positions, speeds, width, label=label)
+        axes.set_xticks(range(len(entries)), [entry["name"] for entry in entries], rotation=20, ha="right")
+        axes.set_ylabel("output tokens/s")
+        clients = level["clients"]
+        axes.set_title(f"Tokens/s per kind of task, {clients} client{'s' if clients != 1 else ''}")
+    place_legend(figure)
+    return figure
+
+
+def write_category_plot(summary: dict[str, Any], out: Path) -> dict[str, str]:
+    """``out/categories.png``; ``{"file": name}``, or ``{"reason": why}`` where none was drawn."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return {"reason": "matplotlib is not installed (pip install 'xpuspec[bench]'): no plot"}
+    if not summary["levels"] or not any(level["overall"]["rows"] for level in summary["levels"]):
+        return {"reason": "no row was measured"}
+    pyplot = _pyplot()
+    figure = category_bars(pyplot, summary)
+    out.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out / CATEGORY_PLOT, dpi=100, bbox_inches="tight")
+    pyplot.close(figure)
+    return {"file": CATEGORY_PLOT}

@@ -5,7 +5,8 @@ OpenVINO GenAI's LLMPipeline, transformers' assisted generation and llama.cpp wh
 load (a concurrency sweep against a real `xpuspec serve`, beside GenAI's continuous batching),
 all (both). Writes report.json, report.md and PNG plots into --out. Every run first states its rough
 time and memory estimate, and refuses to start when the machine's available memory cannot hold it
-(--ignore-memory starts it anyway).
+(--ignore-memory starts it anyway). multiturn, serve and categories (speculation per kind of task
+through the real servers) write their own reports.
 """
 
 from __future__ import annotations
@@ -30,19 +31,19 @@ def _integers(text: str) -> tuple[int, ...]:
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``--mode serve`` alone: llama.cpp's server."""
+    """The options of ``--mode serve`` and ``--mode categories``: llama.cpp's server."""
     parser.add_argument(
         "--llama-server",
         type=Path,
         default=None,
-        help="serve: the llama-server binary (default: $XPUSPEC_LLAMA_SERVER, the one "
+        help="serve, categories: the llama-server binary (default: $XPUSPEC_LLAMA_SERVER, the one "
         "scripts/build-llama-server.sh built into the cache, or llama-server on the PATH)",
     )
     parser.add_argument(
         "--llama-threads",
         type=_integers,
-        default=(1, 2),
-        help="serve: llama.cpp's thread counts (default: 1,2)",
+        default=None,
+        help="serve, categories: llama.cpp's thread counts (default: 1,2 for serve, 2 for categories)",
     )
 
 
@@ -69,11 +70,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=["latency", "load", "all", "multiturn", "serve"],
+        choices=["latency", "load", "all", "multiturn", "serve", "categories"],
         default="all",
         help="multiturn: TTFT per turn with and without prefix caching, beside GenAI's (not in all); "
         "serve: chats through `xpuspec serve` and llama.cpp's llama-server on the bundle's GGUF, "
-        "one at a time or from --concurrency clients (not in all)",
+        "one at a time or from --concurrency clients (not in all); categories: speculation per kind of "
+        "task (chat, translation, summarization, QA, math, RAG, code editing) through the same servers, "
+        "tokens/s and acceptance per category, with a plot (not in all; --prompts: per category; "
+        "--workload FILE.jsonl: another prompt set of the same shape)",
     )
     _add_serve_arguments(parser)
     parser.add_argument("--turns", type=int, default=4, help="multiturn: turns of the conversation")
@@ -164,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_multiturn(args)
     if args.mode == "serve":
         return _run_serve(args)
+    if args.mode == "categories":
+        return _run_categories(args)
     try:
         config = config_from_args(args)
     except ValueError as error:
@@ -233,7 +239,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens or (64 if args.quick else 128),
         out=args.out,
         llama_server=args.llama_server,
-        threads=args.llama_threads,
+        threads=args.llama_threads or (1, 2),
         clients=args.concurrency or (1,),
     )
     summary = summarise(comparison)
@@ -241,4 +247,48 @@ def _run_serve(args: argparse.Namespace) -> int:
     for peer, reason in summary["not_run"].items():
         print(f"xpuspec bench: {peer} not run: {reason}", file=sys.stderr)
     print(f"xpuspec bench: wrote {args.out / 'serve.json'} and {args.out / 'serve.md'}", file=sys.stderr)
+    return 0
+
+
+def _run_categories(args: argparse.Namespace) -> int:
+
+    from xpuspec.bench.categories import category_groups, run_categories
+    from xpuspec.bench.category_summary import markdown, summarise
+    from xpuspec.bench.plots import write_category_plot
+
+    if args.concurrency is not None and (not args.concurrency or min(args.concurrency) < 1):
+        raise CommandError(f"client counts must be >= 1, got {list(args.concurrency)}")
+    # The shipped prompt set unless a file is named (--workload's default, code, names none).
+    path = None if args.workload == "code" else Path(args.workload)
+    if path is not None and not path.is_file():
+        raise CommandError(f"--workload for --mode categories is a JSONL file; {args.workload!r} is not one")
+    bundle = resolve_bundle(args.bundle)
+    quiet_third_parties()
+    max_tokens = args.max_tokens or (64 if args.quick else 256)
+    try:
+        groups, left_out = category_groups(
+            bundle, path, args.prompts or (2 if args.quick else None), max_tokens
+        )
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    run = run_categories(
+        args.bundle,
+        bundle,
+        groups,
+        rounds=args.rounds or (1 if args.quick else 3),
+        max_tokens=max_tokens,
+        out=args.out,
+        llama_server=args.llama_server,
+        threads=args.llama_threads or (2,),
+        clients=args.concurrency or (1,),
+        left_out=left_out,
+    )
+    summary = summarise(run)
+    summary["plot"] = write_category_plot(summary, args.out)
+    _write_report(args.out, "categories", summary, markdown(summary))
+    for peer, reason in summary["not_run"].items():
+        print(f"xpuspec bench: {peer} not run: {reason}", file=sys.stderr)
+    if "reason" in summary["plot"]:
+        print(f"xpuspec bench: no plot: {summary['plot']['reason']}", file=sys.stderr)
+    print(f"xpuspec bench: wrote categories.json, categories.md and the plot to {args.out}", file=sys.stderr)
     return 0

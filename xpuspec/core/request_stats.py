@@ -34,6 +34,9 @@ class RequestStats:
     # Of ``drafted`` and ``accepted``: the drafts prompt lookup made beside the drafter.
     lookup_drafted: int = 0
     lookup_accepted: int = 0
+    # Steps by what the speculation policy chose for this request: "prompt lookup", "draft model",
+    # "tree", or why it drafted nothing ("off: measured slower", "off: predicted slower").
+    drafting_decisions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.drafted_per_position = [0] * self.max_draft_tokens
@@ -51,6 +54,9 @@ class RequestStats:
     def record_lookup(self, num_drafted: int, num_accepted: int) -> None:
         self.lookup_drafted += num_drafted
         self.lookup_accepted += num_accepted
+
+    def record_decision(self, decision: str) -> None:
+        self.drafting_decisions[decision] = self.drafting_decisions.get(decision, 0) + 1
 
     def record_tree(self, num_nodes: int, accepted_depth: int) -> None:
         self.tree_verifications += 1
@@ -111,6 +117,7 @@ class RequestStats:
             "accepted_depths": dict(sorted(self.accepted_depths.items())),
             "lookup_drafted": self.lookup_drafted,
             "lookup_accepted": self.lookup_accepted,
+            "drafting_decisions": dict(self.drafting_decisions),
             "num_output_tokens": self.num_output_tokens,
             "target_passes": self.target_passes,
             "num_preemptions": self.num_preemptions,

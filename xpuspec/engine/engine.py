@@ -363,6 +363,8 @@ class LLMEngine:
         decoding = [seq for seq in running if not seq.is_prefilling and seq.request_id not in pending]
         guided = {seq.request_id for seq in decoding if self.states[seq.request_id].guide is not None}
         lengths = self.policy.draft_lengths(decoding, len(running), guided)
+        for request_id, decision in self.policy.decisions.items():
+            self.states[request_id].stats.record_decision(decision.value)
         lengths.update(pending)
         return lengths
 

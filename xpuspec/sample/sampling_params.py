@@ -65,6 +65,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def seeded(self) -> bool:
+        """Sampled with a seed: its tokens must repeat whatever the timings. A greedy request's seed
+        changes nothing (clients often send one), so it is not seeded."""
+        return self.seed is not None and not self.greedy
+
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field and what it accepts."""
         if not _is_int(self.max_tokens) or self.max_tokens < 1:

@@ -50,6 +50,12 @@ class ServerMetrics:
         )
         self.prompt_tokens = Counter("xpuspec_prompt_tokens", "Prompt tokens processed", registry=registry)
         self.generation_tokens = Counter("xpuspec_generation_tokens", "Tokens generated", registry=registry)
+        self.target_passes = Counter(
+            "xpuspec_target_passes",
+            "Target passes that gave a request tokens, once per request (a batched pass once per request "
+            "in it): generated tokens over these are the tokens each pass yields",
+            registry=registry,
+        )
         self.time_to_first_token = Histogram(
             "xpuspec_time_to_first_token_seconds",
             "Arrival to first generated token",
@@ -80,6 +86,11 @@ class ServerMetrics:
             "xpuspec_spec_accepted_tokens_per_position",
             "Draft tokens accepted at each draft position",
             ["position"],
+            registry=registry,
+        )
+        self.verification_steps = Counter(
+            "xpuspec_spec_verification_steps",
+            "Target passes that verified a request's draft tokens, once per request",
             registry=registry,
         )
         acceptance = Gauge(
@@ -170,6 +181,7 @@ class ServerMetrics:
         self._prompt_total += num_prompt_tokens
         self._cached_prompt_total += cached
         self.generation_tokens.inc(stats.num_output_tokens)
+        self.target_passes.inc(stats.target_passes)
         if stats.ttft_s is not None:
             self.time_to_first_token.observe(stats.ttft_s)
         if stats.num_output_tokens > 1 and stats.first_token_time is not None and stats.last_token_time:
@@ -180,6 +192,7 @@ class ServerMetrics:
         self._drafted_total += stats.drafted
         self._accepted_total += stats.accepted
         self._verifications_total += stats.verification_steps
+        self.verification_steps.inc(stats.verification_steps)
         self.lookup_draft_tokens.inc(stats.lookup_drafted)
         self.lookup_accepted_tokens.inc(stats.lookup_accepted)
         self.tree_verifications.inc(stats.tree_verifications)

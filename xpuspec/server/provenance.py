@@ -95,6 +95,8 @@ def summary(stats: RequestStats | None, speculation: Speculation, accepted_token
         "verification_steps": stats.verification_steps,
         "target_passes": passes,
         "tokens_per_target_pass": stats.num_output_tokens / passes if passes else None,
+        # Steps by what the speculation policy chose, and why it drafted nothing where it did not.
+        "drafting_decisions": dict(stats.drafting_decisions),
         "ttft_s": stats.ttft_s,
         "tokens_per_s": stats.tokens_per_s,
     }

@@ -217,8 +217,19 @@ function statsLine(stats) {
   if (stats.tokens_per_target_pass != null) parts.push(`${stats.tokens_per_target_pass.toFixed(2)} tokens/target pass`);
   if (stats.drafter) parts.push(`drafter ${stats.drafter}`);
   if (stats.gamma_policy) parts.push(stats.gamma_policy);
+  const decisions = decisionsText(stats.drafting_decisions);
+  if (decisions) parts.push(decisions);
   if (stats.wall_s != null) parts.push(`${stats.wall_s.toFixed(2)} s`);
   return parts.join(" · ");
+}
+
+// What the speculation policy chose, step by step: "steps: prompt lookup 12, off: measured slower 30".
+function decisionsText(decisions) {
+  if (!decisions) return "";
+  const entries = Object.entries(decisions).filter(([, count]) => count > 0);
+  if (!entries.length) return "";
+  entries.sort((a, b) => b[1] - a[1]);
+  return "steps: " + entries.map(([what, count]) => `${what} ${count}`).join(", ");
 }
 
 function element(tag, className, text) {
@@ -281,9 +292,18 @@ function renderCompare(node, message) {
       ? ""
       : " (the server's default arithmetic is approximate, so a near-tie can break differently: " +
         "`xpuspec serve --exact` gives token-identical greedy text)";
-    verdict.textContent =
-      `${same ? "identical" : "different"}${why} · speculation ${speedup.toFixed(2)}× the speed of the target alone (wall time)`;
-    node.append(verdict);
+    verdict.textContent = `${same ? "identical" : "different"}${why}`;
+    // The speed verdict stands apart from the text's: a loss reads and looks like a loss.
+    const faster = speedup >= 1.0;
+    const speed = element(
+      "div",
+      `verdict ${faster ? "faster" : "slower"}`,
+      faster
+        ? `speculation ${speedup.toFixed(2)}× the speed of the target alone (wall time): faster`
+        : `speculation ${speedup.toFixed(2)}× the speed of the target alone (wall time): slower, ` +
+          `${((1 - speedup) * 100).toFixed(0)}% lost to drafting`,
+    );
+    node.append(verdict, speed);
   }
   if (message.error) node.append(element("div", "error", message.error));
   return node;

@@ -10,7 +10,8 @@ drafting, each verification, and whether drafting paid at that batch. The module
 - ``speculation_length``: γ of a chain (Leviathan et al.'s expected tokens per second);
 - ``tree_policy``: the shape of an "auto" tree;
 - ``prompt_lookup``: drafts that cost nothing where a sequence repeats itself, and their rates;
-- ``drafting_payoff``: whether adaptive drafting pays at a batch shape, from whole steps;
+- ``drafting_payoff``: whether adaptive drafting pays at a batch shape and kind of work, from whole
+  steps;
 - ``draft_choice``: per sequence and step, a chain, a tree, a lookup or nothing, and the probes;
 - ``step_shape``: the target steps' shape, and the padding that keeps it.
 
@@ -28,7 +29,7 @@ from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates, AcceptanceTracker
 from xpuspec.spec_decode.policy.cost_model import CostModel, expected_tokens_per_step
-from xpuspec.spec_decode.policy.draft_choice import DraftChoice
+from xpuspec.spec_decode.policy.draft_choice import DraftChoice, DraftDecision
 from xpuspec.spec_decode.policy.prompt_lookup import MAX_NGRAM, LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.policy.step_shape import StepShape, decode_sequences, step_tokens
@@ -40,6 +41,7 @@ __all__ = [
     "MAX_RANK",
     "AcceptanceTracker",
     "CostModel",
+    "DraftDecision",
     "LookupDraft",
     "PromptLookup",
     "SpeculationLengthPolicy",
@@ -104,7 +106,7 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None:
             return {}
-        choice.new_step()
+        choice.new_step(sequences)
         return {
             sequence.request_id: choice.num_draft_tokens(sequence, num_running, sequence.request_id in guided)
             for sequence in sequences
@@ -114,6 +116,11 @@ class SpeculationPolicy:
     def trees(self) -> dict[str, TreeShape]:
         """The tree shape chosen for each sequence this step."""
         return self.draft_choice.trees if self.draft_choice is not None else {}
+
+    @property
+    def decisions(self) -> dict[str, DraftDecision]:
+        """What each sequence asked about this step drafts, and why not where it does not."""
+        return self.draft_choice.decisions if self.draft_choice is not None else {}
 
     @property
     def lookups(self) -> dict[str, LookupDraft]:
@@ -127,7 +134,8 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None:
             return True
-        if any(choice.would_draft(sequence, len(sequences)) for sequence in sequences):
+        kind = choice.work_kind(sequences)
+        if any(choice.would_draft(sequence, len(sequences), kind) for sequence in sequences):
             return False  # the next step drafts (or probes): a step of its own
         choice.steps_without_drafting += 1
         return True
@@ -220,7 +228,11 @@ class SpeculationPolicy:
         choice = self.draft_choice
         if choice is None or choice.step_drafting_on is None or not decode_sequences(runner_chunks):
             return
-        choice.payoff.record(num_sequences, choice.step_drafting_on, num_tokens, seconds)
+        plain_cost = self.cost_model.target_cost(num_sequences, num_sequences)
+        plain_rate = num_sequences / plain_cost if plain_cost > 0.0 else 0.0  # 0: not measured yet
+        choice.payoff.record(
+            num_sequences, choice.step_kind, choice.step_drafting_on, num_tokens, seconds, plain_rate
+        )
 
     # ------------------------------------------------------------ requests
     def admit(self, request_id: str, tenant: str | None) -> None:

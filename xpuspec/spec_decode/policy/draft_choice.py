@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
+from enum import Enum
 
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
-from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff
+from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff, WorkKind
 from xpuspec.spec_decode.policy.prompt_lookup import LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.policy.step_shape import StepShape
@@ -26,6 +27,22 @@ from xpuspec.spec_decode.policy.tree_policy import TreeShapePolicy
 
 logger = logging.getLogger(__name__)
 
+
+class DraftDecision(Enum):
+    """What the policy chose for one sequence in one step (each request's stats count them)."""
+
+    LOOKUP = "prompt lookup"
+    MODEL = "draft model"
+    TREE = "tree"
+    OFF_MEASURED = "off: measured slower"  # whole steps with drafting were slower here (DraftingPayoff)
+    OFF_PREDICTED = "off: predicted slower"  # the cost model's γ = 0
+    OFF_SHORT = "off: short reply"  # max_tokens at most SHORT_REPLY_TOKENS, and no lookup
+
+
+# An adaptive request allowed at most this many tokens never runs the draft model (or tree drafter): its
+# first drafting pass catches the draft's cache up over the whole prompt, a set-up so short a reply
+# cannot recover. Prompt lookups, which need none, still draft.
+SHORT_REPLY_TOKENS = 16
 # While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
 PROBE_INTERVAL_STEPS = 64
 MAX_PROBE_INTERVAL_STEPS = 1024
@@ -55,53 +72,95 @@ class DraftChoice:
         self._step_shape = step_shape
         self.trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
         self.lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
+        self.decisions: dict[str, DraftDecision] = {}  # what each sequence drafts this step
         self.steps_without_drafting = 0
         self.probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
         self._probed = self._policy_drafted = False  # this step's choices of γ (reset by record_step)
         # Whole steps' tokens per second with drafts and without, per batch shape (recorded by the
         # engine): adaptive drafting stops where it has given less.
         self.payoff = DraftingPayoff()
-        # Whether this step's adaptive requests were allowed to draft (None: none asked).
+        # Whether this step's adaptive requests were allowed to draft (None: none asked), and the
+        # kind of work the step is measured as (``work_kind``).
         self.step_drafting_on: bool | None = None
+        self.step_kind = WorkKind.FREE
         self._warned_no_trees = False
 
-    def new_step(self) -> None:
-        """Forget the last step's trees and lookups (before the scheduler plans the next)."""
+    def new_step(self, sequences: list[Sequence]) -> None:
+        """Forget the last step's trees and lookups (before the scheduler plans the next, whose
+        decoding ``sequences`` set the kind of work it is measured as)."""
         self.trees = {}
         self.lookups = {}
+        self.decisions = {}
         self.step_drafting_on = None
+        self.step_kind = self.work_kind(sequences)
+
+    def work_kind(self, sequences: list[Sequence]) -> WorkKind:
+        """The step's kind of work, from the prompt lookups of its adaptive ``sequences`` (unseeded, γ
+        not fixed): COPY where one has a long match, SHORT_MATCH where one has any, FREE otherwise."""
+        lookup = self.prompt_lookup
+        if lookup is None:
+            return WorkKind.FREE
+        kind = WorkKind.FREE
+        for sequence in sequences:
+            if sequence.params.num_draft_tokens is not None or sequence.params.seeded:
+                continue
+            long = lookup.has_long_match(sequence, self.max_draft_tokens)
+            if long:
+                return WorkKind.COPY
+            if long is not None:
+                kind = WorkKind.SHORT_MATCH
+        return kind
 
     def num_draft_tokens(self, sequence: Sequence, num_running: int, guided: bool) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget.
         ``num_running``: the sequences the step runs; ``guided``: ``sequence`` has an output constraint."""
+        request_id = sequence.request_id
         shape, tree_rate = self._tree_choice(sequence, num_running, guided)
         if shape is None:
             gamma, probe, lookup = self._chain_length(sequence, num_running)
-            if sequence.params.num_draft_tokens is None and sequence.params.seed is None:
+            adaptive = sequence.params.num_draft_tokens is None
+            if adaptive and not sequence.params.seeded:
                 self._probed |= probe
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
             if lookup is not None:
-                self.lookups[sequence.request_id] = lookup
+                self.lookups[request_id] = lookup
+            self.decisions[request_id] = self._chain_decision(sequence, gamma, lookup is not None)
             return gamma
         lookup = self._lookup_over_tree(sequence, tree_rate, num_running)
         if lookup is not None:
-            self.lookups[sequence.request_id] = lookup
+            self.lookups[request_id] = lookup
+            self.decisions[request_id] = DraftDecision.LOOKUP
             return len(lookup.token_ids)
-        self.trees[sequence.request_id] = shape
+        self.trees[request_id] = shape
+        self.decisions[request_id] = DraftDecision.TREE
         return shape.nodes
 
-    def would_draft(self, sequence: Sequence, num_running: int) -> bool:
-        """Whether a step now would draft for ``sequence``, which has no output constraint (asked
-        between the passes of a decode burst: unlike :meth:`num_draft_tokens` it leaves this step's
-        choices alone)."""
-        drafting_on = self.step_drafting_on
+    def _chain_decision(self, sequence: Sequence, gamma: int, looked_up: bool) -> DraftDecision:
+        """What a chain step of ``gamma`` drafts for ``sequence`` is, and why nothing where it is 0."""
+        if looked_up:
+            return DraftDecision.LOOKUP
+        if gamma > 0:
+            return DraftDecision.MODEL
+        if sequence.params.num_draft_tokens is None:
+            if self.step_drafting_on is False:
+                return DraftDecision.OFF_MEASURED
+            if sequence.params.max_tokens <= SHORT_REPLY_TOKENS:
+                return DraftDecision.OFF_SHORT
+        return DraftDecision.OFF_PREDICTED
+
+    def would_draft(self, sequence: Sequence, num_running: int, kind: WorkKind) -> bool:
+        """Whether a step of ``kind`` now would draft for ``sequence``, which has no output constraint
+        (asked between the passes of a decode burst: unlike :meth:`num_draft_tokens` it leaves this
+        step's choices alone)."""
+        drafting_on, step_kind = self.step_drafting_on, self.step_kind
+        self.step_kind = kind
         try:
             return (
                 self._tree_choice(sequence, num_running, guided=False)[0] is not None
                 or self._chain_length(sequence, num_running)[0] > 0
             )
         finally:
-            self.step_drafting_on = drafting_on
+            self.step_drafting_on, self.step_kind = drafting_on, step_kind
 
     def record_step(self, wanted: list[ScheduledChunk]) -> None:
         """A step's drafting, ``wanted`` its chunks with drafts: count the steps since the draft
@@ -126,7 +185,7 @@ class DraftChoice:
         second the cost model predicts for an "auto" tree (infinite for a shape the request fixed,
         which nothing replaces)."""
         wanted = sequence.params.draft_tree
-        if wanted is None or sequence.params.seed is not None:
+        if wanted is None or sequence.params.seeded:
             return None, 0.0  # seeded requests keep coupled chain verification (tree_acceptance)
         if guided:
             return None, 0.0  # the grammar masks chains (xpuspec.engine.constraints), not trees
@@ -143,6 +202,8 @@ class DraftChoice:
             return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
         if not self._may_draft(running):
             return None, 0.0  # the chain's γ is 0 then too (_chain_length)
+        if sequence.params.max_tokens <= SHORT_REPLY_TOKENS:
+            return None, 0.0  # no drafter set-up for a short reply: a lookup chain at most (_chain_length)
         return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
 
     def _lookup_over_tree(
@@ -162,7 +223,7 @@ class DraftChoice:
         """The sequence's draft acceptance rate. Its first call fixes the tracker's prior, so the
         tree and chain choices must ask alike: unseeded requests start from the rate pooled over
         every sequence's drafts, not from the fixed prior."""
-        return self.acceptance.rate(sequence.request_id, pooled_prior=sequence.params.seed is None)
+        return self.acceptance.rate(sequence.request_id, pooled_prior=not sequence.params.seeded)
 
     def _chain_length(self, sequence: Sequence, running: int) -> tuple[int, bool, LookupDraft | None]:
         """γ of a chain for ``sequence`` now, whether that γ is a probe (see below), and the
@@ -171,7 +232,7 @@ class DraftChoice:
         if fixed is not None:
             return min(fixed, self.max_draft_tokens), False, None
         rate = self._acceptance_rate(sequence)
-        if sequence.params.seed is not None:
+        if sequence.params.seeded:
             # A seeded request's tokens do not depend on γ (position-keyed noise, coupled
             # verification); γ from the acceptance rate alone makes its drafting repeat as well.
             # γ = 0 steps decay the rate's counts (xpuspec.engine.verification), so it drafts again after a
@@ -180,8 +241,11 @@ class DraftChoice:
         if not self._may_draft(running):
             return 0, False, None
         previous = self._previous_tokens_per_sequence(running)
-        gamma, tokens_per_second = self.length_policy.best(rate, running, running, previous)
-        if gamma == 0 and self.steps_without_drafting >= self.probe_interval:
+        short = sequence.params.max_tokens <= SHORT_REPLY_TOKENS  # lookups only
+        gamma, tokens_per_second = self.length_policy.best(
+            rate, running, running, previous, max_gamma=0 if short else None
+        )
+        if gamma == 0 and not short and self.steps_without_drafting >= self.probe_interval:
             # γ = 0 measures nothing about the draft: probe now and then, so that a draft cost
             # measured on a busy machine, or an acceptance rate that has recovered, is seen again.
             # A probe costs two changes of the target's shape and a long draft catch-up: while
@@ -198,12 +262,12 @@ class DraftChoice:
         return gamma, False, None
 
     def _may_draft(self, running: int) -> bool:
-        """Whether adaptive requests may draft at this batch shape this step
+        """Whether adaptive requests may draft at this batch shape and kind of work this step
         (:class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff`). Its steps without drafts also
         measure γ = 0 at that shape, the cost every γ is weighed against: at a shape never
         calibrated it otherwise came from one odd step, which could make verifying several tokens
         per sequence look as cheap as one (docs/experiments/code-comment-figures.md)."""
-        allowed = self.payoff.pays(running)
+        allowed = self.payoff.pays(running, self.step_kind)
         self.step_drafting_on = allowed
         return allowed
 

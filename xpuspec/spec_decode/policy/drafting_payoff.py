@@ -1,20 +1,25 @@
-"""Whether adaptive drafting really pays at a batch shape: the tokens per second of whole steps with
-it allowed, against steps with it not.
+"""Whether adaptive drafting really pays: the tokens per second of whole steps with it allowed,
+against steps with it not, per batch shape and kind of work, batch 1 included.
 
 Adaptive γ chooses per sequence and step from a cost model of one step (``CostModel``). Some costs
-fall outside any one step's model, and at batch > 1 they can outweigh the gain:
+fall outside any one step's model, and they can outweigh the gain:
 - a change of the target's shape (~a whole step on the CPU plugin), which one sequence's lookup
-  causes for the whole batch;
+  causes for the whole batch, and at batch 1 every switch between one token and several;
 - padding that holds the shape at the largest recent step;
 - the draft model's catch-up over tokens accepted from lookups;
-- the end of decode bursts, which only steps without drafts run.
+- the end of decode bursts, which only steps without drafts run;
+- a verification that costs more than its calibration said (a busy machine, a long context).
 
-Measured on SmolLM2-135M at batch 4, adaptive γ ran slower than target-only while each step's model
-predicted a gain, and without prompt lookups it did not: the lookups' batch costs were the loss
-(figures: docs/experiments/2026-12-02-cost-model.md, "At a batch").
+On the default model at one request, the cost model alone predicted gains the steps did not get
+(issue 53). So every batch shape is measured, and apart for three kinds of work (:class:`WorkKind`):
+steps where a prompt lookup finds a long match, text being copied (summaries, retrieval answers, code
+edits, quoted turns, a small model's loops); steps where it finds only a short one; and steps where it
+finds none, which only the draft model can draft. Drafting often pays on the first kind and loses on
+the others; measured together, one would hide the other, and a stretch of weak matches early in a
+reply would keep drafting off through the copying after it.
 
-:class:`DraftingPayoff` compares, per batch bucket, two ways of running: adaptive drafting allowed
-("on"), and not ("off"). For each it keeps the tokens and wall seconds of whole engine steps
+:class:`DraftingPayoff` compares, per (batch bucket, kind), two ways of running: adaptive drafting
+allowed ("on"), and not ("off"). For each it keeps the tokens and wall seconds of whole engine steps
 (drafting, verification, bursts and the engine's Python) as decayed sums. Steps with drafting on
 that happened to draft nothing count as "on": the padding and shape changes drafting leaves behind
 fall on them. Comparing steps that drafted with those that did not would miss that: on SmolLM2 both
@@ -30,17 +35,22 @@ Each bucket runs in cycles:
 
 A new bucket starts with drafting on, so until its first "off" steps the cost model alone decides.
 The first step after a switch pays the change of shapes either way and is left out of both rates.
-Batch 1 is left to the cost model alone: it is calibrated at load, and there drafting gains most.
 Requests with a fixed γ or tree, and seeded ones, are not affected.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from xpuspec.spec_decode.policy.verify_costs import batch_bucket
 
-DECAY = 0.9  # per recorded step of the same way: a memory of ~10 steps
+# Per recorded step of the same way. A step without drafts emits one token a sequence, so the "off" rate
+# varies with timing alone and a memory of ~10 steps holds it; the tokens of a step with drafts vary
+# with acceptance as well (at one sequence and γ = 1, one token or two), so "on" keeps ~50 steps: with
+# ~10, chance stretches of rejections turned drafting that paid off for a whole cycle.
+OFF_DECAY = 0.9
+ON_DECAY = 0.98
 # A new bucket decides after a short first cycle: a server's batch sizes come and go, and a whole
 # burst of requests can end inside a long one, all of it drafting on the cost model's word alone.
 FIRST_CYCLE_STEPS = 24
@@ -50,19 +60,34 @@ PROBE_OFF_STEPS = 8  # while drafting is on, the last steps of each cycle run wi
 PROBE_ON_STEPS = 12  # ... and while it is off, with it
 MIN_STEPS = 6  # recorded steps of each way before a bucket decides
 MARGIN = 0.05  # drafting must lose by more than this share before it is turned off
+# Drafting whose steps already give this many times the tokens per second the cost model predicts for
+# plain steps skips the cycle's steps without drafts: they would cost far more than they could teach
+# (a perfect draft's probe steps each give up γ tokens), and the model's plain step, measured on every
+# target-only pass, is the part of it least often wrong.
+CLEAR_WIN = 2.0
+
+
+class WorkKind(Enum):
+    """What a step's adaptive sequences can draft from: text being copied (a prompt lookup found a
+    long match for one of them), a short match, or only the draft model."""
+
+    COPY = "copy"
+    SHORT_MATCH = "short match"
+    FREE = "free"
 
 
 @dataclass
 class _Rate:
     """Decayed tokens and seconds of one way of running at one bucket."""
 
+    decay: float
     tokens: float = 0.0
     seconds: float = 0.0
     steps: int = 0
 
     def record(self, tokens: int, seconds: float) -> None:
-        self.tokens = DECAY * self.tokens + tokens
-        self.seconds = DECAY * self.seconds + seconds
+        self.tokens = self.decay * self.tokens + tokens
+        self.seconds = self.decay * self.seconds + seconds
         self.steps += 1
 
     @property
@@ -72,8 +97,8 @@ class _Rate:
 
 @dataclass
 class _Bucket:
-    on: _Rate = field(default_factory=_Rate)
-    off: _Rate = field(default_factory=_Rate)
+    on: _Rate = field(default_factory=lambda: _Rate(ON_DECAY))
+    off: _Rate = field(default_factory=lambda: _Rate(OFF_DECAY))
     drafting: bool = True  # the way chosen, outside the probe steps
     step: int = 0  # steps into the cycle
     cycle: int = FIRST_CYCLE_STEPS
@@ -82,6 +107,19 @@ class _Bucket:
     def drafts_now(self) -> bool:
         probe = PROBE_OFF_STEPS if self.drafting else PROBE_ON_STEPS
         return self.drafting != (self.step >= self.cycle - probe)
+
+    def confirm_clear_win(self, plain_rate: float) -> None:
+        """At the start of a drafting cycle's probe steps: end the cycle, drafting, where its steps
+        clearly win over the rate predicted for plain steps (:data:`CLEAR_WIN`)."""
+        if (
+            self.drafting
+            and self.step == self.cycle - PROBE_OFF_STEPS
+            and self.on.steps >= MIN_STEPS
+            and plain_rate > 0.0
+            and self.on.rate >= CLEAR_WIN * plain_rate
+        ):
+            self.step = 0
+            self.cycle = max(min(2 * self.cycle, MAX_CYCLE_STEPS), CYCLE_STEPS)
 
     def end_cycle(self) -> None:
         """Decide the way of the next cycle, once both are measured; a decision confirmed lengthens
@@ -99,22 +137,32 @@ class _Bucket:
 
 
 class DraftingPayoff:
-    """Per batch bucket (2 sequences or more), whether adaptive requests draft this step."""
+    """Per batch bucket and kind of work, whether adaptive requests draft this step."""
 
     def __init__(self) -> None:
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[tuple[int, WorkKind], _Bucket] = {}
 
-    def pays(self, num_sequences: int) -> bool:
-        """Whether adaptive requests at this batch draft this step (the probes included)."""
-        if num_sequences < 2:
-            return True
-        return self._buckets.setdefault(batch_bucket(num_sequences), _Bucket()).drafts_now()
+    def pays(self, num_sequences: int, kind: WorkKind) -> bool:
+        """Whether adaptive requests at this batch and kind of work draft this step (the probes
+        included)."""
+        key = (batch_bucket(max(num_sequences, 1)), kind)
+        return self._buckets.setdefault(key, _Bucket()).drafts_now()
 
-    def record(self, num_sequences: int, drafting_on: bool, tokens: int, seconds: float) -> None:
-        """A whole decode step of ``num_sequences`` sequences that emitted ``tokens`` tokens in
-        ``seconds``; ``drafting_on``: its adaptive requests were allowed to draft."""
-        bucket = self._buckets.get(batch_bucket(max(num_sequences, 1)))
-        if bucket is None or num_sequences < 2 or seconds <= 0.0:
+    def record(
+        self,
+        num_sequences: int,
+        kind: WorkKind,
+        drafting_on: bool,
+        tokens: int,
+        seconds: float,
+        plain_rate: float = 0.0,
+    ) -> None:
+        """A whole decode step of ``num_sequences`` sequences and ``kind`` that emitted ``tokens``
+        tokens in ``seconds``; ``drafting_on``: its adaptive requests were allowed to draft.
+        ``plain_rate``: the tokens per second the cost model predicts for a step without drafts at this
+        batch (0: unknown), against which a clear win skips the probes (:data:`CLEAR_WIN`)."""
+        bucket = self._buckets.get((batch_bucket(max(num_sequences, 1)), kind))
+        if bucket is None or seconds <= 0.0:
             return
         if drafting_on == bucket.last_way:
             (bucket.on if drafting_on else bucket.off).record(tokens, seconds)
@@ -122,8 +170,9 @@ class DraftingPayoff:
         bucket.step += 1
         if bucket.step >= bucket.cycle:
             bucket.end_cycle()
+        bucket.confirm_clear_win(plain_rate)
 
-    def rates(self, num_sequences: int) -> tuple[float, float]:
+    def rates(self, num_sequences: int, kind: WorkKind) -> tuple[float, float]:
         """(on, off) tokens per second at this bucket, 0 where unmeasured: for reports."""
-        bucket = self._buckets.get(batch_bucket(max(num_sequences, 1)))
+        bucket = self._buckets.get((batch_bucket(max(num_sequences, 1)), kind))
         return (bucket.on.rate, bucket.off.rate) if bucket is not None else (0.0, 0.0)

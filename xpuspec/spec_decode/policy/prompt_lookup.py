@@ -49,9 +49,17 @@ MAX_NGRAM = 4
 # often than a longer one, on code often enough to pay. Pooled together, a chat request's many weak
 # 1-token matches pulled down the rate of its strong ones (docs/experiments/code-comment-figures.md).
 LONG_MATCH = 2
+# A match of this many tokens or more is text being copied: on the default model's chat, summaries and
+# code edits the first draft token of such matches was accepted most of the time, of shorter ones
+# seldom (docs/benchmarks.md, "Speculation per kind of task", has the counts).
+COPY_MATCH = 3
 # Shared matches start at the index's key length; the chat template's tail alone matches several
 # tokens in every earlier request, while a verbatim repeat (a re-sent tool result) soon matches many.
 SHARED_LONG_MATCH = 12
+
+
+# A lookup's continuation: its tokens, the match length, whether it is shared, its acceptance rates.
+_Candidate = tuple[list[int], int, bool, AcceptanceRates]
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,25 @@ class PromptLookup:
         self.shared_acceptance = {False: AcceptanceRates(), True: AcceptanceRates()}
         self._tenants: dict[str, str | None] = {}  # each request's tenant, from admit to retire
         self.shared_drafted = self.shared_accepted = 0  # shared draft tokens verified, accepted
+        # Each request's candidates at its last length asked (``_candidates``).
+        self._last_candidates: dict[str, tuple[tuple[int, int], list[_Candidate]]] = {}
 
     def admit(self, request_id: str, tenant: str | None) -> None:
         """``request_id``'s lookups read, and its tokens go to, ``tenant``'s documents."""
         self._tenants[request_id] = tenant
+
+    def has_long_match(self, sequence: Sequence, max_tokens: int) -> bool | None:
+        """Whether a lookup finds a continuation for ``sequence`` now (its own tokens or, with a shared
+        index, its tenant's earlier requests), and if so whether its match is long (:data:`COPY_MATCH`
+        tokens of its own, :data:`SHARED_LONG_MATCH` shared); None: no continuation. Long matches are
+        text being copied, and their drafts are accepted far more often than short ones' (whole steps
+        measure the kinds apart: :class:`~xpuspec.spec_decode.policy.drafting_payoff.DraftingPayoff`)."""
+        candidates = self._candidates(sequence, max_tokens)
+        if not candidates:
+            return None
+        return any(
+            ngram >= (SHARED_LONG_MATCH if shared else COPY_MATCH) for _, ngram, shared, _ in candidates
+        )
 
     def choose(
         self,
@@ -93,21 +116,11 @@ class PromptLookup:
     ) -> LookupDraft | None:
         """The lookup draft for ``sequence`` this step, or None when the draft model's best choice
         (``model_tokens_per_second``, γ = 0 included) predicts as much."""
-        request_id, max_tokens = sequence.request_id, policy.max_draft_tokens
-        candidates = []
-        tokens, ngram = self._indexes.propose_with_match(request_id, sequence.token_ids, max_tokens)
-        if tokens:
-            candidates.append((tokens, ngram, False, self.acceptance[ngram >= LONG_MATCH]))
-        if self.shared is not None and request_id in self._tenants:  # never another tenant's by default
-            match = self.shared.lookup(self._tenants[request_id], sequence.token_ids, max_tokens)
-            if match is not None and match.token_ids:
-                long = match.match_length >= SHARED_LONG_MATCH
-                candidates.append((match.token_ids, match.match_length, True, self.shared_acceptance[long]))
         best: LookupDraft | None = None
         best_rate = model_tokens_per_second
-        for tokens, ngram, shared, rates in candidates:
+        for tokens, ngram, shared, rates in self._candidates(sequence, policy.max_draft_tokens):
             gamma, tokens_per_second = policy.best(
-                rates.rate(request_id, pooled_prior=True),
+                rates.rate(sequence.request_id, pooled_prior=True),
                 num_sequences,
                 num_sequences,
                 previous_tokens_per_sequence,
@@ -117,6 +130,26 @@ class PromptLookup:
             if gamma > 0 and tokens_per_second > best_rate:
                 best, best_rate = LookupDraft(tokens[:gamma], ngram, shared), tokens_per_second
         return best
+
+    def _candidates(self, sequence: Sequence, max_tokens: int) -> list[_Candidate]:
+        """The lookups' continuations for ``sequence`` at its current length, each with its match length,
+        whether it is shared, and its acceptance rates; computed once per length (a step asks for the
+        kind of work, then for the draft)."""
+        request_id, length = sequence.request_id, len(sequence.token_ids)
+        cached = self._last_candidates.get(request_id)
+        if cached is not None and cached[0] == (length, max_tokens):
+            return cached[1]
+        candidates: list[_Candidate] = []
+        tokens, ngram = self._indexes.propose_with_match(request_id, sequence.token_ids, max_tokens)
+        if tokens:
+            candidates.append((tokens, ngram, False, self.acceptance[ngram >= LONG_MATCH]))
+        if self.shared is not None and request_id in self._tenants:  # never another tenant's by default
+            match = self.shared.lookup(self._tenants[request_id], sequence.token_ids, max_tokens)
+            if match is not None and match.token_ids:
+                long = match.match_length >= SHARED_LONG_MATCH
+                candidates.append((match.token_ids, match.match_length, True, self.shared_acceptance[long]))
+        self._last_candidates[request_id] = ((length, max_tokens), candidates)
+        return candidates
 
     def update(
         self, request_id: str, ngram: int, num_drafted: int, num_accepted: int, shared: bool = False
@@ -140,6 +173,7 @@ class PromptLookup:
 
     def forget(self, request_id: str) -> None:
         self._indexes.forget(request_id)
+        self._last_candidates.pop(request_id, None)
         self._tenants.pop(request_id, None)
         for rates in (*self.acceptance.values(), *self.shared_acceptance.values()):
             rates.forget(request_id)
