@@ -108,7 +108,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: 1)",
     )
     parser.add_argument(
-        "--prompts", type=int, default=None, help=f"number of prompts {default('num_prompts')}"
+        "--prompts",
+        type=int,
+        default=None,
+        help=f"number of prompts {default('num_prompts')}; categories: per category (default: all of "
+        "them; with --quick 2)",
     )
     parser.add_argument(
         "--max-tokens", type=int, default=None, help=f"new tokens per request {default('max_tokens')}"
