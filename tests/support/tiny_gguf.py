@@ -2,13 +2,16 @@
 
 The layout follows llama.cpp's convert_hf_to_gguf.py for Llama: tensor names ``blk.N.*``, the query and
 key projections permuted to GGUF's interleaved rotary order, the GPT-2 style BPE tokenizer in
-``tokenizer.ggml.*``. F32 or F16 tensors only (norms always F32, as llama.cpp writes them).
+``tokenizer.ggml.*`` (pre-tokenizer ``gpt-2``, the byte-level BPE's own regex). F32 or F16 tensors
+only (norms always F32, as llama.cpp writes them).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,24 +62,7 @@ def write_gguf_from_checkpoint(
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "F32" else gguf.LlamaFileType.MOSTLY_F16)
 
-    vocab = tokenizer["model"]["vocab"]
-    by_id = {int(i): token for token, i in vocab.items()}
-    for added in tokenizer.get("added_tokens", []):
-        by_id[int(added["id"])] = added["content"]
-    special = {added["id"] for added in tokenizer.get("added_tokens", []) if added.get("special")}
-    tokens = [by_id[i] for i in range(len(by_id))]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(
-        [int(gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL) for i in range(len(tokens))]
-    )
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
-    writer.add_pad_token_id(config["pad_token_id"])
-    writer.add_add_bos_token(False)
+    add_tokenizer(writer, tokenizer, pre="gpt-2", special_ids=config)
     template_path = checkpoint / "chat_template.jinja"
     if template_path.is_file():
         writer.add_chat_template(template_path.read_text(encoding="utf-8"))
@@ -103,6 +89,77 @@ def write_gguf_from_checkpoint(
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def gguf_tokens(tokenizer: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """Token strings by id and llama.cpp's token types, as llama.cpp's convert_hf_to_gguf.py writes them:
+    special added tokens are CONTROL, other added ones USER_DEFINED, ``<0xNN>`` pieces BYTE."""
+    import gguf
+
+    by_id = {int(i): token for token, i in tokenizer["model"]["vocab"].items()}
+    added = {int(entry["id"]): entry for entry in tokenizer.get("added_tokens", [])}
+    by_id.update({token_id: entry["content"] for token_id, entry in added.items()})
+    tokens = [by_id[i] for i in range(max(by_id) + 1)]
+    types = []
+    for token_id, token in enumerate(tokens):
+        if token_id in added:
+            kind = gguf.TokenType.CONTROL if added[token_id]["special"] else gguf.TokenType.USER_DEFINED
+        elif tokenizer["model"].get("byte_fallback") and re.fullmatch(r"<0x[0-9A-F]{2}>", token):
+            kind = gguf.TokenType.BYTE
+        else:
+            kind = gguf.TokenType.NORMAL
+        types.append(int(kind))
+    return tokens, types
+
+
+def add_tokenizer(
+    writer: Any,
+    tokenizer: dict[str, Any],
+    *,
+    pre: str | None,
+    special_ids: dict[str, Any],
+    add_bos: bool = False,
+    scores: list[float] | None = None,
+    add_space_prefix: bool | None = None,
+) -> None:
+    """Write a Hugging Face ``tokenizer.json`` (as a dict) into a GGUF's ``tokenizer.ggml.*`` metadata.
+
+    ``pre`` given: a byte-level BPE (``gpt2``) with its merges; None: a SentencePiece BPE (``llama``)
+    with ``scores`` and no merges, as llama.cpp's converter writes a Llama 2 / Mistral tokenizer."""
+    tokens, types = gguf_tokens(tokenizer)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    if pre is not None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
+        writer.add_token_merges(merges)
+    else:
+        writer.add_tokenizer_model("llama")
+        writer.add_token_scores(scores if scores is not None else [0.0] * len(tokens))
+        if add_space_prefix is not None:
+            writer.add_add_space_prefix(add_space_prefix)
+    for role, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id)):
+        if special_ids.get(f"{role}_token_id") is not None:
+            add(int(special_ids[f"{role}_token_id"]))
+    if special_ids.get("pad_token_id") is not None:
+        writer.add_pad_token_id(int(special_ids["pad_token_id"]))
+    if special_ids.get("unk_token_id") is not None:
+        writer.add_unk_token_id(int(special_ids["unk_token_id"]))
+    writer.add_add_bos_token(add_bos)
+
+
+def write_tokenizer_gguf(path: Path, tokenizer: dict[str, Any], **options: Any) -> Path:
+    """A GGUF that holds only a tokenizer (no tensors): what `GgufModel.read` needs to build one."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    add_tokenizer(writer, tokenizer, **options)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def tiny_llama_gguf(work: Path) -> Path:
