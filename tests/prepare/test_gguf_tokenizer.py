@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,11 @@ def test_smollm2_gguf_builds_smollm2s_own_tokenizer(smollm2_gguf: Path, families
     for text in TEXTS:
         expected = source.encode(text, add_special_tokens=False).ids
         assert built.encode(text, add_special_tokens=False).ids == expected, text
+
+
+def test_the_docs_list_every_known_pre_tokenizer() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text(encoding="utf-8")
+    section = text.split("<!-- gguf-pre-tokenizers: start -->")[1].split("<!-- gguf-pre-tokenizers: end -->")[
+        0
+    ]
+    assert sorted(re.findall(r"`([^`]+)`", section)) == sorted(PRE_TOKENIZERS)

@@ -40,6 +40,7 @@ SPACE_MARK = "▁"  # SentencePiece's stand-in for a space
 # llama.cpp's token types (tokenizer.ggml.token_type)
 UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 0, 1, 2, 3, 4, 5, 6
 _BYTE_LEVEL_MODEL = "gpt2"
+_GENAI_PRE_TOKENIZERS = ("smollm",)  # the pre-tokenizers OpenVINO GenAI's GGUF reader splits by
 _SENTENCEPIECE_MODEL = "llama"
 
 
@@ -308,7 +309,11 @@ def write_tokenizer(vocabulary: GgufVocabulary, chat_template: str | None, out_d
     config = tokenizer_config(vocabulary, chat_template)
     (out_dir / TOKENIZER_CONFIG_JSON).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     if importlib.util.find_spec("transformers") is None:
-        logger.warning(
+        # GenAI's reader knows one pre-tokenizer (SmolLM's, the default model's) and splits any other
+        # GGUF with llama.cpp's 'default' regexes, which cut the space off punctuation.
+        level = logging.INFO if vocabulary.pre in _GENAI_PRE_TOKENIZERS else logging.WARNING
+        logger.log(
+            level,
             "%s: transformers is not installed, so the tokenizer IRs are OpenVINO GenAI's, which may split "
             "text unlike the model's own tokenizer (tokenizer.json is exact); pip install transformers "
             "(no torch needed) and prepare again for exact tokenization",
