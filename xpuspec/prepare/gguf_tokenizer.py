@@ -77,9 +77,9 @@ class GgufVocabulary:
             add_space_prefix=_flag(fields.get("tokenizer.ggml.add_space_prefix")),
         )
 
-    def pre_tokenizer(self, where: str) -> PreTokenizer | None:
+    def pre_tokenizer(self, where: str, *, warn: bool = True) -> PreTokenizer | None:
         """The byte-level BPE's pre-tokenizer (None for SentencePiece); a one-line PrepareError naming
-        a model type or pre-tokenizer that is not known here."""
+        a model type or pre-tokenizer that is not known here. ``warn``: log a missing name's default."""
         if self.model == _SENTENCEPIECE_MODEL:
             return None
         if self.model != _BYTE_LEVEL_MODEL:
@@ -88,6 +88,8 @@ class GgufVocabulary:
                 f"{_BYTE_LEVEL_MODEL} byte-level BPE, {_SENTENCEPIECE_MODEL} SentencePiece BPE)"
             )
         if self.pre is None:
+            if not warn:
+                return PRE_TOKENIZERS[MISSING_PRE]
             logger.warning(
                 "%s names no pre-tokenizer (tokenizer.ggml.pre): splitting text with llama.cpp's %r, as "
                 "llama.cpp does; an old conversion, its tokens may differ from the model's own",
@@ -105,8 +107,8 @@ class GgufVocabulary:
         return known
 
     def check(self, where: str) -> None:
-        """Refuse, before any work, a GGUF whose tokenizer.json cannot be built."""
-        self.pre_tokenizer(where)
+        """Refuse, before any work, a GGUF whose tokenizer.json cannot be built (building it warns)."""
+        self.pre_tokenizer(where, warn=False)
         if self.model == _BYTE_LEVEL_MODEL and not self.merges:
             raise PrepareError(f"{where}: a byte-level BPE GGUF without merges (tokenizer.ggml.merges)")
         if self.model == _SENTENCEPIECE_MODEL and len(self.scores) < len(self.tokens):
@@ -132,7 +134,7 @@ def tokenizer_json(vocabulary: GgufVocabulary, where: str) -> dict[str, Any]:
         vocabulary.add_bos if vocabulary.add_bos is not None else (sentencepiece or bool(pre and pre.add_bos))
     )
     add_eos = bool(vocabulary.add_eos)
-    if sentencepiece:
+    if pre is None:
         add_space_prefix = vocabulary.add_space_prefix is not False
         normalizer, pre_tokenizer, decoder = _sentencepiece_text_steps(add_space_prefix)
         merges = _sentencepiece_merges(tokens, vocabulary.token_types, vocabulary.scores)

@@ -36,11 +36,11 @@ def _sequential_regex_splits() -> Iterator[None]:
     def refuse(self: Any, other: Any) -> Any:
         raise ValueError("regex splits kept in sequence")
 
-    RegexSplitStep.__add__ = refuse  # type: ignore[method-assign]
+    RegexSplitStep.__add__ = refuse
     try:
         yield
     finally:
-        RegexSplitStep.__add__ = joined  # type: ignore[method-assign]
+        RegexSplitStep.__add__ = joined
 
 
 def write_openvino_tokenizer(hf_tokenizer: Any, model_dir: Path) -> None:
