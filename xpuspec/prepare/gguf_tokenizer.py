@@ -109,6 +109,11 @@ class GgufVocabulary:
     def check(self, where: str) -> None:
         """Refuse, before any work, a GGUF whose tokenizer.json cannot be built (building it warns)."""
         self.pre_tokenizer(where, warn=False)
+        seen: dict[str, int] = {}
+        for token_id, token in enumerate(_unique_tokens(self.tokens)):
+            if seen.setdefault(token, token_id) != token_id:
+                first = seen[token]
+                raise PrepareError(f"{where}: token {token!r} appears twice (ids {first} and {token_id})")
         if self.model == _BYTE_LEVEL_MODEL and not self.merges:
             raise PrepareError(f"{where}: a byte-level BPE GGUF without merges (tokenizer.ggml.merges)")
         if self.model == _SENTENCEPIECE_MODEL and len(self.scores) < len(self.tokens):
