@@ -18,7 +18,8 @@ import pytest
 
 from tests.server.conftest import LiveServer, start_server, stop_server
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
-from tests.support.tiny_gguf import write_gguf_from_checkpoint
+from tests.support.tiny_gguf import with_tokenizer, write_gguf_from_checkpoint
+from tests.support.tokenizer_families import make_family, sentencepiece_scores, special_tokens
 from xpuspec.models.bundle import ModelBundle
 from xpuspec.prepare.config import PrepareConfig
 from xpuspec.prepare.gguf import prepare_gguf_bundle
@@ -43,15 +44,37 @@ SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "schema"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 
 
-@pytest.fixture(scope="module")
-def gguf_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+TOKENIZERS = {
+    "byte-level": {"model": "gpt2", "pre": "gpt-2"},
+    "sentencepiece": {"model": "llama", "pre": None},
+}
+
+
+@pytest.fixture(scope="module", params=list(TOKENIZERS))
+def gguf_bundle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama as a GGUF with a byte-level BPE (GPT-2's split) or a SentencePiece BPE (Llama 2's)."""
     work = tmp_path_factory.mktemp("gguf-bundle")
-    # A 2048-token context: a prompt with tools fits the tiny tokenizer's ~1 token per character.
+    # A 2048-token context: a prompt with tools fits the tiny tokenizers' few characters per token.
     checkpoint = make_tiny_checkpoint(
         work / "checkpoint", "llama", hidden_size=64, num_layers=2, max_position_embeddings=2048, seed=0
     )
-    gguf_path = write_gguf_from_checkpoint(checkpoint, work / "model.gguf", dtype="F16")
-    shutil.rmtree(checkpoint)
+    options = None
+    if request.param == "sentencepiece":
+        family = make_family("sentencepiece", work / "family")
+        tokens = list(family.json["model"]["vocab"])
+        checkpoint = with_tokenizer(checkpoint, work / "sp", family.json, special_tokens("sentencepiece"))
+        options = {
+            "pre": None,
+            "scores": sentencepiece_scores(tokens),
+            "add_space_prefix": True,
+            "add_bos": True,
+        }
+    gguf_path = write_gguf_from_checkpoint(
+        checkpoint, work / "model.gguf", dtype="F16", tokenizer_options=options
+    )
+    for folder in work.iterdir():
+        if folder.is_dir():
+            shutil.rmtree(folder)  # no Hugging Face file left beside the GGUF
     return prepare_gguf_bundle(PrepareConfig(target=str(gguf_path), output=work / "bundle"))
 
 
@@ -71,7 +94,7 @@ def test_the_bundle_holds_a_tokenizer_built_from_the_gguf(gguf_bundle: Path, ggu
     bundle = ModelBundle.open(gguf_bundle, verify=True)
     assert (bundle.target.path / "tokenizer.json").is_file()
     record = bundle.target.facts["gguf"]["tokenizer"]
-    assert record == {"model": "gpt2", "pre": "gpt-2", "irs_from": "tokenizer.json"}
+    assert record in [{**expected, "irs_from": "tokenizer.json"} for expected in TOKENIZERS.values()]
     assert "structured output is off" not in gguf_server.log()
 
 

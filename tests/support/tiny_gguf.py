@@ -38,9 +38,16 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf_from_checkpoint(
-    checkpoint: Path, out_path: Path, *, dtype: str = "F32", architecture: str = "llama"
+    checkpoint: Path,
+    out_path: Path,
+    *,
+    dtype: str = "F32",
+    architecture: str = "llama",
+    tokenizer_options: dict[str, Any] | None = None,
 ) -> Path:
-    """Convert the HF Llama in ``checkpoint``; ``architecture`` may name another one on purpose."""
+    """Convert the HF Llama in ``checkpoint``; ``architecture`` may name another one on purpose.
+    ``tokenizer_options``: how its tokenizer is written (:func:`add_tokenizer`; default a byte-level BPE
+    with pre-tokenizer ``gpt-2``)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -62,7 +69,7 @@ def write_gguf_from_checkpoint(
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "F32" else gguf.LlamaFileType.MOSTLY_F16)
 
-    add_tokenizer(writer, tokenizer, pre="gpt-2", special_ids=config)
+    add_tokenizer(writer, tokenizer, special_ids=config, **(tokenizer_options or {"pre": "gpt-2"}))
     template_path = checkpoint / "chat_template.jinja"
     if template_path.is_file():
         writer.add_chat_template(template_path.read_text(encoding="utf-8"))
@@ -160,6 +167,37 @@ def write_tokenizer_gguf(path: Path, tokenizer: dict[str, Any], **options: Any) 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def with_tokenizer(
+    checkpoint: Path, out_dir: Path, tokenizer: dict[str, Any], special: dict[str, str]
+) -> Path:
+    """A copy of ``checkpoint`` with another tokenizer: its embedding and LM head resized to the new
+    vocabulary (new rows random), the config's size and special ids updated."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from tests.support.tokenizer_families import vocabulary_size
+
+    out_dir.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "generation_config.json", "chat_template.jinja"):
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, out_dir / name)
+    size = vocabulary_size(tokenizer)
+    state = load_file(str(checkpoint / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = state[name]
+        extra = rng.standard_normal((max(0, size - rows.shape[0]), rows.shape[1])).astype(rows.dtype)
+        state[name] = np.concatenate([rows, extra * rows.std()])[:size].copy()
+    save_file(state, str(out_dir / "model.safetensors"))
+    config = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    ids = {content: token_id for content, token_id in tokenizer["model"]["vocab"].items()}
+    config.update(vocab_size=size, **{f"{role}_token_id": ids[token] for role, token in special.items()})
+    (out_dir / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (out_dir / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    return out_dir
 
 
 def tiny_llama_gguf(work: Path) -> Path:

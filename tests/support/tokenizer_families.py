@@ -136,6 +136,22 @@ def make_family(name: str, work: Path) -> Family:
     return Family(name, source, gguf_path, data)
 
 
+def sentencepiece_scores(tokens: list[str]) -> list[float]:
+    """SentencePiece-like scores: 0 for the 3 specials and 256 byte pieces, then falling with the id."""
+    fixed = 3 + 256
+    return [0.0] * fixed + [-float(index) for index in range(len(tokens) - fixed)]
+
+
+def vocabulary_size(tokenizer: dict[str, Any]) -> int:
+    ids = list(tokenizer["model"]["vocab"].values()) + [entry["id"] for entry in tokenizer["added_tokens"]]
+    return max(ids) + 1
+
+
+def special_tokens(name: str) -> dict[str, str]:
+    """The family's special tokens by role (bos, eos, and unk for SentencePiece)."""
+    return _roles(name)
+
+
 def _roles(name: str) -> dict[str, str]:
     if name == "sentencepiece":
         return {"bos": "<s>", "eos": "</s>", "unk": "<unk>"}
@@ -209,9 +225,7 @@ def _sentencepiece_tokenizer() -> tuple[dict[str, Any], list[float]]:
     byte_pieces = [f"<0x{byte:02X}>" for byte in range(256)]
     tokens = specials + byte_pieces + [piece for piece in pieces if piece not in byte_pieces]
     vocab = {token: token_id for token_id, token in enumerate(tokens)}
-    scores = [0.0] * (len(specials) + len(byte_pieces)) + [
-        -float(index) for index in range(len(tokens) - len(specials) - len(byte_pieces))
-    ]
+    scores = sentencepiece_scores(tokens)
     normal = {token: scores[token_id] for token, token_id in vocab.items() if token_id >= 3 + 256}
     merges = [list(pair) for pair in generate_merges(vocab, normal)]
     data = {

@@ -22,6 +22,7 @@ from typing import Any
 
 from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
+from xpuspec.prepare.gguf_copy import copy_for_genai
 from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
 from xpuspec.prepare.gguf_tokenizer import write_tokenizer
@@ -64,7 +65,7 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> dict[
     scratch = Path(tempfile.mkdtemp(prefix=".gguf-convert-", dir=out_dir.parent))
     try:
         copy = scratch / model.path.name
-        shutil.copyfile(model.path, copy)
+        copy_for_genai(model.path, copy, model.vocabulary, model.architecture)
         try:
             openvino_genai.LLMPipeline(str(copy), "CPU", enable_save_ov_model=True)
         except Exception as error:  # noqa: BLE001 - GenAI raises RuntimeError with its C++ message

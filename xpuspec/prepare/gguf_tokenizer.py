@@ -142,7 +142,7 @@ def tokenizer_json(vocabulary: GgufVocabulary, where: str) -> dict[str, Any]:
     if pre is None:
         add_space_prefix = vocabulary.add_space_prefix is not False
         normalizer, pre_tokenizer, decoder = _sentencepiece_text_steps(add_space_prefix)
-        merges = _sentencepiece_merges(tokens, vocabulary.token_types, vocabulary.scores)
+        merges = sentencepiece_merges(tokens, vocabulary.token_types, vocabulary.scores)
     else:
         normalizer, pre_tokenizer, decoder = None, _byte_level_pre_tokenizer(pre), _BYTE_LEVEL_DECODER
         merges = [_split_merge(merge) for merge in vocabulary.merges]
@@ -226,7 +226,7 @@ def _sentencepiece_text_steps(add_space_prefix: bool) -> tuple[dict[str, Any], N
     )
 
 
-def _sentencepiece_merges(
+def sentencepiece_merges(
     tokens: list[str], types: tuple[int, ...], scores: tuple[float, ...]
 ) -> list[list[str]]:
     """BPE merges equivalent to SentencePiece's score-ordered merging.
