@@ -167,3 +167,34 @@ def test_the_docs_list_every_known_pre_tokenizer() -> None:
         0
     ]
     assert sorted(re.findall(r"`([^`]+)`", section)) == sorted(PRE_TOKENIZERS)
+
+
+@pytest.fixture
+def without_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime install: `transformers` cannot be found (nothing else is hidden)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "transformers" else find_spec(name, *args),
+    )
+
+
+def test_without_transformers_a_byte_level_gguf_keeps_genais_irs_with_a_warning(
+    families: dict[str, Family], without_transformers: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    vocabulary = GgufModel.read(families["qwen2"].gguf, "target").vocabulary
+    with caplog.at_level(logging.WARNING):
+        assert write_tokenizer(vocabulary, None, tmp_path, "target q.gguf") == "OpenVINO GenAI's GGUF reader"
+    assert (tmp_path / "tokenizer.json").is_file() and not (tmp_path / "openvino_tokenizer.xml").exists()
+    assert "target q.gguf: transformers is not installed" in caplog.text
+
+
+def test_without_transformers_a_sentencepiece_gguf_is_refused(
+    families: dict[str, Family], without_transformers: None
+) -> None:
+    vocabulary = GgufModel.read(families["sentencepiece"].gguf, "target").vocabulary
+    with pytest.raises(PrepareError, match="a SentencePiece GGUF needs transformers"):
+        vocabulary.check("target sp.gguf")

@@ -118,6 +118,12 @@ class GgufVocabulary:
             raise PrepareError(f"{where}: a byte-level BPE GGUF without merges (tokenizer.ggml.merges)")
         if self.model == _SENTENCEPIECE_MODEL and len(self.scores) < len(self.tokens):
             raise PrepareError(f"{where}: a SentencePiece GGUF without scores (tokenizer.ggml.scores)")
+        if self.model == _SENTENCEPIECE_MODEL and importlib.util.find_spec("transformers") is None:
+            # GenAI's reader builds byte-level tokenizers only: its IRs cannot stand in for this one.
+            raise PrepareError(
+                f"{where}: a SentencePiece GGUF needs transformers (no torch) to convert its tokenizer: "
+                "pip install transformers"
+            )
 
     def token(self, role: str) -> str | None:
         token_id = self.special_ids.get(role)
@@ -260,23 +266,23 @@ def _post_processor(
     vocabulary: GgufVocabulary, tokens: list[str], add_bos: bool, add_eos: bool
 ) -> dict[str, Any] | None:
     """BOS/EOS around the text when the GGUF adds them (TemplateProcessing), else nothing."""
-    ends = {"bos": add_bos, "eos": add_eos}
-    specials = {role: vocabulary.special_ids.get(role) for role, wanted in ends.items() if wanted}
-    missing = [role for role, token_id in specials.items() if token_id is None]
+    wanted = [role for role, add in (("bos", add_bos), ("eos", add_eos)) if add]
+    missing = [role for role in wanted if vocabulary.special_ids.get(role) is None]
     if missing:
         raise PrepareError(
             f"tokenizer.ggml.add_{missing[0]}_token is true but the GGUF has no {missing[0]} id"
         )
-    if not specials:
+    if not wanted:
         return None
+    ids = {role: int(vocabulary.special_ids[role] or 0) for role in wanted}
 
     def template(sequence: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
-        if "bos" in specials:
-            items.append({"SpecialToken": {"id": tokens[specials["bos"]], "type_id": 0}})  # type: ignore[index]
+        if "bos" in ids:
+            items.append({"SpecialToken": {"id": tokens[ids["bos"]], "type_id": 0}})
         items.append({"Sequence": {"id": sequence, "type_id": 0}})
-        if "eos" in specials:
-            items.append({"SpecialToken": {"id": tokens[specials["eos"]], "type_id": 0}})  # type: ignore[index]
+        if "eos" in ids:
+            items.append({"SpecialToken": {"id": tokens[ids["eos"]], "type_id": 0}})
         return items
 
     return {
@@ -285,8 +291,7 @@ def _post_processor(
         "pair": template("A") + template("B"),
         "special_tokens": {
             tokens[token_id]: {"id": tokens[token_id], "ids": [token_id], "tokens": [tokens[token_id]]}
-            for token_id in specials.values()
-            if token_id is not None
+            for token_id in ids.values()
         },
     }
 
@@ -296,7 +301,6 @@ def tokenizer_config(vocabulary: GgufVocabulary, chat_template: str | None) -> d
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
-        "model_max_length": None,
     }
     for role in ("bos", "eos", "unk", "pad"):
         token = vocabulary.token(role)
