@@ -73,7 +73,8 @@ def test_cli_prepares_a_bundle_that_inspect_verifies_and_generate_runs(tiny, tmp
 
 
 def test_the_converted_model_computes_what_the_checkpoint_does(tiny, tiny_pair_bundle):
-    """Same tokens from GenAI's GGUF tokenizer as from the HF one, same greedy tokens as transformers."""
+    """Same tokens from the tokenizer built from the GGUF as from the HF one, same greedy tokens as
+    transformers."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

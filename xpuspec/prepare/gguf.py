@@ -22,8 +22,10 @@ from typing import Any
 
 from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
+from xpuspec.prepare.gguf_copy import copy_for_genai
 from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
+from xpuspec.prepare.gguf_tokenizer import write_tokenizer
 from xpuspec.prepare.gguf_weights import recompress_ir
 from xpuspec.prepare.pairing import PairingError, check_vocabularies
 from xpuspec.prepare.progress import ProgressSink, StepProgress
@@ -43,11 +45,15 @@ IR_FILES = (
 )
 
 
-def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> None:
-    """Convert ``model`` into ``out_dir`` (the IR files, config.json, chat_template.jinja), torch-free.
+def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> dict[str, str | None]:
+    """Convert ``model`` into ``out_dir`` (the IR files, config.json, chat_template.jinja, tokenizer.json),
+    torch-free; returns the manifest's record of its tokenizer.
 
     GenAI writes its IR beside the GGUF, so the file is copied into a scratch folder inside ``out_dir``'s
     parent first (the source may sit in read-only site-packages); the scratch folder is always removed.
+    The tokenizer.json is built from the GGUF's metadata (:mod:`xpuspec.prepare.gguf_tokenizer`) and the
+    tokenizer IRs converted from it, replacing GenAI's, which split text by architecture, not by the
+    GGUF's pre-tokenizer.
     """
     try:
         import openvino_genai
@@ -59,7 +65,7 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> None:
     scratch = Path(tempfile.mkdtemp(prefix=".gguf-convert-", dir=out_dir.parent))
     try:
         copy = scratch / model.path.name
-        shutil.copyfile(model.path, copy)
+        copy_for_genai(model.path, copy, model.vocabulary, model.architecture)
         try:
             openvino_genai.LLMPipeline(str(copy), "CPU", enable_save_ov_model=True)
         except Exception as error:  # noqa: BLE001 - GenAI raises RuntimeError with its C++ message
@@ -84,6 +90,9 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> None:
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     if model.chat_template:
         (out_dir / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
+    where = f"{role} {model.path.name}"
+    irs = write_tokenizer(model.vocabulary, model.chat_template, out_dir, where)
+    return {"model": model.vocabulary.model, "pre": model.vocabulary.pre, "irs_from": irs}
 
 
 def folder_tokens(folder: Path) -> tuple[str, ...] | None:
@@ -203,7 +212,7 @@ def _prepare_gguf_model(
 ) -> dict[str, Any]:
     model_dir = staging / role
     with steps.step(f"converting {role} {model.path.name} with OpenVINO GenAI's GGUF reader"):
-        convert_gguf(model, model_dir, role)
+        tokenizer = convert_gguf(model, model_dir, role)
     compression: dict[str, Any] = {"mode": f"gguf {model.weight_format}", "weights": model.weight_format}
     wanted = config.weights if role == "target" else (config.draft_weights or config.weights)
     if wanted is not None and not model.quantized:
@@ -226,7 +235,12 @@ def _prepare_gguf_model(
         "role": role,
         "path": role,
         "source": str(model.path),
-        "gguf": {"architecture": model.architecture, "file_type": model.file_type, "name": model.name},
+        "gguf": {
+            "architecture": model.architecture,
+            "file_type": model.file_type,
+            "name": model.name,
+            "tokenizer": tokenizer,
+        },
         **model.architecture_facts(),
         "compression": compression,
     }

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.prepare.config import PrepareError
+from xpuspec.prepare.gguf_tokenizer import GgufVocabulary
 
 GGUF_SUFFIX = ".gguf"
 # What OpenVINO GenAI 2026.4's GGUF reader builds (gguf_modeling.cpp); anything else fails inside it.
@@ -54,6 +55,7 @@ class GgufModel:
     special_ids: dict[str, int | None]
     chat_template: str | None
     name: str | None
+    vocabulary: GgufVocabulary
 
     @classmethod
     def read(cls, path: Path, role: str) -> GgufModel:
@@ -107,6 +109,7 @@ class GgufModel:
             special_ids=special,
             chat_template=str(template) if template is not None else None,
             name=str(fields["general.name"]) if "general.name" in fields else None,
+            vocabulary=GgufVocabulary.from_fields(fields, special),
         )
 
     @property
@@ -135,6 +138,7 @@ class GgufModel:
             raise PrepareError(
                 f"{role} {self.path.name}: the GGUF holds no tokenizer (tokenizer.ggml.tokens)"
             )
+        self.vocabulary.check(f"{role} {self.path.name}")
 
     def architecture_facts(self) -> dict[str, Any]:
         hyper = self.hyperparameters
