@@ -73,7 +73,7 @@ def auto_drafter(bundle: ModelBundle) -> str:
     draft = bundle.draft
     if draft is None:
         return "ngram"
-    if draft.vocab_size > bundle.target.vocab_size:
+    if draft.vocab_size > bundle.target.vocab_size and not bundle.translates_tokens:
         logger.warning(
             "the draft's vocabulary (%d) is larger than the target's (%d), so it cannot draft; "
             "drafting with n-grams instead",

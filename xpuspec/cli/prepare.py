@@ -47,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument(
         "--force-pair",
         action="store_true",
-        help="pair even if the tokenizers differ (never when the draft's vocabulary is larger: "
-        "the engine could not run it)",
+        help="pair by token id even if the tokenizers differ, instead of translating the draft's "
+        "drafts through text (never when the draft's vocabulary is larger: the engine could not run it)",
     )
     prepare.add_argument(
         "--log",
@@ -283,7 +283,8 @@ def _check_local_configs(config: PrepareConfig) -> None:
         if facts is not None:
             check_group_size(role, facts, compression)
             read[role] = facts
-    if "target" in read and "draft" in read:
+    if "target" in read and "draft" in read and config.force_pair:
+        # Paired by token id: the draft may not have more. Otherwise a larger draft translates.
         check_vocab_sizes(read["target"], read["draft"])
 
 

@@ -25,7 +25,7 @@ from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
 from xpuspec.prepare.gguf_weights import recompress_ir
-from xpuspec.prepare.pairing import PairingError, check_vocabularies
+from xpuspec.prepare.pairing import PairingError, check_vocabularies, translating_pair
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
 
@@ -192,7 +192,7 @@ def _check_gguf_pair(
         check_vocabularies(target.tokens, draft_tokens, str(draft_spec))
     except PairingError as error:
         if not force_pair:
-            raise
+            return translating_pair(error), folder
         logger.warning("pairing forced despite a tokenizer mismatch: %s", error)
         return {"checked": True, "forced": True, "mismatch": str(error)}, folder
     return {"checked": True, "forced": force_pair, "mismatch": None}, folder
