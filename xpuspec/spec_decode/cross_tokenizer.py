@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ SAMPLE_TEXT = (
     "The quick brown fox jumps over the lazy dog, and then it runs back home.\n"
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n"
 )
+
+TRANSLATION_TIMINGS = 6  # timings of a translation at calibration, the first not counted
 
 
 @dataclass
@@ -132,20 +135,24 @@ class CrossTokenizerDrafter:
         return seconds + self.translation_seconds()
 
     def translation_seconds(self) -> float:
-        """The seconds of one step's translations (sync, drafted text, target tokens), timed once on
-        :data:`SAMPLE_TEXT`."""
+        """The seconds of one step's translations (sync, drafted text, target tokens), the median of a
+        few timings on :data:`SAMPLE_TEXT` (taken once)."""
         if self._translation_seconds is None:
             target_ids = self.target_codec.encode(SAMPLE_TEXT * 4, add_special_tokens=False)
-            text = DraftText()
-            text.sync(self.draft_codec, self.target_codec.decode(target_ids[:-8], skip_special_tokens=False))
-            started = time.perf_counter()
-            text.sync(self.draft_codec, self.target_codec.decode(target_ids, skip_special_tokens=False))
-            drafted = text.ids[-6:]
-            text.extend(self.draft_codec, drafted[:-1])
-            new_text = drafted_text(self.draft_codec, text.ids, drafted)
-            target_tokens_for(self.target_codec, target_ids, new_text, 4)
-            self._translation_seconds = time.perf_counter() - started
+            timings = [self._time_translation(target_ids) for _ in range(TRANSLATION_TIMINGS)]
+            self._translation_seconds = statistics.median(timings[1:])  # the first warms the tokenizers
         return self._translation_seconds
+
+    def _time_translation(self, target_ids: list[int]) -> float:
+        text = DraftText()
+        text.sync(self.draft_codec, self.target_codec.decode(target_ids[:-8], skip_special_tokens=False))
+        started = time.perf_counter()
+        text.sync(self.draft_codec, self.target_codec.decode(target_ids, skip_special_tokens=False))
+        drafted = text.ids[-6:]
+        text.extend(self.draft_codec, drafted[:-1])
+        new_text = drafted_text(self.draft_codec, text.ids, drafted)
+        target_tokens_for(self.target_codec, target_ids, new_text, 4)
+        return time.perf_counter() - started
 
     def propose(self, chunks: list[ScheduledChunk], draw: TokenDraw) -> dict[str, Proposal]:
         """Greedy drafts in target tokens; ``draw`` is not used (the draft never samples)."""
@@ -258,7 +265,11 @@ class CrossTokenizerDrafter:
         drafting.state.text.extend(self.draft_codec, in_cache)
         text = drafted_text(self.draft_codec, drafting.context, drafted)
         sequence = drafting.chunk.sequence
-        return target_tokens_for(self.target_codec, sequence.token_ids, text, drafting.chunk.num_draft_tokens)
+        proposal = target_tokens_for(
+            self.target_codec, sequence.token_ids, text, drafting.chunk.num_draft_tokens
+        )
+        logger.debug("%s: drafted %r, proposing %d target tokens", sequence.request_id, text, len(proposal))
+        return proposal
 
     def _timed_forward(self, chunks: list[SequenceChunk]) -> np.ndarray:
         started = time.perf_counter()
