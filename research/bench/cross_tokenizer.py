@@ -1,16 +1,14 @@
-"""A pair across tokenizers, assembled from two prepared bundles, against its target alone.
+"""A pair across tokenizers (a bundle `xpuspec prepare` made from two models whose tokenizers differ)
+against its target alone.
 
-python -m research.bench.cross_tokenizer --target-bundle BUNDLE --draft-bundle demo --draft-role draft \
-    --out PAIR [--rounds 3] [--prompts 4] [--max-tokens 64] [--num-draft-tokens 0]
+python -m research.bench.cross_tokenizer --bundle PAIR [--rounds 3] [--prompts 4] [--max-tokens 64]
+    [--num-draft-tokens 0] [--exact] [--no-prompt-lookup]
 
-Copies ``--target-bundle``'s target and ``--draft-bundle``'s ``--draft-role`` model (e.g. the demo pair's
-draft, or its target in the draft's role) into one bundle at ``--out`` whose manifest says the pair
-translates (what ``xpuspec prepare`` records for tokenizers that differ; prepare itself takes
-checkpoints, and these models exist here only as compressed IR). Then it generates the same greedy
-requests in interleaved rounds, target alone and drafted across tokenizers, checks that every round's
-tokens are the same, and prints tokens/s, acceptance, and the cost model's terms: the target's step at
-1 and 1 + γ tokens, the drafting phase at γ with the translation's share, and the acceptance at which
-drafting would break even. Not a test: timings depend on the machine.
+Generates the same greedy requests (held-out Python code prompts, all in flight) in interleaved rounds,
+target alone and drafted across tokenizers, compares every round's tokens with the target's, and prints
+tokens/s, acceptance (the draft model's apart from prompt lookup's), and the cost model's terms at one
+sequence: the target's step at 1 and 1 + γ tokens, the drafting phase at γ, the translation's share of
+it, and the acceptance at which drafting would break even. Not a test: timings depend on the machine.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -28,44 +25,9 @@ from xpuspec.api.pipeline import Pipeline
 from xpuspec.bench.workloads import heldout_code_prompts
 from xpuspec.engine.engine import EngineConfig
 from xpuspec.models.bundle import ModelBundle
-from xpuspec.models.resolve import resolve_bundle
-from xpuspec.prepare.writer import write_manifest
 from xpuspec.sample.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-def assemble(target_bundle: ModelBundle, draft_bundle: ModelBundle, draft_role: str, out: Path) -> Path:
-    """``out``: the target of one bundle and a model of another as its draft, marked as translating."""
-    draft_model = draft_bundle.model(draft_role)
-    if draft_model is None:
-        raise SystemExit(f"{draft_bundle.root} has no {draft_role} model")
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    shutil.copytree(target_bundle.target.path, out / "target")
-    shutil.copytree(draft_model.path, out / "draft")
-    (out / "draft" / "draft_stamp.json").unlink(missing_ok=True)  # a stamp lists its own folder's files
-    manifest = target_bundle.manifest
-    models = {
-        "target": dict(target_bundle.target.facts),
-        "draft": {**draft_model.facts, "role": "draft", "path": "draft", "draft_vocab": None},
-    }
-    pairing = {
-        "checked": True,
-        "forced": False,
-        "mismatch": None,
-        "translate": True,
-        "difference": f"assembled by research.bench.cross_tokenizer: {draft_bundle.root} ({draft_role})",
-    }
-    write_manifest(
-        out,
-        prepared_for=manifest.get("prepared_for", "cpu"),
-        toolchain=manifest.get("toolchain", {}),
-        models=models,
-        tokenizer=target_bundle.tokenizer_facts,
-        pairing=pairing,
-    )
-    return out
 
 
 def first_difference(token_ids: list[list[int]], reference: list[list[int]]) -> list[int]:
@@ -122,10 +84,7 @@ def break_even_acceptance(terms: dict[str, float], gamma: int) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target-bundle", default=None, help="the target's bundle (default model)")
-    parser.add_argument("--draft-bundle", default="demo", help="the bundle holding the draft")
-    parser.add_argument("--draft-role", default="draft", choices=("target", "draft"))
-    parser.add_argument("--out", type=Path, required=True, help="where the assembled pair goes")
+    parser.add_argument("--bundle", type=Path, required=True, help="a pair whose tokenizers differ")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -136,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    pair = assemble(
-        resolve_bundle(args.target_bundle), resolve_bundle(args.draft_bundle), args.draft_role, args.out
-    )
+    pair = args.bundle
     prompts = [p.text for p in heldout_code_prompts(args.prompts, prompt_chars=300)]
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -168,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "pair": str(pair),
         "same_tokens": same,
-        "workload": vars(args) | {"out": str(args.out)},
+        "workload": vars(args) | {"bundle": str(args.bundle)},
     }
     for name, runs in rounds.items():
         rates = [r["tokens"] / r["seconds"] for r in runs]

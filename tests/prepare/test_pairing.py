@@ -112,3 +112,30 @@ def test_prepare_translates_a_pair_whose_tokenizers_differ_unless_forced(
         "def add(a, b):", SamplingParams(max_tokens=6, temperature=0.0, num_draft_tokens=2)
     )[0]
     assert len(result.token_ids) == 6 and result.stats["drafted"] > 0
+
+
+@pytest.mark.slow
+def test_the_command_says_it_translates_and_measures_the_pair(
+    target_irs: dict[str, Path],
+    mismatched_draft_checkpoint: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from xpuspec.cli import main
+
+    output = tmp_path / "bundle"
+    argv = [
+        "prepare",
+        str(target_irs["llama"]),
+        "--draft",
+        str(mismatched_draft_checkpoint),
+        "-o",
+        str(output),
+    ]
+    assert main([*argv, "--weights", "fp16", "--log", str(tmp_path / "log")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("bundle written to")
+    assert lines[1].startswith("pairing: the tokenizers differ, so the draft's drafts will be translated")
+    assert lines[2].startswith("pair check: acceptance ") and "translated through text" in lines[2]
+    pairing = ModelBundle.open(output, verify=True).manifest["pairing"]
+    assert pairing["translate"] and pairing["check"] == lines[2].removeprefix("pair check: ")

@@ -39,7 +39,7 @@ def cross_tokenizer_proposer(
     assert draft is not None  # translates_tokens says there is one
     draft_tokenizer = Tokenizer(draft.path)
     eos_ids = {token for token in (draft_tokenizer.eos_token_id,) if token is not None}
-    logger.info("the draft has a tokenizer of its own: its drafts are translated into the target's tokens")
+    logger.debug("the draft has a tokenizer of its own: its drafts are translated into the target's tokens")
     return CrossTokenizerDrafter(
         draft_runner,
         Tokenizer(bundle.target.path),

@@ -65,5 +65,8 @@ def _describe(special: tuple[str | None, int | None]) -> str:
 def translating_pair(error: PairingError) -> dict[str, Any]:
     """The manifest's "pairing" of a draft whose tokenizer differs from the target's: it drafts through
     text (:mod:`xpuspec.spec_decode.cross_tokenizer`), so every pair of tokenizers can speculate."""
-    logger.info("the tokenizers differ (%s): the draft's drafts will be translated into target tokens", error)
-    return {"checked": True, "forced": False, "mismatch": None, "translate": True, "difference": str(error)}
+    difference = str(error).split(";")[0]  # what differs, without the advice for pairing by id
+    logger.info(
+        "the tokenizers differ (%s): the draft's drafts will be translated into target tokens", difference
+    )
+    return {"checked": True, "forced": False, "mismatch": None, "translate": True, "difference": difference}
