@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "pair": str(pair),
         "same_tokens": same,
+        # Per round (target-only rounds first), the first differing token of each prompt that differs.
+        "first_differences": differing,
         "workload": vars(args) | {"bundle": str(args.bundle)},
     }
     for name, runs in rounds.items():
