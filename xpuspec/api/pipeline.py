@@ -295,9 +295,9 @@ class Pipeline:
         """The engine over the target and the drafter, with grammar support (calibrated next), and the
         request preparer with the engine's limits (``self.requests``)."""
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
-        draft_device_name = (
-            self.draft_device.device if self.drafter == "draft" and self.draft_device else None
-        )
+        # A draft that translates between tokenizers does not overlap (CrossTokenizerDrafter.caps).
+        overlappable = proposer is not None and proposer.caps.overlappable
+        draft_device_name = self.draft_device.device if overlappable and self.draft_device else None
         if self.drafter == "eagle3" and overlap:
             raise ValueError(
                 "overlap=True needs a draft model: EAGLE-3 drafts from the step the target verifies"
