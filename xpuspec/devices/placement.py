@@ -232,7 +232,12 @@ def openvino_version() -> str | None:
 
 
 def write_placement(bundle_root: Path, placement: dict[str, Any]) -> None:
-    """Set the manifest's "placement" field, replacing the file atomically.
+    """Set the manifest's "placement" field (:func:`write_manifest_field`)."""
+    write_manifest_field(bundle_root, "placement", placement)
+
+
+def write_manifest_field(bundle_root: Path, name: str, value: Any) -> None:
+    """Set the manifest's field ``name``, replacing the file atomically.
 
     The manifest is not among the hashed files, so `xpuspec inspect` still verifies the bundle.
     The temporary file lives in the bundle folder (``os.replace`` is atomic only within one file
@@ -240,7 +245,7 @@ def write_placement(bundle_root: Path, placement: dict[str, Any]) -> None:
     """
     manifest_path = Path(bundle_root) / MANIFEST_NAME
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    manifest["placement"] = placement
+    manifest[name] = value
     handle, temporary = tempfile.mkstemp(dir=manifest_path.parent, prefix=f".{MANIFEST_NAME}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:

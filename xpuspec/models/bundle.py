@@ -290,6 +290,12 @@ class ModelBundle:
         return Eagle3Info(path=self.root / facts["path"], facts=facts)
 
     @property
+    def translates_tokens(self) -> bool:
+        """Whether the draft has a tokenizer of its own, its drafts translated into the target's tokens
+        through text (``xpuspec prepare`` records it in the manifest's "pairing")."""
+        return self.draft is not None and bool((self.manifest.get("pairing") or {}).get("translate"))
+
+    @property
     def tokenizer_facts(self) -> dict[str, Any]:
         return self.manifest.get("tokenizer", {})
 

@@ -27,7 +27,7 @@ from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
 from xpuspec.prepare.gguf_tokenizer import write_tokenizer
 from xpuspec.prepare.gguf_weights import recompress_ir
-from xpuspec.prepare.pairing import PairingError, check_vocabularies
+from xpuspec.prepare.pairing import PairingError, check_vocabularies, translating_pair
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
 
@@ -150,7 +150,8 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
         if draft_gguf is not None:
             facts["draft"] = _prepare_gguf_model(draft_gguf, "draft", config, staging, steps)
         elif draft_source is not None:
-            facts["draft"] = _prepare_folder_draft(draft_source, config, staging, steps)
+            translates = bool(pairing.get("translate"))
+            facts["draft"] = _prepare_folder_draft(draft_source, config, staging, steps, translates)
         if "draft" in facts:
             facts["draft"] = record_draft_vocab(facts["draft"], config.draft_vocab)
         eagle3 = None
@@ -201,7 +202,7 @@ def _check_gguf_pair(
         check_vocabularies(target.tokens, draft_tokens, str(draft_spec))
     except PairingError as error:
         if not force_pair:
-            raise
+            return translating_pair(error), folder
         logger.warning("pairing forced despite a tokenizer mismatch: %s", error)
         return {"checked": True, "forced": True, "mismatch": str(error)}, folder
     return {"checked": True, "forced": force_pair, "mismatch": None}, folder
@@ -307,10 +308,18 @@ def _count_weights(model_dir: Path) -> dict[str, int]:
 
 
 def _prepare_folder_draft(
-    folder: Path, config: PrepareConfig, staging: Path, steps: StepProgress
+    folder: Path, config: PrepareConfig, staging: Path, steps: StepProgress, translates: bool = False
 ) -> dict[str, Any]:
-    """An IR folder is copied as is (torch-free); an HF checkpoint goes through the HF export path."""
+    """An IR folder is copied as is (torch-free); an HF checkpoint goes through the HF export path.
+    ``translates``: the draft's tokenizer differs from the target's, so its own tokenizer IRs are needed."""
     if (folder / IR_FILES[0]).is_file():  # the target's tokenizer serves both: draft tokenizer IRs optional
+        missing = [name for name in IR_FILES[2:] if name.endswith(".xml") and not (folder / name).is_file()]
+        if translates and missing:
+            raise PrepareError(
+                f"draft {folder}: its tokenizer differs from the target's and the folder lacks "
+                f"{', '.join(missing)}; convert its tokenizer with openvino_tokenizers, or prepare from "
+                "its Hugging Face checkpoint"
+            )
         with steps.step(f"copying draft OpenVINO IR from {folder}"):
             shutil.copytree(folder, staging / "draft", ignore=shutil.ignore_patterns(".*"))
             for name in IR_FILES[2:]:
