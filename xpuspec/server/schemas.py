@@ -228,7 +228,7 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(
-        description="null only in an assistant message with tool_calls"
+        None, description="null or left out only in an assistant message with tool_calls"
     )
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: calls made earlier")
@@ -245,7 +245,7 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_or_tool_calls(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content may be null only in an assistant message with tool_calls")
+            raise ValueError("content may be null or left out only in an assistant message with tool_calls")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         return self
