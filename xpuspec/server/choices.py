@@ -90,7 +90,7 @@ def _sampling_params(
         num_draft_tokens=num_draft_tokens,
         response_format=body.response_format.as_dict() if body.response_format is not None else None,
         guided_regex=body.guided_regex,
-        guided_grammar=body.guided_grammar,
+        guided_grammar=body.grammar_text,
         draft_tree=body.draft_tree,
     )
 
@@ -137,7 +137,11 @@ def check_constraint(body: GenerationFields, requests: RequestPreparer) -> None:
     """A 400 with the grammar engine's message for a constraint it cannot compile (checked once here,
     on the request's thread, rather than as a failed choice on the engine's)."""
     param = next(
-        (name for name in ("response_format", "guided_regex", "guided_grammar") if getattr(body, name)),
+        (
+            name
+            for name in ("response_format", "guided_regex", "guided_grammar", "grammar")
+            if getattr(body, name)
+        ),
         None,
     )
     if param is None:
@@ -146,7 +150,7 @@ def check_constraint(body: GenerationFields, requests: RequestPreparer) -> None:
         constraint = SamplingParams(
             response_format=body.response_format.as_dict() if body.response_format is not None else None,
             guided_regex=body.guided_regex,
-            guided_grammar=body.guided_grammar,
+            guided_grammar=body.grammar_text,
         ).constraint()
         if constraint is None:
             return

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
+from xpuspec.structured.gbnf import is_gbnf
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16
@@ -140,7 +141,13 @@ class GenerationFields(BaseModel):
         None, min_length=1, description="xpuspec: constrain the output to this regex"
     )
     guided_grammar: str | None = Field(
-        None, min_length=1, description="xpuspec: constrain the output to this Lark grammar"
+        None,
+        min_length=1,
+        description="xpuspec: constrain the output to this grammar, Lark or llama.cpp's GBNF "
+        "(told apart by its `name ::= ...` rules)",
+    )
+    grammar: str | None = Field(
+        None, min_length=1, description="llama.cpp: constrain the output to this GBNF grammar"
     )
     draft_tree: str | dict[str, int] | None = Field(
         None,
@@ -170,6 +177,31 @@ class GenerationFields(BaseModel):
         for text in stops:
             _check_encodable(text, "a stop string")
         return stop
+
+    @field_validator("grammar")
+    @classmethod
+    def _check_grammar(cls, grammar: str | None) -> str | None:
+        if grammar is not None and not is_gbnf(grammar):
+            raise ValueError(
+                "a GBNF grammar defines rules `name ::= ...`, starting at root; Lark goes in guided_grammar"
+            )
+        return grammar
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> GenerationFields:
+        if self.grammar is None:
+            return self
+        others = [name for name in ("guided_grammar", "guided_regex") if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            others.append("response_format")
+        if others:
+            raise ValueError(f"name at most one output constraint, got grammar and {others[0]}")
+        return self
+
+    @property
+    def grammar_text(self) -> str | None:
+        """The request's grammar: llama.cpp's ``grammar`` (GBNF) or ``guided_grammar`` (Lark or GBNF)."""
+        return self.grammar if self.grammar is not None else self.guided_grammar
 
     @property
     def stop_list(self) -> list[str]:
