@@ -10,7 +10,7 @@ call them as they are.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -62,6 +62,10 @@ GENERATE: dict[str, Check] = {
     "images": (_empty, "omit it: this model reads text only"),
     "context": (_empty, "omit it: send the conversation to /api/chat instead"),
     "template": (_empty, "omit it: the model's own chat template is used (or raw: true)"),
+    # Image generation's fields (Ollama's experimental image models).
+    "width": (_neutral(0), "omit it: this server generates text"),
+    "height": (_neutral(0), "omit it: this server generates text"),
+    "steps": (_neutral(0), "omit it: this server generates text"),
 }
 # Sampling options xpuspec does not implement; load-time options are ignored (nothing to load).
 OPTIONS: dict[str, Check] = {
@@ -73,6 +77,17 @@ OPTIONS: dict[str, Check] = {
     "options.tfs_z": (_neutral(1), "omit it or send 1"),
     "options.mirostat": (_neutral(0), "omit it or send 0"),
 }
+# Options accepted with any value that change nothing here (docs/ollama.md lists them): how llama.cpp
+# loads the model (the bundle was compiled for its device when prepared), and settings that matter
+# only with an option above at a value refused (mirostat's tau and eta) or with a context shift,
+# which xpuspec never does (num_keep).
+OPTION_NO_OPS = frozenset(
+    {
+        "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
+        "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "mirostat_tau",
+        "mirostat_eta", "repeat_last_n", "penalize_newline",
+    }
+)  # fmt: skip
 
 
 def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> None:
@@ -83,6 +98,17 @@ def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> 
         **({f"options.{k}": v for k, v in options.items()} if isinstance(options, dict) else {}),
     }
     unsupported.check_supported(fields, {**checks, **OPTIONS})
+
+
+def check_known(body: Mapping[str, object], fields: Iterable[str], checks: Mapping[str, Check]) -> None:
+    """A 400 naming the first field (or option) that is neither implemented, checked nor a no-op."""
+    unsupported.check_known(body, fields, checks)
+    options = body.get("options")
+    if isinstance(options, dict):
+        checked = (name.removeprefix("options.") for name in OPTIONS)
+        unsupported.check_known(
+            options, OllamaOptions.model_fields, checked, OPTION_NO_OPS, prefix="options."
+        )
 
 
 def resolve_model(name: str, model_names: tuple[str, ...]) -> str:

@@ -26,6 +26,7 @@ from xpuspec.server.ollama_requests import (
     SHARED,
     apply_limits,
     chat_request,
+    check_known,
     check_num_ctx,
     check_supported,
     generate_request,
@@ -68,9 +69,12 @@ def _ollama_error_shape(response: Response) -> Response:
     return response
 
 
-def _parse(schema: type[Body], checks: dict[str, Check]) -> Body:
+def _parse(schema: type[Body], checks: dict[str, Check], generates: bool = True) -> Body:
+    """The body as ``schema``; a request that generates has every field known (a 400 names one not)."""
     data = parse_json_object(request.get_data(cache=False))  # raises 413 beyond MAX_CONTENT_LENGTH
     check_supported(data, checks)
+    if generates:
+        check_known(data, schema.model_fields, checks)
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as error:
@@ -157,7 +161,7 @@ def running() -> Response:
 
 @ollama_api.post("/show")
 def show() -> Response:
-    body = _parse(OllamaShowRequest, {})
+    body = _parse(OllamaShowRequest, {}, generates=False)  # a lookup: other fields change nothing
     name = body.model or body.name
     if not name:
         raise APIError(400, "model is required", param="model", code="invalid_value")

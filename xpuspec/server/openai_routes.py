@@ -33,7 +33,7 @@ def parse_body(schema: type[Body], checks: Mapping[str, unsupported.Check]) -> B
     raw = request.get_data(cache=False)  # raises 413 beyond MAX_CONTENT_LENGTH
     data = parse_json_object(raw)
     unsupported.check_supported(data, checks)
-    unsupported.log_unknown(data, set(schema.model_fields))
+    unsupported.check_known(data, schema.model_fields, checks, unsupported.OPENAI_NO_OPS)
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as error:

@@ -2,8 +2,9 @@
 
 Requests are validated strictly (``"5"`` is not a number, ``1`` is not a bool) so a wrong type is a
 400, not a silent coercion; numbers must be finite. OpenAI parameters the server does not implement
-are refused before these models see the body (``unsupported.py``); other unknown fields are ignored,
-as OpenAI-compatible servers commonly do.
+and top-level fields nobody knows are refused before these models see the body (``unsupported.py``);
+keys these models do not read inside nested objects (messages, tools) are ignored, so a reply's
+message can be sent back as the client holds it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _check_encodable(text: str, what: str) -> str:
     return text
 
 
-# Every request model: strict types, finite numbers, unknown fields ignored.
+# Every request model: strict types, finite numbers; unknown top-level fields are refused earlier.
 REQUEST_CONFIG = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
