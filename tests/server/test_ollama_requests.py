@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from xpuspec.api.engine_loop import ChoiceRequest
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server.choices import PreparedRequest
+from xpuspec.server.config import ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_requests import (
     GENERATE,
@@ -33,10 +34,11 @@ def chat(**fields: object) -> OllamaChatRequest:
 
 
 def test_model_names_with_and_without_the_latest_tag() -> None:
-    assert resolve_model("m", ("m", "alias")) == "m"
-    assert resolve_model("alias:latest", ("m", "alias")) == "alias"
+    config = ServerConfig(served_model_name="m", model_aliases=("alias",))
+    for name in ("m", "m:latest", "alias", "alias:latest"):
+        assert resolve_model(name, config) == "m"
     with pytest.raises(APIError) as raised:
-        resolve_model("m:7b", ("m",))
+        resolve_model("m:7b", ServerConfig(served_model_name="m"))
     assert raised.value.status == 404 and raised.value.message.startswith("model 'm:7b' not found")
 
 

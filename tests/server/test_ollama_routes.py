@@ -121,6 +121,20 @@ def test_stop_and_the_name_with_latest(client: ollama.Client, server: LiveServer
     assert cut.model == f"{server.model}:latest"
 
 
+def test_the_listed_name_works_on_every_route(client: ollama.Client, server: LiveServer) -> None:
+    listed = client.list().models[0].model
+    assert listed == f"{server.model}:latest"
+    assert client.chat(model=listed, messages=ASK, options=GREEDY).done
+    assert client.generate(model=listed, prompt="hi", options=GREEDY).done
+    openai_client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    assert (
+        openai_client.chat.completions.create(model=listed, messages=ASK, max_tokens=4).model == server.model
+    )
+    assert openai_client.completions.create(model=listed, prompt="hi", max_tokens=4).model == server.model
+    assert openai_client.models.retrieve(listed).id == server.model
+    assert [model.id for model in openai_client.models.list()] == [server.model]
+
+
 def test_list_ps_show_and_version(client: ollama.Client, server: LiveServer) -> None:
     listed = client.list().models
     assert [model.model for model in listed] == [f"{server.model}:latest"]
@@ -194,7 +208,10 @@ def test_unknown_model_is_a_clear_404(client: ollama.Client, server: LiveServer)
         with pytest.raises(ollama.ResponseError) as raised:
             call()
         assert raised.value.status_code == 404
-        assert "'llama3.2' not found" in raised.value.error and repr(server.model) in raised.value.error
+        assert (
+            "'llama3.2' not found" in raised.value.error
+            and repr(f"{server.model}:latest") in raised.value.error
+        )
 
 
 def test_refusals_are_ollamas_error_shape(client: ollama.Client, server: LiveServer) -> None:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from xpuspec.api.engine_loop import ChoiceRequest
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server import tools
+from xpuspec.server.config import ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, CompletionRequest, GenerationFields
 from xpuspec.structured.constraint import Constraint
@@ -29,13 +30,12 @@ class PreparedRequest:
     tools: tools.ToolRequest | None = None  # chat with tools: calls are parsed out of the replies
 
 
-def check_model(body: GenerationFields, model_names: tuple[str, ...]) -> None:
+def check_model(body: GenerationFields, config: ServerConfig) -> None:
     # Compared only: the name never becomes a path.
-    if body.model not in model_names:
-        served = ", ".join(repr(name) for name in model_names)
+    if not config.serves(body.model):
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {served}",
+            f"the model {body.model!r} does not exist; this server serves {config.served_model_name!r}",
             param="model",
             code="model_not_found",
         )

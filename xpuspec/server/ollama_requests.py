@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from xpuspec.server import unsupported
 from xpuspec.server.choices import PreparedRequest
+from xpuspec.server.config import LATEST_TAG, ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_schemas import (
     DEFAULT_TEMPERATURE,
@@ -33,9 +34,6 @@ from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, fir
 from xpuspec.server.unsupported import Check
 
 RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
-
-# Ollama's tag for "the one version there is": `name:latest` names the same model as `name`.
-LATEST_TAG = ":latest"
 
 
 def _neutral(*values: object) -> Callable[[object], bool]:
@@ -111,15 +109,19 @@ def check_known(body: Mapping[str, object], fields: Iterable[str], checks: Mappi
         )
 
 
-def resolve_model(name: str, model_names: tuple[str, ...]) -> str:
-    """The served name ``name`` means (itself, or with Ollama's ``:latest`` tag); else Ollama's 404."""
-    for candidate in (name, name.removesuffix(LATEST_TAG)):
-        if candidate in model_names:
-            return candidate
-    served = ", ".join(repr(n) for n in model_names)
+def resolve_model(name: str, config: ServerConfig) -> str:
+    """The served name, when ``name`` names it (an alias, or either with ``:latest``); else Ollama's 404."""
+    if config.serves(name):
+        return config.served_model_name
+    served = tagged(config.served_model_name)
     raise APIError(
-        404, f"model {name!r} not found; this server serves {served}", param="model", code="model_not_found"
+        404, f"model {name!r} not found; this server serves {served!r}", param="model", code="model_not_found"
     )
+
+
+def tagged(name: str) -> str:
+    """``name`` as Ollama lists it: with a tag (``:latest`` unless it has one)."""
+    return name if ":" in name else name + LATEST_TAG
 
 
 def _response_format(format_: str | dict[str, Any] | None) -> dict[str, Any] | None:

@@ -113,7 +113,7 @@ def chat() -> Response:
     received = time.perf_counter()
     body = _parse(OllamaChatRequest, SHARED)
     state = server_state()
-    served = resolve_model(body.model, state.config.model_names)
+    served = resolve_model(body.model, state.config)
     if not body.messages:
         return _loaded_reply(body.model, generate=False)
     requests = ready_requests(state)
@@ -129,7 +129,7 @@ def generate() -> Response:
     received = time.perf_counter()
     body = _parse(OllamaGenerateRequest, GENERATE)
     state = server_state()
-    served = resolve_model(body.model, state.config.model_names)
+    served = resolve_model(body.model, state.config)
     if not body.prompt:
         return _loaded_reply(body.model, generate=True)
     requests = ready_requests(state)
@@ -148,7 +148,9 @@ def generate() -> Response:
 @ollama_api.get("/tags")
 def tags() -> Response:
     state = server_state()
-    return jsonify({"models": ollama_models.model_entries(state.config.model_names, state.loop.requests)})
+    return jsonify(
+        {"models": ollama_models.model_entries((state.config.served_model_name,), state.loop.requests)}
+    )
 
 
 @ollama_api.get("/ps")
@@ -156,7 +158,7 @@ def running() -> Response:
     state = server_state()
     loop = state.loop
     requests = loop.requests if loop.ready.is_set() and loop.load_error is None else None
-    return jsonify({"models": ollama_models.running_entries(state.config.model_names, requests)})
+    return jsonify({"models": ollama_models.running_entries((state.config.served_model_name,), requests)})
 
 
 @ollama_api.post("/show")
@@ -166,7 +168,7 @@ def show() -> Response:
     if not name:
         raise APIError(400, "model is required", param="model", code="invalid_value")
     state = server_state()
-    resolve_model(name, state.config.model_names)
+    resolve_model(name, state.config)
     return jsonify(ollama_models.show(name, ready_requests(state)))
 
 

@@ -190,7 +190,7 @@ def respond(
 def completions() -> Response:
     body = parse_body(CompletionRequest, unsupported.COMPLETION)
     state = server_state()
-    check_model(body, state.config.model_names)
+    check_model(body, state.config)
     return _generate("completion", body, prepare_completion(body, ready_requests(state)))
 
 
@@ -198,7 +198,7 @@ def completions() -> Response:
 def chat_completions() -> Response:
     body = parse_body(ChatCompletionRequest, unsupported.CHAT)
     state = server_state()
-    check_model(body, state.config.model_names)
+    check_model(body, state.config)
     return _generate("chat", body, prepare_chat(body, ready_requests(state)))
 
 
@@ -209,14 +209,14 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
 @openai_api.get("/models")
 def list_models() -> Response:
     state = server_state()
-    return jsonify(
-        {"object": "list", "data": [_model_card(state, name) for name in state.config.model_names]}
-    )
+    # One name per model: aliases are accepted on requests but not listed again.
+    return jsonify({"object": "list", "data": [_model_card(state, state.config.served_model_name)]})
 
 
 @openai_api.get("/models/<string:model>")
 def get_model(model: str) -> Response:
+    """The served model's card under its listed name, asked for by that name or any alias."""
     state = server_state()
-    if model not in state.config.model_names:
+    if not state.config.serves(model):
         raise APIError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
-    return jsonify(_model_card(state, model))
+    return jsonify(_model_card(state, state.config.served_model_name))
