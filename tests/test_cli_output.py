@@ -171,3 +171,24 @@ def test_the_api_docs_state_the_sampling_defaults_of_the_api_and_of_generate() -
                 assert documented == repr(generate[name]).replace("'", '"').replace("0.0", "0"), name
                 checked.append(name)
     assert {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos"} <= set(checked)
+
+
+def test_bench_says_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from xpuspec.bench.plots import write_category_plot, write_plots
+    from xpuspec.cli.bench import wrote_line
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the runtime install: no `bench` extra
+    files = [tmp_path / "report.json", tmp_path / "report.md"]
+    line = wrote_line(files, write_plots({"settings": {"mode": "latency"}}, tmp_path))
+    assert line == (
+        f"wrote {files[0]}, {files[1]}; no plots: matplotlib is not installed (pip install 'xpuspec[bench]')"
+    )
+    assert "no plots: matplotlib is not installed" in wrote_line(
+        files, {"c": write_category_plot({}, tmp_path)}
+    )
+    assert not list(tmp_path.glob("*.png"))
+    assert wrote_line(files, {"a": {"file": "a.png"}, "b": {"reason": "no data"}}).endswith(
+        "and 1 plot (a.png)"
+    )
