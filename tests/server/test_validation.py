@@ -187,7 +187,8 @@ CASES = [
         400,
         "messages.0",
     ),
-    BadRequest("unknown route", "/v1/embeddings", completion(), 404, code="not_found"),
+    BadRequest("unknown route", "/v1/embedings", completion(), 404, code="not_found"),
+    BadRequest("embeddings", "/v1/embeddings", {"model": MODEL, "input": "x"}, 404, code="not_served"),
     BadRequest("wrong method", COMPLETIONS, None, 405, code="method_not_allowed", method="GET"),
     BadRequest("wrong method on models", "/v1/models", None, 405, code="method_not_allowed", method="PUT"),
     BadRequest("unknown model card", "/v1/models/nope", None, 404, "model", "model_not_found", method="GET"),
@@ -247,6 +248,17 @@ def test_valid_requests_succeed_after_every_bad_one(client: FlaskClient) -> None
     response = client.post(CHAT, json=chat(temperature=0))
     assert response.status_code == 200
     assert response.get_json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_embeddings_say_they_are_not_served(client: FlaskClient) -> None:
+    for path in ("/v1/embeddings", "/v1/responses", "/v1/audio/speech"):
+        message = client.post(path, json={"model": MODEL, "input": "x"}).get_json()["error"]["message"]
+        assert "not served" in message and "\n" not in message and "lives under /v1" not in message, message
+    assert (
+        client.post("/v1/embeddings", json={})
+        .get_json()["error"]["message"]
+        .startswith("embeddings are not served: this server generates text")
+    )
 
 
 def test_wrong_method_names_the_allowed_ones(client: FlaskClient) -> None:

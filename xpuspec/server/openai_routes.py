@@ -220,3 +220,21 @@ def get_model(model: str) -> Response:
     if not state.config.serves(model):
         raise APIError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
     return jsonify(_model_card(state, state.config.served_model_name))
+
+
+# OpenAI endpoints this server does not serve, each with a one-line reason (a 404, which the openai
+# client does not retry, rather than the generic "no such route").
+NOT_SERVED = {
+    "embeddings": "embeddings are not served: this server generates text (/v1/chat/completions, "
+    "/v1/completions) with its one model; use an embedding server for /v1/embeddings",
+    "responses": "the Responses API is not served: use /v1/chat/completions",
+    "images": "images are not served: this server generates text",
+    "audio": "audio is not served: this server generates text",
+    "moderations": "moderations are not served: this server generates text",
+}
+
+
+@openai_api.route("/<any(" + ", ".join(NOT_SERVED) + "):endpoint>", methods=["GET", "POST"])
+@openai_api.route("/<any(" + ", ".join(NOT_SERVED) + "):endpoint>/<path:rest>", methods=["GET", "POST"])
+def not_served(endpoint: str, rest: str = "") -> Response:
+    raise APIError(404, NOT_SERVED[endpoint], code="not_served")
