@@ -134,15 +134,22 @@ def test_a_client_leaving_mid_stream_aborts_its_request(
         return float(line.split()[1])
 
     before = cancelled()
-    stream = openai_client.completions.create(
+    raw = openai_client.completions.with_raw_response.create(
         model=live_server.model, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
         extra_body={"ignore_eos": True, "drafter": "none"},
     )  # fmt: skip
-    next(iter(stream))
+    stream = raw.parse()
+    received = [chunk.choices[0].text for chunk, _ in zip(stream, range(3), strict=False)]
     stream.close()
     assert wait_until(lambda: cancelled() == before + 1, 30), live_server.log()[-2000:]
     assert wait_until(lambda: live_server.state()["kv_blocks_used"] == 0, 10)
     assert live_server.state()["num_in_flight"] == 0
+    # The access line of the aborted request counts the tokens it generated (at least those received).
+    rid = raw.headers["x-request-id"]
+    assert wait_until(lambda: f"id={rid}" in live_server.log(), 10)
+    line = next(line for line in live_server.log().splitlines() if line.endswith(f"id={rid}"))
+    tokens = int(line.split("tokens=")[1].split()[0])
+    assert tokens >= len([text for text in received if text]) >= 1, line
 
 
 # Every parameter the client's create() takes, at a value this server honours or treats as a no-op.

@@ -120,7 +120,8 @@ def start_generation(
         id=request_id(request.environ),
         constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
     )
-    request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
+    # What the choices generated, finished or not: an aborted request's line counts its output too.
+    request.environ[TOKENS_KEY] = lambda: max(context.num_completion_tokens, generation.num_generated_tokens)
     return generation, context
 
 
