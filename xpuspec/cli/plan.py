@@ -174,14 +174,18 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        _print_plan(tuned, measurements, decision)
+        _print_plan(tuned, measurements, decision, written=args.write)
     if args.write:
         write_placement(bundle.root, record)
         print(f"recorded the placement and compile properties in {bundle.root}", file=sys.stderr)
+    else:
+        print("not recorded: run plan again with --write to record the chosen placement", file=sys.stderr)
     return 0
 
 
-def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any) -> None:
+def _print_plan(
+    tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any, written: bool
+) -> None:
     """The tuned properties (when tuned), every placement measured, and the decision, as tables."""
     if tuned:
         _print_properties_table(tuned)
@@ -209,7 +213,7 @@ def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], deci
             str(len(m.round_rates)),
             "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
             "-" if m.agreement is None else f"{m.agreement.same}/{m.agreement.total}",
-            _placement_note(m, decision),
+            _placement_note(m, decision, written),
         )
         for m in measurements
         if not m.error
@@ -230,10 +234,10 @@ def _describe(placement: Any) -> str:
     return f"{placement.target_device} / {placement.draft_device} / {placement.drafter} / gamma={length}"
 
 
-def _placement_note(measurement: Any, decision: Any) -> str:
+def _placement_note(measurement: Any, decision: Any, written: bool) -> str:
     notes = []
     if measurement is decision.chosen:
-        notes.append("recorded")
+        notes.append("recorded" if written else "chosen")  # only --write records it
     if measurement is decision.default:
         notes.append("default")
     if measurement is decision.fastest and measurement is not decision.chosen:
