@@ -192,3 +192,18 @@ def test_bench_says_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pyt
     assert wrote_line(files, {"a": {"file": "a.png"}, "b": {"reason": "no data"}}).endswith(
         "and 1 plot (a.png)"
     )
+
+
+def test_a_draft_that_is_the_target_is_warned_of(pair_bundle: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from xpuspec.models.bundle import DRAFT_IS_TARGET, ModelBundle
+
+    assert not ModelBundle.open(pair_bundle).draft_is_target
+    target = pair_bundle.parent / "target"  # the pair's Hugging Face checkpoint
+    out = tmp_path / "self-pair"
+    assert main(["prepare", str(target), "--draft", str(target), "-o", str(out), "--weights", "fp16"]) == 0
+    assert ModelBundle.open(out).draft_is_target
+    assert f"xpuspec: warning: {DRAFT_IS_TARGET}" in capsys.readouterr().err
+    assert main(["generate", "hi", "--bundle", str(out), "--max-tokens", "2"]) == 0
+    assert f"xpuspec: warning: {DRAFT_IS_TARGET}" in capsys.readouterr().err
+    assert main(["generate", "hi", "--bundle", str(pair_bundle), "--max-tokens", "2"]) == 0
+    assert "warning" not in capsys.readouterr().err

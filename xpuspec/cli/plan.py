@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error, warn_if_draft_is_target
 from xpuspec.cli.tables import print_table
 
 
@@ -131,6 +131,7 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         config = _parse_plan_config(args)
         bundle = resolve_bundle(args.bundle)
+        warn_if_draft_is_target(bundle)
         devices = list(config.devices) if config.devices else plannable_devices(core, registry)
         for device in devices:
             resolve_device(device, core, registry)
