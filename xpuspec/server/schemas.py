@@ -192,7 +192,8 @@ class GenerationFields(BaseModel):
     def _one_grammar(self) -> GenerationFields:
         if self.grammar is None:
             return self
-        others = [name for name in ("guided_grammar", "guided_regex") if getattr(self, name) is not None]
+        named = (("guided_grammar", self.guided_grammar), ("guided_regex", self.guided_regex))
+        others = [name for name, value in named if value is not None]
         if self.response_format is not None and self.response_format.type != "text":
             others.append("response_format")
         if others:
