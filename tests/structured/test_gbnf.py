@@ -117,3 +117,24 @@ def test_the_translation_names_rules_apart() -> None:
         lark.splitlines()[0] == "start: gbnf_0"
         and len({line.split(":")[0] for line in lark.splitlines()}) == 5
     )
+
+
+# What llama.cpp's json_schema_to_grammar.py writes for a {name, age}[] schema with 10-100 items
+# (llama.cpp's grammars/README.md): escapes and ranges in classes, {m}, {m,n}, an empty alternative.
+NAME_AGE = r"""
+char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})
+item ::= "{" space item-name-kv "," space item-age-kv "}" space
+item-age ::= ([0-9] | ([1-8] [0-9] | [9] [0-9]) | "1" ([0-4] [0-9] | [5] "0")) space
+item-age-kv ::= "\"age\"" space ":" space item-age
+item-name ::= "\"" char{1,100} "\"" space
+item-name-kv ::= "\"name\"" space ":" space item-name
+root ::= "[" space item ("," space item){9,99} "]" space
+space ::= | " " | "\n" [ \t]{0,20}
+"""
+
+
+def test_a_grammar_llama_cpp_generates_works(compiler, tokenizer) -> None:
+    item = '{"name": "Ann \\u00e9\\"x", "age": 150}'
+    assert accepts(compiler, tokenizer, NAME_AGE, "[" + ",\n  ".join([item] * 10) + "]")
+    assert not accepts(compiler, tokenizer, NAME_AGE, "[" + ",".join([item] * 9) + "]")  # too few
+    assert not accepts(compiler, tokenizer, NAME_AGE, "[" + ",".join([item.replace("150", "151")] * 10) + "]")
