@@ -180,7 +180,13 @@ def test_plan_write_twice_records_what_its_measurements_show(tmp_path, capsys):
     for _ in range(2):
         assert main(["plan", str(bundle), "--write", "--quick", "--devices", "CPU"]) == 0
         records.append(ModelBundle.open(bundle, verify=True).placement)
-    capsys.readouterr()
+        assert "recorded the placement" in capsys.readouterr().err
+    # Without --write nothing is recorded, and the output does not say otherwise.
+    assert main(["plan", str(bundle), "--quick", "--devices", "CPU"]) == 0
+    shown = capsys.readouterr()
+    assert "recorded" not in shown.out and " chosen" in shown.out
+    assert "not recorded: run plan again with --write" in shown.err
+    assert ModelBundle.open(bundle, verify=True).placement == records[-1]
     for record in records:
         chosen = (record["drafter"], record["num_draft_tokens"])
         default = _measured_candidate(record, "draft", None)

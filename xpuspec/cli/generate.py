@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from xpuspec.api.errors import CommandError
+from xpuspec.api.errors import CommandError, warn_if_draft_is_target
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree_text
@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # The default model's first use converts it here, saying so stage by stage.
     bundle = resolve_bundle(args.bundle)  # a missing or damaged bundle: one line, exit 2
+    warn_if_draft_is_target(bundle)
     # The manifest is enough to refuse what cannot fit, before any model is compiled.
     check_max_tokens(params.max_tokens, bundle.max_context)
     chat = prompt_is_chat(args, bundle)

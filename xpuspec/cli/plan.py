@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error, warn_if_draft_is_target
 from xpuspec.cli.tables import print_table
 
 
@@ -131,6 +131,7 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         config = _parse_plan_config(args)
         bundle = resolve_bundle(args.bundle)
+        warn_if_draft_is_target(bundle)
         devices = list(config.devices) if config.devices else plannable_devices(core, registry)
         for device in devices:
             resolve_device(device, core, registry)
@@ -174,14 +175,18 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        _print_plan(tuned, measurements, decision)
+        _print_plan(tuned, measurements, decision, written=args.write)
     if args.write:
         write_placement(bundle.root, record)
         print(f"recorded the placement and compile properties in {bundle.root}", file=sys.stderr)
+    else:
+        print("not recorded: run plan again with --write to record the chosen placement", file=sys.stderr)
     return 0
 
 
-def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any) -> None:
+def _print_plan(
+    tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any, written: bool
+) -> None:
     """The tuned properties (when tuned), every placement measured, and the decision, as tables."""
     if tuned:
         _print_properties_table(tuned)
@@ -209,7 +214,7 @@ def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], deci
             str(len(m.round_rates)),
             "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
             "-" if m.agreement is None else f"{m.agreement.same}/{m.agreement.total}",
-            _placement_note(m, decision),
+            _placement_note(m, decision, written),
         )
         for m in measurements
         if not m.error
@@ -230,10 +235,10 @@ def _describe(placement: Any) -> str:
     return f"{placement.target_device} / {placement.draft_device} / {placement.drafter} / gamma={length}"
 
 
-def _placement_note(measurement: Any, decision: Any) -> str:
+def _placement_note(measurement: Any, decision: Any, written: bool) -> str:
     notes = []
     if measurement is decision.chosen:
-        notes.append("recorded")
+        notes.append("recorded" if written else "chosen")  # only --write records it
     if measurement is decision.default:
         notes.append("default")
     if measurement is decision.fastest and measurement is not decision.chosen:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error, warn_if_draft_is_target
 from xpuspec.prepare.config import (
     BUILTIN_CALIBRATION_PROMPTS,
     GROUP_SIZE_FALLBACKS,
@@ -233,6 +233,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         except PrepareError as error:
             report_error(one_line(str(error)))
             return EXIT_FAILED
+        _warn_if_draft_is_target(output)
         print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
         return _check_the_pair(config, output, args.pair_check)
     log_path = args.log or conversion_log_path()
@@ -246,6 +247,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     except PrepareError as error:
         report_error(f"{one_line(str(error))} (conversion log: {log_path})")
         return EXIT_FAILED
+    _warn_if_draft_is_target(output)
     print(
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
     )
@@ -277,6 +279,12 @@ def _check_the_pair(config: PrepareConfig, output: Path, pair_check: bool) -> in
     record_pair_check(output, check)
     print(f"pair check: {check.describe()}")
     return 0
+
+
+def _warn_if_draft_is_target(output: Path) -> None:
+    from xpuspec.models.bundle import ModelBundle
+
+    warn_if_draft_is_target(ModelBundle.open(output, verify=False))
 
 
 def _check_paths(config: PrepareConfig) -> None:

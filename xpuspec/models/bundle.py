@@ -91,6 +91,12 @@ class VerificationReport:
         return "; ".join(parts)
 
 
+DRAFT_IS_TARGET = (
+    "the draft model is the target itself (same weights): every drafted token costs a target pass, so "
+    "speculation can only slow generation; prepare with a smaller --draft, or run with --drafter ngram"
+)
+
+
 def cache_dir() -> Path:
     """Per-user cache folder: ``XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec`` or ``~/.cache/xpuspec``."""
     if os.environ.get(CACHE_ENV):
@@ -280,6 +286,18 @@ class ModelBundle:
     @property
     def draft(self) -> ModelInfo | None:
         return self.model("draft")
+
+    @property
+    def draft_is_target(self) -> bool:
+        """Whether the draft model is the target itself (the same weights, by the manifest's hashes;
+        the graphs' XML differ in names even for one checkpoint exported twice): each draft token then
+        costs a target pass, so speculation can only slow generation."""
+        draft = self.draft
+        if draft is None:
+            return False
+        files = self.manifest.get("files", {})
+        weights = files.get(f"{self.target.facts['path']}/openvino_model.bin")
+        return weights is not None and weights == files.get(f"{draft.facts['path']}/openvino_model.bin")
 
     @property
     def eagle3(self) -> Eagle3Info | None:

@@ -35,7 +35,7 @@ class SamplingParams:
 
     At most one output constraint: ``response_format`` (OpenAI's shapes: ``{"type": "text"}``,
     ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
-    ``guided_regex`` or ``guided_grammar`` (Lark); see :mod:`xpuspec.structured`.
+    ``guided_regex`` or ``guided_grammar`` (Lark, or llama.cpp's GBNF); see :mod:`xpuspec.structured`.
     """
 
     max_tokens: int = 128
