@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,7 +161,9 @@ class CompiledCandidate:
         return steps / (time.perf_counter() - started)
 
 
-def compile_candidate(candidate: Candidate, core: Any, plugin: Any, device: str, context: int) -> CompiledCandidate:
+def compile_candidate(
+    candidate: Candidate, core: Any, plugin: Any, device: str, context: int
+) -> CompiledCandidate:
     """The candidate's paged runner with room for one sequence of ``context`` tokens."""
     from xpuspec.devices.executors import model_weights
     from xpuspec.executor.paged_runner import PagedModelRunner
@@ -188,7 +189,9 @@ def paged_plugin(device: str, core: Any) -> Any:
 
     plugin = resolve_device(device, core, default_registry()).plugin
     if not isinstance(plugin, OpenVINODevicePlugin) or plugin.executor_kind != "paged":
-        raise ValueError(f"the quality measure runs paged executors; {device} runs the {plugin.executor_kind} one")
+        raise ValueError(
+            f"the quality measure runs paged executors; {device} runs the {plugin.executor_kind} one"
+        )
     return plugin
 
 
@@ -209,7 +212,9 @@ def compare_chunk(
     parts = [slice(start, start + ROWS_PER_SLICE) for start in range(0, len(actual), ROWS_PER_SLICE)]
     for part in parts:
         reference_rows = log_softmax(exact[part])
-        compare_rows(reference_rows, reference_rows, actual[part], top_n, rows[reference.candidate.label].deviation)
+        compare_rows(
+            reference_rows, reference_rows, actual[part], top_n, rows[reference.candidate.label].deviation
+        )
         if peer is not None:
             compare_peer(reference_rows, peer.rows(part), rows[LLAMA_ROW].deviation)
     for compiled in others:
@@ -222,7 +227,9 @@ def compare_chunk(
 LLAMA_ROW = "llama.cpp (llama-server)"
 
 
-def measure_speed(compiled: Sequence[CompiledCandidate], rows: dict[str, Measured], prompt: list[int], config: QualityConfig) -> None:
+def measure_speed(
+    compiled: Sequence[CompiledCandidate], rows: dict[str, Measured], prompt: list[int], config: QualityConfig
+) -> None:
     """Each candidate's decode tokens/s, one run per round, in an order rotating with the rounds."""
     progress = Progress("decode speed", config.speed_rounds * len(compiled))
     for round_index in range(config.speed_rounds):
@@ -253,7 +260,9 @@ def weights_of(model: ModelInfo) -> str:
     return str(compression.get("weights", "")) if isinstance(compression, dict) else ""
 
 
-def bundle_candidates(bundle: ModelBundle, others: Sequence[tuple[str, ModelBundle]], property_sets: bool) -> list[Candidate]:
+def bundle_candidates(
+    bundle: ModelBundle, others: Sequence[tuple[str, ModelBundle]], property_sets: bool
+) -> list[Candidate]:
     """The bundle's target at its defaults, then (``property_sets``) at each of :data:`PROPERTY_SETS`,
     then each other bundle's target at its defaults (other formats of the same weights)."""
     candidates = [Candidate("default", bundle.target)]

@@ -31,11 +31,11 @@ from xpuspec.bench.quality import (
     QualityConfig,
     compare_chunk,
     compile_candidate,
+    compiled_keys,
     heldout_text,
     measure_speed,
     paged_plugin,
     text_chunks,
-    compiled_keys,
     weights_of,
 )
 from xpuspec.executor.properties import EXACT_PROPERTIES
@@ -69,7 +69,13 @@ class Budget:
         return f"{self.row} ({how}): {measure} mean <= {self.kl:.5f}, top-1 >= {self.top1:.4f}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "row": self.row, "kl": self.kl_key, "kl_mean": self.kl, "top1": self.top1}
+        return {
+            "source": self.source,
+            "row": self.row,
+            "kl": self.kl_key,
+            "kl_mean": self.kl,
+            "top1": self.top1,
+        }
 
 
 @dataclass
@@ -198,7 +204,9 @@ def _llama_peers(
             binary, gguf, chunks, config.top_n, llama.threads, logs / "llama-server.log", progress.advance
         )
     except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
-        not_run[LLAMA_ROW] = f"{str(error).splitlines()[0] if str(error) else type(error).__name__} (log: {logs})"
+        not_run[LLAMA_ROW] = (
+            f"{str(error).splitlines()[0] if str(error) else type(error).__name__} (log: {logs})"
+        )
         logger.warning("llama.cpp: not run: %s", not_run[LLAMA_ROW])
         return None
 
@@ -208,11 +216,19 @@ def choose_budget(rows: dict[str, Measured]) -> Budget | None:
     llama = rows.get(LLAMA_ROW)
     if llama is not None and llama.deviation.positions:
         figures = llama.deviation.figures()
-        return Budget("llama.cpp", LLAMA_ROW, "kl_top_n_mean", _number(figures["kl_top_n_mean"]), _number(figures["top1"]))
+        return Budget(
+            "llama.cpp",
+            LLAMA_ROW,
+            "kl_top_n_mean",
+            _number(figures["kl_top_n_mean"]),
+            _number(figures["top1"]),
+        )
     emulated = rows.get(EMULATED_LLAMA)
     if emulated is not None and emulated.deviation.positions:
         figures = emulated.deviation.figures()
-        return Budget("emulated", EMULATED_LLAMA, "kl_mean", _number(figures["kl_mean"]), _number(figures["top1"]))
+        return Budget(
+            "emulated", EMULATED_LLAMA, "kl_mean", _number(figures["kl_mean"]), _number(figures["top1"])
+        )
     return None
 
 
