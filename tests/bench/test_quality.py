@@ -150,3 +150,19 @@ def test_llama_cpp_on_the_same_gguf_is_the_budget(tmp_path: Path):
     assert llama["perplexity"] == pytest.approx(rows[REFERENCE_ROW]["perplexity"], rel=0.05)
     assert report.budget is not None and report.budget.source == "llama.cpp"
     assert report.budget.kl_key == "kl_top_n_mean"
+
+
+def test_prepare_quality_prints_and_records_the_figures(tmp_path: Path, capsys, monkeypatch):
+    """`prepare --quality` on a tiny GGUF, without a llama-server: the emulated budget, recorded."""
+    pytest.importorskip("gguf")
+    from tests.support.tiny_gguf import tiny_llama_gguf
+
+    monkeypatch.setenv(llama_cpp.LLAMA_SERVER_ENV, str(tmp_path / "no-llama-server"))
+    gguf = tiny_llama_gguf(tmp_path)
+    assert main(["prepare", str(gguf), "-o", str(tmp_path / "bundle"), "--quality"]) == 0
+    printed = capsys.readouterr().out
+    assert "budget: llama.cpp arithmetic, emulated" in printed and "| default |" in printed
+    assert "llama.cpp (llama-server): not run: no llama-server" in printed
+    quality = ModelBundle.open(tmp_path / "bundle", verify=True).manifest["quality"]
+    assert quality["budget"]["source"] == "emulated"
+    assert [row["row"] for row in quality["rows"]][:2] == ["exact (reference)", "default"]

@@ -6,8 +6,12 @@ It has no route for a prompt's teacher-forced distributions, so the measure asks
 position: the chunk's first ``i + 1`` tokens as the prompt (token ids, nothing added), one token to
 predict, and a logit bias that makes the sampled token the text's actual next one, so its log-probability
 (perplexity) comes back whatever its rank. The bias changes the sampling, not the reported probabilities.
-With the prompt cache on, each request evaluates one new token: llama.cpp's own decode path, one token at
-a time, with its default f16 KV cache.
+A token that ends inside a UTF-8 character (byte tokens of CJK text) is never sent on its own, and its
+probabilities with it; for those positions a whole token is forced instead and the actual token's
+log-probability read from the whole vocabulary's (:func:`_position`).
+With the prompt cache on, each request evaluates one new token: llama.cpp's own decode path with its
+default f16 KV cache. Four chunks run at once, each in a slot of its own, so the server decodes four
+sequences' tokens in one batch (a fourth of the time on a small model).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -42,24 +47,57 @@ class PeerChunk:
         return PeerChunk(self.support[part], self.logprobs[part], self.top1[part], self.actual_logprob[part])
 
 
-def _position(client: httpx.Client, prompt: list[int], actual: int, top_n: int) -> dict:
+@dataclass(frozen=True)
+class Position:
+    top: list[tuple[int, float]]  # the peer's top-n ids and log-probabilities, most likely first
+    actual_logprob: float
+
+
+def _ask(client: httpx.Client, prompt: list[int], forced: int, n_probs: int) -> dict[str, Any] | None:
+    """One token after ``prompt``, ``forced`` to be sampled; its probabilities, or None where the server
+    withheld them (a token that ends inside a UTF-8 character is not sent on its own)."""
     body = {
         "prompt": prompt,
         "n_predict": 1,
-        "n_probs": top_n,
+        "n_probs": n_probs,
         "temperature": 0,
         "cache_prompt": True,
-        "logit_bias": [[actual, FORCE_BIAS]],
+        "logit_bias": [[forced, FORCE_BIAS]],
     }
     response = client.post("/completion", json=body)
     response.raise_for_status()
-    probabilities = response.json()["completion_probabilities"][0]
-    if int(probabilities["id"]) != actual:
-        raise RuntimeError(f"llama-server sampled {probabilities['id']}, not the forced token {actual}")
-    return dict(probabilities)
+    found = response.json().get("completion_probabilities")
+    if not found:
+        return None
+    if int(found[0]["id"]) != forced:
+        raise RuntimeError(f"llama-server sampled {found[0]['id']}, not the forced token {forced}")
+    return dict(found[0])
 
 
-def peer_chunk(client: httpx.Client, tokens: Sequence[int], top_n: int) -> PeerChunk:
+def _position(
+    client: httpx.Client, prompt: list[int], actual: int, top_n: int, safe: int, vocab: int
+) -> Position:
+    """The peer's top-n and the actual next token's log-probability after ``prompt``. Where the actual
+    token is a piece of a UTF-8 character (the server then withholds the probabilities), a whole
+    token (``safe``) is forced instead, and the actual token's log-probability is read from the top
+    ``vocab`` (the whole vocabulary) when it is not among the top-n."""
+    found = _ask(client, prompt, actual, top_n)
+    if found is not None:
+        top = [(int(entry["id"]), float(entry["logprob"])) for entry in found["top_logprobs"][:top_n]]
+        return Position(top, float(found["logprob"]))
+    found = _ask(client, prompt, safe, top_n)
+    if found is None:
+        raise RuntimeError(f"llama-server withheld the probabilities of the whole token {safe}")
+    top = [(int(entry["id"]), float(entry["logprob"])) for entry in found["top_logprobs"][:top_n]]
+    known = dict(top)
+    if actual not in known:
+        every = _ask(client, prompt, safe, vocab)
+        assert every is not None  # the same request as the one above, with more probabilities
+        known = {int(entry["id"]): float(entry["logprob"]) for entry in every["top_logprobs"]}
+    return Position(top, known[actual])
+
+
+def peer_chunk(client: httpx.Client, tokens: Sequence[int], top_n: int, safe: int, vocab: int) -> PeerChunk:
     """The peer's distributions at every position of ``tokens`` but the last (whose next token the text
     does not give)."""
     positions = len(tokens) - 1
@@ -69,16 +107,15 @@ def peer_chunk(client: httpx.Client, tokens: Sequence[int], top_n: int) -> PeerC
     actual_logprob = np.zeros(positions)
     for index in range(positions):
         actual = int(tokens[index + 1])
-        found = _position(client, list(tokens[: index + 1]), actual, top_n)
-        top = found["top_logprobs"][:top_n]
-        ids = [int(entry["id"]) for entry in top]
+        found = _position(client, list(tokens[: index + 1]), actual, top_n, safe, vocab)
+        ids = [token for token, _ in found.top]
         support[index, : len(ids)] = ids
-        logprobs[index, : len(ids)] = [float(entry["logprob"]) for entry in top]
+        logprobs[index, : len(ids)] = [logprob for _, logprob in found.top]
         if actual not in ids:
             support[index, top_n] = actual
-            logprobs[index, top_n] = float(found["logprob"])
+            logprobs[index, top_n] = found.actual_logprob
         top1[index] = ids[0]
-        actual_logprob[index] = float(found["logprob"])
+        actual_logprob[index] = found.actual_logprob
     return PeerChunk(support, logprobs, top1, actual_logprob)
 
 
@@ -90,17 +127,28 @@ def llama_distributions(
     threads: int,
     log_path: Path,
     advance: Callable[[str], None],
+    vocab: int,
+    slots: int = 4,
 ) -> list[PeerChunk]:
-    """Every chunk's :class:`PeerChunk`, from one ``llama-server -t THREADS`` on ``gguf``."""
+    """Every chunk's :class:`PeerChunk`, from one ``llama-server -t THREADS -np SLOTS`` on ``gguf``:
+    ``slots`` chunks at a time, each in a slot of its own (whose prompt cache holds that chunk), so that
+    the server decodes their positions in one batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
     context = max(len(chunk) for chunk in chunks) + 8
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per position drowns the progress
     row = Row("llama.cpp", f"llama.cpp -t {threads}", ("-t", str(threads)))
-    found = []
-    with LlamaServer(binary, gguf, row, context, log_path) as server:
-        with httpx.Client(base_url=server.base_url, timeout=120) as client:
-            for chunk in chunks:
-                found.append(peer_chunk(client, chunk, top_n))
-                advance(f"llama.cpp: {len(chunk)} tokens")
-    return found
+    with LlamaServer(binary, gguf, row, context, log_path, slots=slots) as server:
+        safe = int(httpx.post(f"{server.base_url}/tokenize", json={"content": " the"}).json()["tokens"][0])
+
+        def one(chunk: Sequence[int]) -> PeerChunk:
+            with httpx.Client(base_url=server.base_url, timeout=300) as client:
+                found = peer_chunk(client, chunk, top_n, safe, vocab)
+            advance(f"llama.cpp: {len(chunk)} tokens")
+            return found
+
+        with ThreadPoolExecutor(max_workers=slots) as pool:
+            return list(pool.map(one, chunks))
 
 
 def compare_peer(reference: np.ndarray, peer: PeerChunk, deviation: Deviation) -> None:

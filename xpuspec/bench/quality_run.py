@@ -93,7 +93,7 @@ class LlamaChoice:
     """Whether and how to measure llama.cpp: ``binary`` (None: find one), threads, and ``off``."""
 
     binary: Path | None = None
-    threads: int = 2
+    threads: int = 1
     off: bool = False
 
 
@@ -201,7 +201,14 @@ def _llama_peers(
     progress = Progress("llama.cpp", len(chunks))
     try:
         return llama_distributions(
-            binary, gguf, chunks, config.top_n, llama.threads, logs / "llama-server.log", progress.advance
+            binary,
+            gguf,
+            chunks,
+            config.top_n,
+            llama.threads,
+            logs / "llama-server.log",
+            progress.advance,
+            vocab=bundle.target.vocab_size,
         )
     except (httpx.HTTPError, RuntimeError, TimeoutError, ValueError) as error:
         not_run[LLAMA_ROW] = (

@@ -67,6 +67,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cheaper draft pass; output stays exact)",
     )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
+    prepare.add_argument(
+        "--quality",
+        action="store_true",
+        help="then measure the target's deviation from its weights in exact mode (`xpuspec quality`: KL "
+        "divergence, top-1, perplexity; llama.cpp beside where a llama-server is at hand), print it and "
+        "record it in the manifest. Off by default: it takes minutes (llama.cpp's row most of them)",
+    )
     prepare.set_defaults(func=run_prepare)
 
 
@@ -228,7 +235,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             report_error(one_line(str(error)))
             return EXIT_FAILED
         print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
-        return 0
+        return _quality(output) if args.quality else 0
     log_path = args.log or conversion_log_path()
     try:
         with third_party_output_to(log_path) as terminal, _sigterm_as_interrupt():
@@ -243,6 +250,19 @@ def run_prepare(args: argparse.Namespace) -> int:
     print(
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
     )
+    return _quality(output) if args.quality else 0
+
+
+def _quality(bundle: Path) -> int:
+    """`prepare --quality`: the new bundle's quality figures, printed and recorded in its manifest."""
+    from xpuspec.bench.quality import QualityConfig
+    from xpuspec.bench.quality_report import write_quality
+    from xpuspec.cli.quality import measure, show
+
+    report = measure(str(bundle), QualityConfig(speed_rounds=0))
+    show(report)
+    write_quality(report)
+    print(f"recorded the quality figures in {bundle}", file=sys.stderr)
     return 0
 
 

@@ -52,7 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="interleaved rounds of a short greedy decode per row, for tokens/s (default 3; 0: none)",
     )
     quality.add_argument("--llama-server", type=Path, default=None, help="the llama-server binary")
-    quality.add_argument("--llama-threads", type=int, default=2, help="llama-server -t (default 2)")
+    quality.add_argument(
+        "--llama-threads",
+        type=int,
+        default=1,
+        help="llama-server -t (default 1: ggml gives each output row to one thread, so the count "
+        "changes its speed, not its numbers)",
+    )
     quality.add_argument("--no-llama-cpp", action="store_true", help="do not run llama.cpp")
     quality.add_argument("--json", action="store_true", help="print the record as JSON")
     quality.add_argument(
@@ -99,7 +105,7 @@ def measure(
     property_sets: bool = False,
     against: list[str] | None = None,
     llama_server: Path | None = None,
-    llama_threads: int = 2,
+    llama_threads: int = 1,
     no_llama_cpp: bool = False,
 ) -> Any:
     """The quality report of ``bundle_spec``'s target (``prepare --quality`` and ``plan --quality`` too)."""
