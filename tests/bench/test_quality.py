@@ -166,3 +166,28 @@ def test_prepare_quality_prints_and_records_the_figures(tmp_path: Path, capsys, 
     quality = ModelBundle.open(tmp_path / "bundle", verify=True).manifest["quality"]
     assert quality["budget"]["source"] == "emulated"
     assert [row["row"] for row in quality["rows"]][:2] == ["exact (reference)", "default"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    BUILT_LLAMA_SERVER is None, reason="no llama-server built (scripts/build-llama-server.sh)"
+)
+def test_llama_cpp_gives_every_position_of_cjk_text(smollm2_gguf: Path, tmp_path: Path):
+    """SmolLM2 writes CJK characters as byte tokens, which llama-server never sends alone (nor their
+    probabilities): every position still gets its top-n and the actual token's log-probability."""
+    import httpx
+
+    from xpuspec.bench.quality_llama import peer_chunk
+
+    assert BUILT_LLAMA_SERVER is not None
+    text = next(p.text for p in heldout_text() if p.kind == "cjk")
+    row = llama_cpp.Row("llama.cpp", "llama.cpp -t 1", ("-t", "1"))
+    with llama_cpp.LlamaServer(BUILT_LLAMA_SERVER, smollm2_gguf, row, 256, tmp_path / "log") as server:
+        with httpx.Client(base_url=server.base_url, timeout=120) as client:
+            tokens = client.post("/tokenize", json={"content": text[:12]}).json()["tokens"]
+            pieces = [client.post("/detokenize", json={"tokens": [t]}).json()["content"] for t in tokens]
+            safe = client.post("/tokenize", json={"content": " the"}).json()["tokens"][0]
+            found = peer_chunk(client, tokens, 5, safe, 49152)
+    assert any("\ufffd" in piece or not piece for piece in pieces[1:])  # a piece of a character
+    assert np.all(np.isfinite(found.actual_logprob)) and np.all(found.actual_logprob <= 0)
+    assert np.all(found.top1 >= 0) and found.support.shape == (len(tokens) - 1, 6)

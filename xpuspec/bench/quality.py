@@ -35,7 +35,7 @@ from xpuspec.models.bundle import ModelBundle, ModelInfo
 logger = logging.getLogger(__name__)
 
 TEXT_FILE = "heldout_text.jsonl"
-ROWS_PER_SLICE = 128  # positions compared at once: bounds the float64 copies of vocabulary-wide rows
+ROWS_PER_SLICE = 128  # positions compared at once: bounds the temporaries of vocabulary-wide rows
 
 # Compile-property sets `--properties` compares with the plugin's defaults (label -> properties).
 PROPERTY_SETS: dict[str, dict[str, Any]] = {
@@ -203,25 +203,24 @@ def compare_chunk(
     top_n: int,
     peer: Any = None,
 ) -> None:
-    """One chunk through the reference and every candidate in turn (one candidate's logits held at a
-    time), compared slice by slice of positions."""
+    """One chunk through the reference and every candidate in turn (the reference's log-probabilities and
+    one candidate's logits held at a time), compared slice by slice of positions."""
     from xpuspec.bench.quality_llama import compare_peer
 
     actual = np.asarray(chunk[1:], dtype=np.int64)
     exact = reference.logits(chunk)[:-1]
     parts = [slice(start, start + ROWS_PER_SLICE) for start in range(0, len(actual), ROWS_PER_SLICE)]
-    for part in parts:
-        reference_rows = log_softmax(exact[part])
-        compare_rows(
-            reference_rows, reference_rows, actual[part], top_n, rows[reference.candidate.label].deviation
-        )
+    reference_parts = [log_softmax(exact[part]) for part in parts]
+    own = rows[reference.candidate.label].deviation
+    for part, reference_rows in zip(parts, reference_parts, strict=True):
+        compare_rows(reference_rows, reference_rows, actual[part], top_n, own)
         if peer is not None:
             compare_peer(reference_rows, peer.rows(part), rows[LLAMA_ROW].deviation)
     for compiled in others:
         logits = compiled.logits(chunk)[:-1]
         deviation = rows[compiled.candidate.label].deviation
-        for part in parts:
-            compare_rows(log_softmax(exact[part]), log_softmax(logits[part]), actual[part], top_n, deviation)
+        for part, reference_rows in zip(parts, reference_parts, strict=True):
+            compare_rows(reference_rows, log_softmax(logits[part]), actual[part], top_n, deviation)
 
 
 LLAMA_ROW = "llama.cpp (llama-server)"
