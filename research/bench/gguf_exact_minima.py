@@ -75,10 +75,25 @@ def fix_zero_points(model: Any, blocks: dict[bytes, np.ndarray]) -> int:
     return fixed
 
 
-def main() -> None:
+def exact_minima_copy(bundle_root: Path, gguf: Path, output: Path) -> int:
+    """Copy the bundle to ``output`` with its target's Q4_1 zero points made exact; re-hash the manifest.
+    Returns how many zero points were replaced."""
     import openvino as ov
 
     from xpuspec.models.bundle import hash_tree, write_manifest_field
+
+    shutil.copytree(bundle_root, output)
+    xml = output / "target" / "openvino_model.xml"
+    model = ov.Core().read_model(str(xml))
+    fixed = fix_zero_points(model, q4_1_rows(gguf))
+    ov.save_model(model, str(xml.with_suffix(".tmp.xml")), compress_to_fp16=False)
+    xml.with_suffix(".tmp.xml").replace(xml)
+    xml.with_suffix(".tmp.bin").replace(xml.with_suffix(".bin"))
+    write_manifest_field(output, "files", hash_tree(output))
+    return fixed
+
+
+def main() -> None:
     from xpuspec.models.resolve import resolve_bundle
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -86,14 +101,7 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args()
     bundle = resolve_bundle(args.bundle)
-    shutil.copytree(bundle.root, args.output)
-    xml = args.output / "target" / "openvino_model.xml"
-    model = ov.Core().read_model(str(xml))
-    fixed = fix_zero_points(model, q4_1_rows(Path(bundle.target.facts["source"])))
-    ov.save_model(model, str(xml.with_suffix(".tmp.xml")), compress_to_fp16=False)
-    xml.with_suffix(".tmp.xml").replace(xml)
-    xml.with_suffix(".tmp.bin").replace(xml.with_suffix(".bin"))
-    write_manifest_field(args.output, "files", hash_tree(args.output))
+    fixed = exact_minima_copy(bundle.root, Path(bundle.target.facts["source"]), args.output)
     print(f"{fixed} Q4_1 zero points made exact in {args.output}")
 
 
