@@ -304,3 +304,14 @@ def test_quick_plan_on_the_default_model_is_small_and_says_each_candidate_once(s
     skipped = [line for line in done.stderr.splitlines() if "skipped, refused by the device" in line]
     assert len(skipped) == len(set(skipped))  # each refused candidate once
     assert "SAME AS EXACT:" in done.stdout and "SAME AS TARGET-ONLY:" in done.stdout
+
+
+def test_plan_quality_shows_the_figures_of_what_it_chose(pair_bundle, tmp_path, capsys):
+    bundle = tmp_path / "pair"
+    shutil.copytree(pair_bundle, bundle)
+    assert main(["plan", str(bundle), "--quick", "--devices", "CPU", "--quality"]) == 0
+    printed = capsys.readouterr().out
+    assert "budget: llama.cpp arithmetic, emulated" in printed
+    assert "| exact (reference) |" in printed and "| default |" in printed
+    chosen = ModelBundle.open(bundle).placement  # not written: --quality alone records nothing
+    assert chosen is None

@@ -67,16 +67,21 @@ def write_gguf_from_checkpoint(
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
     writer.add_rope_dimension_count(config["hidden_size"] // heads)
     writer.add_vocab_size(config["vocab_size"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "F32" else gguf.LlamaFileType.MOSTLY_F16)
+    file_types = {"F32": gguf.LlamaFileType.ALL_F32, "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}
+    writer.add_file_type(file_types.get(dtype, gguf.LlamaFileType.MOSTLY_F16))
 
     add_tokenizer(writer, tokenizer, special_ids=config, **(tokenizer_options or {"pre": "gpt-2"}))
     template_path = checkpoint / "chat_template.jinja"
     if template_path.is_file():
         writer.add_chat_template(template_path.read_text(encoding="utf-8"))
 
-    def tensor(name: str, value: np.ndarray) -> None:
+    def tensor(name: str, value: np.ndarray, layer: bool = False) -> None:
         value = value.astype(np.float32)
-        if dtype == "F16" and value.ndim > 1:
+        if dtype == "Q4_1" and layer:  # the layers' matrices in Q4_1, as llama.cpp quantises them
+            quantized = gguf.quants.quantize(value, gguf.GGMLQuantizationType.Q4_1)
+            writer.add_tensor(name, quantized, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+            return
+        if dtype in ("F16", "Q4_1") and value.ndim > 1:
             value = value.astype(np.float16)
         writer.add_tensor(name, value)
 
@@ -88,7 +93,7 @@ def write_gguf_from_checkpoint(
                 value = _permute(value, heads)
             elif hf_name.startswith("self_attn.k_proj"):
                 value = _permute(value, kv_heads)
-            tensor(f"blk.{layer}.{gguf_name}", value)
+            tensor(f"blk.{layer}.{gguf_name}", value, layer=value.ndim > 1)
     tensor("output_norm.weight", state["model.norm.weight"])
     tensor("output.weight", state.get("lm_head.weight", state["model.embed_tokens.weight"]))
     writer.write_header_to_file()

@@ -70,6 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an OpenVINO compile property for every candidate (repeatable); a precision property "
         "turns off the tuning of compile properties",
     )
+    plan.add_argument(
+        "--quality",
+        action="store_true",
+        help="then measure the target's deviation from exact mode at the properties chosen for it "
+        "(`xpuspec quality`: KL divergence, top-1, perplexity, the llama.cpp budget) and print it. Off by "
+        "default: it takes minutes",
+    )
     plan.set_defaults(func=run_plan)
 
 
@@ -181,7 +188,33 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"recorded the placement and compile properties in {bundle.root}", file=sys.stderr)
     else:
         print("not recorded: run plan again with --write to record the chosen placement", file=sys.stderr)
+    if args.quality:
+        _print_quality(bundle, tuned, args.json)
     return 0
+
+
+def _print_quality(bundle: Any, tuned: dict[tuple[str, str], Any], as_json: bool) -> None:
+    """`plan --quality`: the target's quality at its defaults and at the properties stage 1 chose for
+    it on the CPU (when it chose others)."""
+    from xpuspec.bench.quality import Candidate, QualityConfig
+    from xpuspec.bench.quality_run import LlamaChoice, run_quality
+    from xpuspec.cli.quality import show
+    from xpuspec.models.bundle import cache_dir
+
+    candidates = [Candidate("default", bundle.target)]
+    chosen = tuned.get(("target", "CPU"))
+    if chosen is not None and chosen.chosen:
+        candidates.append(Candidate("plan's choice", bundle.target, dict(chosen.chosen)))
+    report = run_quality(
+        bundle,
+        candidates,
+        QualityConfig(speed_rounds=0),
+        llama=LlamaChoice(),
+        logs=cache_dir() / "quality-logs",
+    )
+    if not as_json:
+        print()
+    show(report, as_json=as_json)
 
 
 def _print_plan(

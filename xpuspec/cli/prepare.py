@@ -73,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="skip the pair check (the draft's acceptance on a few prompts, once the bundle is written)",
     )
+    prepare.add_argument(
+        "--quality",
+        action="store_true",
+        help="then measure the target's deviation from its weights in exact mode (`xpuspec quality`: KL "
+        "divergence, top-1, perplexity; llama.cpp beside where a llama-server is at hand), print it and "
+        "record it in the manifest. Off by default: it takes minutes (llama.cpp's row most of them)",
+    )
     prepare.set_defaults(func=run_prepare)
 
 
@@ -235,7 +242,7 @@ def run_prepare(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         _warn_if_draft_is_target(output)
         print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
-        return _check_the_pair(config, output, args.pair_check)
+        return _after_writing(config, output, args)
     log_path = args.log or conversion_log_path()
     try:
         with third_party_output_to(log_path) as terminal, _sigterm_as_interrupt():
@@ -251,7 +258,16 @@ def run_prepare(args: argparse.Namespace) -> int:
     print(
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
     )
-    return _check_the_pair(config, output, args.pair_check)
+    return _after_writing(config, output, args)
+
+
+def _after_writing(config: PrepareConfig, output: Path, args: argparse.Namespace) -> int:
+    """What follows a written bundle: the pair check (unless ``--no-pair-check``), then the quality
+    figures (with ``--quality``)."""
+    status = _check_the_pair(config, output, args.pair_check)
+    if status or not args.quality:
+        return status
+    return _quality(output)
 
 
 def _check_the_pair(config: PrepareConfig, output: Path, pair_check: bool) -> int:
@@ -278,6 +294,19 @@ def _check_the_pair(config: PrepareConfig, output: Path, pair_check: bool) -> in
         return EXIT_FAILED
     record_pair_check(output, check)
     print(f"pair check: {check.describe()}")
+    return 0
+
+
+def _quality(bundle: Path) -> int:
+    """`prepare --quality`: the new bundle's quality figures, printed and recorded in its manifest."""
+    from xpuspec.bench.quality import QualityConfig
+    from xpuspec.bench.quality_report import write_quality
+    from xpuspec.cli.quality import measure, show
+
+    report = measure(str(bundle), QualityConfig(speed_rounds=0))
+    show(report)
+    write_quality(report)
+    print(f"recorded the quality figures in {bundle}", file=sys.stderr)
     return 0
 
 

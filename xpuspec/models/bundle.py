@@ -332,3 +332,27 @@ class ModelBundle:
     @property
     def placement(self) -> dict[str, Any] | None:
         return self.manifest.get("placement")
+
+
+def write_manifest_field(bundle_root: Path, key: str, value: Any) -> None:
+    """Set one top-level field of the manifest (a plan's "placement", the quality measure's "quality"),
+    replacing the file atomically.
+
+    The manifest is not among the hashed files, so `xpuspec inspect` still verifies the bundle.
+    The temporary file lives in the bundle folder (``os.replace`` is atomic only within one file
+    system) and is removed on failure, so it can never show up as an extra file.
+    """
+    manifest_path = Path(bundle_root) / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest[key] = value
+    handle, temporary = tempfile.mkstemp(dir=manifest_path.parent, prefix=f".{MANIFEST_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(json.dumps(manifest, indent=2) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, manifest_path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.api.pipeline import Pipeline
-from xpuspec.devices.placement import write_manifest_field
 from xpuspec.engine.engine import EngineConfig
-from xpuspec.models.bundle import ModelBundle
+from xpuspec.models.bundle import ModelBundle, write_manifest_field
 from xpuspec.planning.planner import WORKLOAD_PROMPTS
 from xpuspec.sample.sampling_params import SamplingParams
 
