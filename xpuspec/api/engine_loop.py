@@ -192,8 +192,7 @@ class Generation:
 
     @property
     def num_generated_tokens(self) -> int:
-        """The tokens the engine generated for these choices so far, whether or not the reader took
-        them: a request aborted mid-way counts what it produced."""
+        """Tokens generated for these choices so far, taken or not (an aborted request's count)."""
         with self._ready:
             return self._num_tokens
 

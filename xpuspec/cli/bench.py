@@ -121,13 +121,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--rounds", type=int, default=None, help=f"batch-1 rounds, interleaved and paired {default('rounds')}"
     )
     _add_transformers_arguments(parser)
+    _add_precision_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_precision_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that change the engines' compute precision."""
     parser.add_argument("--f32", action="store_true", help="f32 compute and KV cache (default: CPU defaults)")
     parser.add_argument(
         "--exact",
         action="store_true",
         help="compare the engines in exact mode (f32 compute, f32 KV, no dynamic quantisation)",
     )
-    parser.set_defaults(func=run)
 
 
 def _add_transformers_arguments(parser: argparse.ArgumentParser) -> None:
