@@ -317,8 +317,12 @@ class ModelBundle:
 
     @property
     def sampling_defaults(self) -> SamplingDefaults:
-        """What requests get for the sampling fields they leave out (:mod:`xpuspec.sample.defaults`)."""
-        return from_generation_config(self.generation_config)
+        """What requests get for the sampling fields they leave out (:mod:`xpuspec.sample.defaults`):
+        the manifest's ``sampling`` (recommended where the model says nothing: the default model's),
+        then the target's generation config, then llama.cpp's defaults."""
+        recommended = dict(self.manifest.get("sampling") or {})
+        source = str(recommended.pop("source", "the bundle's manifest"))
+        return from_generation_config(self.generation_config, recommended, source)
 
     @property
     def max_context(self) -> int:

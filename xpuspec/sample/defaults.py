@@ -83,23 +83,30 @@ class SamplingDefaults:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sources"}
 
 
-def from_generation_config(config: Mapping[str, object] | None) -> SamplingDefaults:
+def from_generation_config(
+    config: Mapping[str, object] | None,
+    recommended: Mapping[str, object] | None = None,
+    recommended_by: str = "",
+) -> SamplingDefaults:
     """The defaults a model's ``generation_config.json`` recommends, llama.cpp's for the rest.
 
-    ``do_sample: false`` (Hugging Face's greedy) sets temperature 0. Values of the wrong type or out of
-    range are ignored (the file is the model author's, not the user's): llama.cpp's value stands.
+    ``recommended`` (the same keys), where given, comes before the file, said to come from
+    ``recommended_by``. ``do_sample: false`` (Hugging Face's greedy) sets temperature 0. Values of
+    the wrong type or out of range are ignored (the file is the model author's, not the user's):
+    the next source's value stands.
     """
     values: dict[str, object] = {}
     sources: dict[str, str] = {}
-    for key, name in GENERATION_CONFIG_KEYS.items():
-        value = (config or {}).get(key)
-        if _acceptable(name, value):
-            number = float(value)  # type: ignore[arg-type]  # _acceptable: a finite int or float
-            values[name] = int(number) if name in ("top_k", "repeat_last_n") else number
-            sources[name] = "generation_config.json"
-    if (config or {}).get("do_sample") is False:
-        values["temperature"] = 0.0
-        sources["temperature"] = "generation_config.json (do_sample: false)"
+    for layer, source in ((config or {}, "generation_config.json"), (recommended or {}, recommended_by)):
+        for key, name in GENERATION_CONFIG_KEYS.items():
+            value = layer.get(key)
+            if _acceptable(name, value):
+                number = float(value)  # type: ignore[arg-type]  # _acceptable: a finite int or float
+                values[name] = int(number) if name in ("top_k", "repeat_last_n") else number
+                sources[name] = source
+        if layer.get("do_sample") is False:
+            values["temperature"] = 0.0
+            sources["temperature"] = f"{source} (do_sample: false)"
     return SamplingDefaults(**values, sources=sources)  # type: ignore[arg-type]
 
 
