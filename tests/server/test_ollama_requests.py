@@ -46,7 +46,9 @@ def test_options_become_sampling_fields_unset_ones_left_to_the_models_defaults()
     assert default.stream is True and default.response_format is None
     options = {"temperature": 0, "top_p": 0.5, "top_k": 3, "seed": 7, "stop": ["\n"], "drafter": "none"}
     penalties = {"min_p": 0.1, "repeat_penalty": 1.2, "repeat_last_n": 32, "presence_penalty": 0.5}
-    request = chat_request(chat(options={**options, **penalties, "frequency_penalty": -0.5}, stream=False), "m")
+    request = chat_request(
+        chat(options={**options, **penalties, "frequency_penalty": -0.5}, stream=False), "m"
+    )
     assert (request.temperature, request.top_p, request.top_k, request.seed) == (0, 0.5, 3, 7)
     assert (request.min_p, request.repeat_penalty, request.repeat_last_n) == (0.1, 1.2, 32)
     assert (request.presence_penalty, request.frequency_penalty) == (0.5, -0.5)
