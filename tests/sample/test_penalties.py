@@ -85,3 +85,9 @@ def test_penalized_says_whether_any_control_bites():
     assert not SamplingParams(repeat_penalty=1.3, repeat_last_n=0).penalized
     assert SamplingParams(repeat_penalty=1.3).penalized
     assert SamplingParams(frequency_penalty=-0.5).penalized
+
+
+def test_exempt_tokens_keep_their_logits():
+    params = SamplingParams(repeat_penalty=2.0, repeat_last_n=-1, presence_penalty=1.0)
+    out = penalize(_logits(1), [3, 7, 7], 2, [[]], params, exempt={7})[0]
+    assert out[7] == 4.0 and out[3] == 1.5

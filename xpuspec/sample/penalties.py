@@ -7,6 +7,9 @@ penalties, applied before temperature, top-k, top-p and min-p (:func:`xpuspec.sa
 - ``frequency_penalty`` and ``presence_penalty`` (OpenAI): each token the output holds ``c > 0`` times
   has ``c * frequency_penalty + presence_penalty`` subtracted from its logit.
 
+End-of-sequence tokens are never penalised: a chat prompt ends each turn with one, and a penalised
+end keeps a small model's reply from ending at all.
+
 Exact under speculation: the row a target pass gives for a token position is penalised with the
 history that precedes that position, the drafted tokens before it included (``prefixes``), so each row
 is the distribution the target alone would sample from at that position. The verification rules then
@@ -15,7 +18,7 @@ compare the drafts with these rows as with any other transform (docs/exactness.m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -28,10 +31,13 @@ def penalize(
     num_output_tokens: int,
     prefixes: Sequence[Sequence[int]],
     params: SamplingParams,
+    exempt: Collection[int] = (),
 ) -> np.ndarray:
     """``logits`` ([num_rows, vocab]) penalised row by row: row i follows ``token_ids`` (the sequence
     so far: prompt, then its last ``num_output_tokens`` output tokens) and then ``prefixes[i]`` (the
-    drafted tokens before row i's position; they count as output). Returns a new array."""
+    drafted tokens before row i's position; they count as output). ``exempt`` tokens keep their
+    logits (the end-of-sequence tokens: a chat prompt holds them, and penalising them would keep a
+    reply from ending). Returns a new array."""
     if len(prefixes) != logits.shape[0]:
         raise ValueError(f"one prefix per row: {logits.shape[0]} rows, {len(prefixes)} prefixes")
     penalized = np.array(logits, copy=True)  # [num_rows, vocab]
@@ -40,14 +46,18 @@ def penalize(
     presence = params.presence_penalty or 0.0
     frequency = params.frequency_penalty or 0.0
     output = list(token_ids[len(token_ids) - num_output_tokens :]) if num_output_tokens else []
+    exempt_ids = np.fromiter(exempt, dtype=np.int64)
     for row, prefix in enumerate(prefixes):
         if repeat != 1.0 and last_n != 0:
             history = list(token_ids) + list(prefix)
             window = np.unique(np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64))
+            window = window[~np.isin(window, exempt_ids)]
             values = penalized[row, window]
             penalized[row, window] = np.where(values > 0, values / repeat, values * repeat)
         if presence or frequency:
             tokens, counts = np.unique(np.asarray(output + list(prefix), dtype=np.int64), return_counts=True)
+            kept = ~np.isin(tokens, exempt_ids)
+            tokens, counts = tokens[kept], counts[kept]
             if tokens.size:
                 penalized[row, tokens] -= counts * frequency + presence
     return penalized
