@@ -44,7 +44,7 @@ def main() -> int:
     for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
         print(f"### {index + 1}. {prompt}\n")
         print(f"seed {index}, {len(result.token_ids)} tokens, finish_reason `{result.finish_reason}`\n")
-        print("```text\n" + result.text.strip() + "\n```\n")
+        print("````text\n" + result.text.strip() + "\n````\n")  # a reply may hold ``` fences
     ended = sum(result.finish_reason == "stop" for result in results)
     print(f"{ended} of {len(results)} ended by themselves", file=sys.stderr)
     return 0
