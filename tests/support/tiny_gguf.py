@@ -35,9 +35,16 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf_from_checkpoint(
-    checkpoint: Path, out_path: Path, *, dtype: str = "F32", architecture: str = "llama"
+    checkpoint: Path,
+    out_path: Path,
+    *,
+    dtype: str = "F32",
+    architecture: str = "llama",
+    sampling: dict[str, float] | None = None,
 ) -> Path:
-    """Convert the HF Llama in ``checkpoint``; ``architecture`` may name another one on purpose."""
+    """Convert the HF Llama in ``checkpoint``; ``architecture`` may name another one on purpose.
+    ``sampling``: llama.cpp's recommended-sampling keys to write (``{"general.sampling.temp": 0.6}``;
+    top_k and penalty_last_n as integers)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -77,6 +84,11 @@ def write_gguf_from_checkpoint(
     writer.add_eos_token_id(config["eos_token_id"])
     writer.add_pad_token_id(config["pad_token_id"])
     writer.add_add_bos_token(False)
+    for key, value in (sampling or {}).items():
+        if key.endswith(("top_k", "penalty_last_n")):
+            writer.add_int32(key, int(value))
+        else:
+            writer.add_float32(key, float(value))
     template_path = checkpoint / "chat_template.jinja"
     if template_path.is_file():
         writer.add_chat_template(template_path.read_text(encoding="utf-8"))
