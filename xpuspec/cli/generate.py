@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api.errors import CommandError
+from xpuspec.cli import remote
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.sample.defaults import DEFAULT_MAX_TOKENS
@@ -72,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_precision_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
+    remote.add_server_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -101,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
     if params.max_tokens is not None:
         check_max_tokens(params.max_tokens, bundle.max_context)
     chat = prompt_is_chat(args, bundle)
+    if remote.wants_server(args):
+        from xpuspec.models.resolve import model_names
+
+        served = remote.serving(args.server, model_names(args.bundle))
+        if served is not None:  # a running server has the model loaded: no load here
+            body = remote.request_body(args, served, prompt, chat, sampling_fields(args))
+            return remote.stream_from(args.server, body, prompt if not chat else None)
     # Compiling the models takes seconds: say so before it starts.
     print(f"xpuspec generate: loading {bundle_label(args.bundle)} ...", file=sys.stderr, flush=True)
     try:
