@@ -171,3 +171,39 @@ def test_the_api_docs_state_the_sampling_defaults_of_the_api_and_of_generate() -
                 assert documented == repr(generate[name]).replace("'", '"').replace("0.0", "0"), name
                 checked.append(name)
     assert {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos"} <= set(checked)
+
+
+def test_bench_says_no_plots_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from xpuspec.bench.plots import write_category_plot, write_plots
+    from xpuspec.cli.bench import wrote_line
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the runtime install: no `bench` extra
+    files = [tmp_path / "report.json", tmp_path / "report.md"]
+    line = wrote_line(files, write_plots({"settings": {"mode": "latency"}}, tmp_path))
+    assert line == (
+        f"wrote {files[0]}, {files[1]}; no plots: matplotlib is not installed (pip install 'xpuspec[bench]')"
+    )
+    assert "no plots: matplotlib is not installed" in wrote_line(
+        files, {"c": write_category_plot({}, tmp_path)}
+    )
+    assert not list(tmp_path.glob("*.png"))
+    assert wrote_line(files, {"a": {"file": "a.png"}, "b": {"reason": "no data"}}).endswith(
+        "and 1 plot (a.png)"
+    )
+
+
+def test_a_draft_that_is_the_target_is_warned_of(pair_bundle: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from xpuspec.models.bundle import DRAFT_IS_TARGET, ModelBundle
+
+    assert not ModelBundle.open(pair_bundle).draft_is_target
+    target = pair_bundle.parent / "target"  # the pair's Hugging Face checkpoint
+    out = tmp_path / "self-pair"
+    assert main(["prepare", str(target), "--draft", str(target), "-o", str(out), "--weights", "fp16"]) == 0
+    assert ModelBundle.open(out).draft_is_target
+    assert f"xpuspec: warning: {DRAFT_IS_TARGET}" in capsys.readouterr().err
+    assert main(["generate", "hi", "--bundle", str(out), "--max-tokens", "2"]) == 0
+    assert f"xpuspec: warning: {DRAFT_IS_TARGET}" in capsys.readouterr().err
+    assert main(["generate", "hi", "--bundle", str(pair_bundle), "--max-tokens", "2"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -113,6 +113,7 @@ def test_wheel_contents(tmp_path: Path) -> None:
     assert any(n.startswith("xpuspec/models/demo/bundle/target/") for n in names)
     assert "xpuspec/models/demo/smollm2_heldout.jsonl" in names
     assert "xpuspec/bench/categories.jsonl" in names  # bench --mode categories' prompts
+    assert "xpuspec/bench/heldout_text.jsonl" in names  # the quality measure's text
     # The chat page served at / (and so the edge bundle, which installs this wheel).
     static = {p.relative_to(ROOT).as_posix() for p in (ROOT / "xpuspec/server/static").iterdir()}
     assert static and static <= set(names), sorted(static - set(names))

@@ -23,7 +23,11 @@ def target_only(pair_bundle) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def pipe(pair_bundle) -> Pipeline:
-    return Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    # These tests are of what lookups draft and that it stays exact, at every batch; whether drafting
+    # pays on this machine is the policy's tests' question (tests/spec_decode/policy/).
+    draft_whenever_the_cost_model_says(pipe.engine)
+    return pipe
 
 
 def test_adaptive_gamma_looks_up_and_stays_exact(pipe, target_only):

@@ -180,7 +180,13 @@ def test_plan_write_twice_records_what_its_measurements_show(tmp_path, capsys):
     for _ in range(2):
         assert main(["plan", str(bundle), "--write", "--quick", "--devices", "CPU"]) == 0
         records.append(ModelBundle.open(bundle, verify=True).placement)
-    capsys.readouterr()
+        assert "recorded the placement" in capsys.readouterr().err
+    # Without --write nothing is recorded, and the output does not say otherwise.
+    assert main(["plan", str(bundle), "--quick", "--devices", "CPU"]) == 0
+    shown = capsys.readouterr()
+    assert "recorded" not in shown.out and " chosen" in shown.out
+    assert "not recorded: run plan again with --write" in shown.err
+    assert ModelBundle.open(bundle, verify=True).placement == records[-1]
     for record in records:
         chosen = (record["drafter"], record["num_draft_tokens"])
         default = _measured_candidate(record, "draft", None)
@@ -298,3 +304,14 @@ def test_quick_plan_on_the_default_model_is_small_and_says_each_candidate_once(s
     skipped = [line for line in done.stderr.splitlines() if "skipped, refused by the device" in line]
     assert len(skipped) == len(set(skipped))  # each refused candidate once
     assert "SAME AS EXACT:" in done.stdout and "SAME AS TARGET-ONLY:" in done.stdout
+
+
+def test_plan_quality_shows_the_figures_of_what_it_chose(pair_bundle, tmp_path, capsys):
+    bundle = tmp_path / "pair"
+    shutil.copytree(pair_bundle, bundle)
+    assert main(["plan", str(bundle), "--quick", "--devices", "CPU", "--quality"]) == 0
+    printed = capsys.readouterr().out
+    assert "budget: llama.cpp arithmetic, emulated" in printed
+    assert "| exact (reference) |" in printed and "| default |" in printed
+    chosen = ModelBundle.open(bundle).placement  # not written: --quality alone records nothing
+    assert chosen is None

@@ -17,7 +17,6 @@ from xpuspec.models.bundle import ModelBundle
 from xpuspec.prepare.config import PrepareConfig, PrepareError
 from xpuspec.prepare.gguf import prepare_gguf_bundle
 from xpuspec.prepare.gguf_model import GgufModel
-from xpuspec.prepare.pairing import PairingError
 
 EXACT = {**F32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 # What the tiny target's GGUF recommends (llama.cpp's general.sampling.* keys): its bundle's defaults.
@@ -80,7 +79,8 @@ def test_cli_prepares_a_bundle_that_inspect_verifies_and_generate_runs(tiny, tmp
 
 
 def test_the_converted_model_computes_what_the_checkpoint_does(tiny, tiny_pair_bundle):
-    """Same tokens from GenAI's GGUF tokenizer as from the HF one, same greedy tokens as transformers."""
+    """Same tokens from the tokenizer built from the GGUF as from the HF one, same greedy tokens as
+    transformers."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,11 +111,26 @@ def test_gguf_draft_pairs_and_speculation_is_exact(tiny_pair_bundle):
     assert sum(r.stats["drafted"] for r in results) > 0
 
 
-def test_hf_folder_draft_with_another_vocabulary_is_refused(tiny, tmp_path):
+def test_a_draft_with_another_vocabulary_translates_and_needs_its_own_tokenizer(tiny, tmp_path):
     other = make_tiny_checkpoint(tmp_path / "other", "llama", hidden_size=32, seed=2, corpus_suffix="xyz")
-    with pytest.raises(PairingError, match="vocabularies differ at token id"):
-        prepare_gguf_bundle(PrepareConfig(target=str(tiny["gguf"]), draft=str(other), output=tmp_path / "b"))
+    # An IR folder without its own tokenizer IRs cannot translate: refused, nothing written.
+    ir_only = tmp_path / "ir_only"
+    ir_only.mkdir()
+    for name in ("openvino_model.xml", "openvino_model.bin"):
+        (ir_only / name).write_bytes(b"")
+    for name in ("config.json", "tokenizer.json"):
+        (ir_only / name).write_text((other / name).read_text())
+    with pytest.raises(PrepareError, match="lacks openvino_tokenizer.xml, openvino_detokenizer.xml"):
+        prepare_gguf_bundle(
+            PrepareConfig(target=str(tiny["gguf"]), draft=str(ir_only), output=tmp_path / "b")
+        )
     assert not (tmp_path / "b").exists()
+    # Its Hugging Face checkpoint brings its tokenizer: a pair that translates.
+    bundle = ModelBundle.open(
+        prepare_gguf_bundle(PrepareConfig(target=str(tiny["gguf"]), draft=str(other), output=tmp_path / "b"))
+    )
+    assert bundle.translates_tokens and bundle.manifest["pairing"]["translate"]
+    assert (bundle.draft.path / "openvino_tokenizer.xml").is_file()
 
 
 def test_unsupported_architecture_is_one_line_and_leaves_no_folder(tiny, tmp_path, capsys):

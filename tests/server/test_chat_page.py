@@ -202,6 +202,33 @@ def cancelled_count(server: LiveServer) -> float:
 
 
 @pytest.mark.slow
+def test_an_empty_chat_hints_and_the_settings_survive_a_reload(
+    page: Any, demo_live_server: LiveServer
+) -> None:
+    hint = page.text_content("#messages .empty-hint")
+    assert hint is not None and "Enter sends it" in hint
+    defaults = {field: page.input_value(f"#{field}") for field in ("temperature", "max_tokens", "seed")}
+    set_field(page, "temperature", "0.3")
+    set_field(page, "max_tokens", "77")
+    set_field(page, "seed", "5")
+    page.select_option("#drafter", "none")
+    page.uncheck("#show-drafts")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    kept = {
+        field: page.input_value(f"#{field}") for field in ("temperature", "max_tokens", "seed", "drafter")
+    }
+    assert kept == {"temperature": "0.3", "max_tokens": "77", "seed": "5", "drafter": "none"}
+    assert not page.is_checked("#show-drafts") and "show-drafts" not in page.get_attribute("body", "class")
+    page.click("#reset-params")
+    page.check("#show-drafts")
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert {field: page.input_value(f"#{field}") for field in defaults} == defaults
+    assert page.input_value("#drafter") == "auto" and page.is_checked("#show-drafts")
+
+
+@pytest.mark.slow
 def test_a_reply_streams_in_and_its_accepted_drafts_are_marked(
     page: Any, demo_live_server: LiveServer, tmp_path: Path
 ) -> None:
@@ -345,7 +372,7 @@ def test_export_then_import_restores_the_conversations(page: Any, tmp_path: Path
         and page.text_content("#conversations li .title") != "New chat"
     ):
         page.click("#conversations li >> nth=0 >> text=✕")
-    assert page.inner_text("#messages") == ""
+    assert page.inner_text("#messages").startswith("Type a message below")  # the empty state's hint
     page.set_input_files("#import", str(path))
     page.wait_for_selector("#conversations li.active >> text=Renamed chat")
     assert stored_messages(page) == messages

@@ -10,12 +10,14 @@ from pydantic import ValidationError
 from xpuspec.api.engine_loop import ChoiceRequest
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server.choices import PreparedRequest
+from xpuspec.server.config import ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_requests import (
     GENERATE,
     SHARED,
     apply_limits,
     chat_request,
+    check_known,
     check_num_ctx,
     check_supported,
     generate_request,
@@ -32,10 +34,11 @@ def chat(**fields: object) -> OllamaChatRequest:
 
 
 def test_model_names_with_and_without_the_latest_tag() -> None:
-    assert resolve_model("m", ("m", "alias")) == "m"
-    assert resolve_model("alias:latest", ("m", "alias")) == "alias"
+    config = ServerConfig(served_model_name="m", model_aliases=("alias",))
+    for name in ("m", "m:latest", "alias", "alias:latest"):
+        assert resolve_model(name, config) == "m"
     with pytest.raises(APIError) as raised:
-        resolve_model("m:7b", ("m",))
+        resolve_model("m:7b", ServerConfig(served_model_name="m"))
     assert raised.value.status == 404 and raised.value.message.startswith("model 'm:7b' not found")
 
 
@@ -107,6 +110,25 @@ def test_what_xpuspec_cannot_honour_is_a_400_naming_it() -> None:
         assert raised.value.message.startswith(f"{name} is not supported")
     with pytest.raises(ValidationError, match="num_predict must be at least 1"):
         OllamaOptions.model_validate({"num_predict": 0}, strict=True)
+
+
+def test_every_field_is_known_a_no_op_or_a_400_naming_it() -> None:
+    load_time = {"num_gpu": 99, "num_thread": 4, "use_mmap": True, "numa": False, "num_batch": 512}
+    fine = {"model": "m", "keep_alive": "5m", "think": False, "options": {"temperature": 0, **load_time}}
+    check_known(fine, OllamaChatRequest.model_fields, SHARED)
+    generate, chat_fields = OllamaGenerateRequest.model_fields, OllamaChatRequest.model_fields
+    for body, fields, checks, name in (
+        ({"model": "m", "promt": "hi"}, generate, GENERATE, "promt"),
+        ({"model": "m", "options": {"temprature": 0}}, chat_fields, SHARED, "options.temprature"),
+        ({"model": "m", "raw": True}, chat_fields, SHARED, "raw"),  # /api/generate's
+    ):  # fmt: skip
+        with pytest.raises(APIError) as raised:
+            check_known(body, fields, checks)
+        assert (
+            raised.value.status == 400
+            and raised.value.param == name
+            and raised.value.code == "unknown_parameter"
+        )
 
 
 def prepared(num_prompt_tokens: int) -> PreparedRequest:

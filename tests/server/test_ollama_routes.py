@@ -121,6 +121,20 @@ def test_stop_and_the_name_with_latest(client: ollama.Client, server: LiveServer
     assert cut.model == f"{server.model}:latest"
 
 
+def test_the_listed_name_works_on_every_route(client: ollama.Client, server: LiveServer) -> None:
+    listed = client.list().models[0].model
+    assert listed == f"{server.model}:latest"
+    assert client.chat(model=listed, messages=ASK, options=GREEDY).done
+    assert client.generate(model=listed, prompt="hi", options=GREEDY).done
+    openai_client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    assert (
+        openai_client.chat.completions.create(model=listed, messages=ASK, max_tokens=4).model == server.model
+    )
+    assert openai_client.completions.create(model=listed, prompt="hi", max_tokens=4).model == server.model
+    assert openai_client.models.retrieve(listed).id == server.model
+    assert [model.id for model in openai_client.models.list()] == [server.model]
+
+
 def test_list_ps_show_and_version(client: ollama.Client, server: LiveServer) -> None:
     listed = client.list().models
     assert [model.model for model in listed] == [f"{server.model}:latest"]
@@ -194,7 +208,10 @@ def test_unknown_model_is_a_clear_404(client: ollama.Client, server: LiveServer)
         with pytest.raises(ollama.ResponseError) as raised:
             call()
         assert raised.value.status_code == 404
-        assert "'llama3.2' not found" in raised.value.error and repr(server.model) in raised.value.error
+        assert (
+            "'llama3.2' not found" in raised.value.error
+            and repr(f"{server.model}:latest") in raised.value.error
+        )
 
 
 def test_refusals_are_ollamas_error_shape(client: ollama.Client, server: LiveServer) -> None:
@@ -230,6 +247,39 @@ def test_empty_requests_load_the_model_and_keep_alive_is_accepted(
     assert client.generate(model=server.model, prompt="", keep_alive="5m").done_reason == "load"
     reply = client.chat(model=server.model, messages=HELLO, options=GREEDY, keep_alive=-1)
     assert reply.eval_count == 24
+
+
+# Every option of the client's Options, at a value this server honours or treats as a no-op.
+EVERY_OPTION = {
+    "numa": False, "num_ctx": 512, "num_batch": 64, "num_gpu": 0, "main_gpu": 0, "low_vram": False,
+    "f16_kv": True, "logits_all": False, "vocab_only": False, "use_mmap": True, "use_mlock": False,
+    "embedding_only": False, "num_thread": 2, "num_keep": 4, "seed": 3, "num_predict": 6, "top_k": 20,
+    "top_p": 0.9, "tfs_z": 1.0, "typical_p": 1.0, "repeat_last_n": 64, "temperature": 0.7,
+    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat": 0,
+    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "penalize_newline": True, "stop": ["\n\n"],
+}  # fmt: skip
+
+
+def test_every_field_the_client_sends_is_accepted_and_an_unknown_one_named(
+    client: ollama.Client, server: LiveServer
+) -> None:
+    assert set(ollama.Options.model_fields) == set(EVERY_OPTION)  # a newer client's option fails here
+    options = ollama.Options(**EVERY_OPTION)
+    reply = client.chat(
+        model=server.model, messages=HELLO, options=options, keep_alive="5m", think=False, format="",
+        tools=[], logprobs=False, top_logprobs=0, stream=False,
+    )  # fmt: skip
+    assert reply.done and reply.eval_count is not None and reply.eval_count <= 6
+    generated = client.generate(
+        model=server.model, prompt="Foxes", system="Be brief.", options=options, raw=False, images=[],
+        suffix="", template="", context=[], keep_alive=0, think=False, logprobs=False, top_logprobs=0,
+        width=0, height=0, steps=0,
+    )  # fmt: skip
+    assert generated.done and generated.eval_count is not None and generated.eval_count <= 6
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(model=server.model, messages=HELLO, options={"num_predictt": 4})
+    assert refused.value.status_code == 400
+    assert refused.value.error.startswith("options.num_predictt is not a parameter this server knows")
 
 
 # ------------------------------------------------------------------ in-process: authentication, loading

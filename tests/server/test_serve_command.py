@@ -154,7 +154,17 @@ def test_ready_line_then_every_name_answers_at_once(pair_bundle: Path, tmp_path:
             assert completion.usage is not None and completion.usage.completion_tokens == 4
         assert ready.group(1) == f"http://127.0.0.1:{port}"
         assert (ready.group(2), ready.group(3)) == ("tiny-pair", "alias-one")
-        assert [model.id for model in client.models.list()] == ["tiny-pair", "alias-one"]
+        assert [model.id for model in client.models.list()] == ["tiny-pair"]  # one name per model
+        assert client.models.retrieve("alias-one").id == "tiny-pair"
+        ollama_names = [
+            m["name"] for m in httpx.get(f"{ready.group(1)}/api/tags", timeout=10).json()["models"]
+        ]
+        assert ollama_names == ["tiny-pair:latest"]
+        # The name /api/tags lists works on the OpenAI routes too.
+        tagged = client.chat.completions.create(
+            model="tiny-pair:latest", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert tagged.model == "tiny-pair"
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=pair_bundle.name, prompt="hello", max_tokens=2)
         # n=5 can never fit a queue of 4: a 400 (the official client would retry a 503).
@@ -170,10 +180,10 @@ def test_ready_line_then_every_name_answers_at_once(pair_bundle: Path, tmp_path:
     log = server.stderr()
     # One access line per request: method, path, status, tokens, time, request id.
     access = [line for line in log.splitlines() if " /v1/" in line]
-    assert len(access) == 7, log
+    assert len(access) == 9, log
     assert re.search(r"POST /v1/completions 200 tokens=4 \d+\.\d{3}s id=[0-9a-f]{32}$", access[0]), access[0]
-    assert re.search(r"POST /v1/completions 404 tokens=- ", access[3]), access[3]
-    assert re.search(r"POST /v1/completions 400 tokens=- ", access[4]), access[4]
+    assert re.search(r"POST /v1/completions 404 tokens=- ", access[5]), access[5]
+    assert re.search(r"POST /v1/completions 400 tokens=- ", access[6]), access[6]
     assert access[-1].endswith(f"id={request_id}")
     assert "Traceback" not in log
     assert server.stdout_lines == [ready.group(0)]  # nothing but the ready line on stdout
@@ -210,7 +220,7 @@ def test_health_probes_are_logged_only_when_asked(
         for _ in range(3):
             assert httpx.get(f"{ready.group(1)}/health", timeout=10).status_code == 200
         client = openai.OpenAI(base_url=f"{ready.group(1)}/v1", api_key="unused", max_retries=0, timeout=60)
-        assert [model.id for model in client.models.list()] == ["tiny-pair", keyed.name]
+        assert [model.id for model in client.models.list()] == ["tiny-pair"]
         reply = client.completions.create(model=keyed.name, prompt="hi", max_tokens=2, temperature=0)
         assert reply.model == "tiny-pair"
     finally:

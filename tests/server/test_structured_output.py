@@ -4,6 +4,7 @@ through the official ``openai`` client against a real server process."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import openai
@@ -103,6 +104,9 @@ def test_guided_regex_extension(openai_client: openai.OpenAI, live_server: LiveS
         ({"response_format": {"type": "xml"}}, "response_format.type", "'json_schema'"),
         ({"guided_regex": "(open"}, "guided_regex", "invalid regular expression"),
         ({"guided_grammar": "start: nothing_here"}, "guided_grammar", "invalid Lark grammar"),
+        ({"grammar": 'root ::= "yes" | maybe'}, "grammar", "GBNF line 1, column 18: rule 'maybe' is used"),
+        ({"guided_grammar": 'root ::= "a" {2'}, "guided_grammar", "GBNF line 1, column 16: expecting '}'"),
+        ({"grammar": 'start: "yes"'}, "grammar", "Lark goes in guided_grammar"),
     ],
 )
 def test_invalid_constraints_are_400_with_the_engine_message(
@@ -112,6 +116,41 @@ def test_invalid_constraints_are_400_with_the_engine_message(
         openai_client.completions.create(model=live_server.model, prompt="x", max_tokens=4, extra_body=extra)
     error = refused.value.body
     assert error["param"] == param and message in error["message"], error  # type: ignore[index]
+    assert "\n" not in error["message"]  # type: ignore[index]
+
+
+def test_llama_cpp_grammar_field_constrains_the_answer(
+    openai_client: openai.OpenAI, live_server: LiveServer
+) -> None:
+    reply = openai_client.chat.completions.create(
+        model=live_server.model, messages=MESSAGES, temperature=1.0, n=6, seed=5, max_tokens=8,
+        extra_body={"grammar": 'root ::= "yes" | "no"'},
+    )  # fmt: skip
+    assert {choice.message.content for choice in reply.choices} <= {"yes", "no"}
+    assert {choice.finish_reason for choice in reply.choices} == {"stop"}
+
+
+def test_gbnf_in_guided_grammar_with_classes_and_repetition(
+    openai_client: openai.OpenAI, live_server: LiveServer
+) -> None:
+    gbnf = 'root ::= code ("," code){0,2}  # up to three codes\ncode ::= [A-Z]{3} "-" [0-9]+ [^a-z,\\n]?\n'
+    code = r"[A-Z]{3}-[0-9]+[^a-z,\n]?"
+    reply = openai_client.completions.create(
+        model=live_server.model, prompt="codes:", max_tokens=40, temperature=1.0, n=4, seed=2,
+        extra_body={"guided_grammar": gbnf},
+    )  # fmt: skip
+    for choice in reply.choices:
+        assert re.fullmatch(rf"{code}(,{code}){{0,2}}", choice.text) or choice.finish_reason == "length"
+        assert re.match(code, choice.text), choice.text
+
+
+def test_one_grammar_per_request(openai_client: openai.OpenAI, live_server: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.completions.create(
+            model=live_server.model, prompt="x", max_tokens=4,
+            extra_body={"grammar": 'root ::= "a"', "guided_regex": "a"},
+        )  # fmt: skip
+    assert "got grammar and guided_regex" in refused.value.body["message"]  # type: ignore[index]
 
 
 def test_unsatisfiable_within_max_tokens_is_length_and_says_so(

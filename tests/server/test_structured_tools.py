@@ -163,3 +163,35 @@ def test_bad_tools_are_400(openai_client: openai.OpenAI, live_server: LiveServer
             tool_choice={"type": "function", "function": {"name": "missing"}},
         )  # fmt: skip
     assert refused.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
+def test_forced_call_round_trip(openai_client: openai.OpenAI, live_server: LiveServer) -> None:
+    """The official client's own reply, dumped as it sends history (no ``content`` key), goes back."""
+    forced = openai_client.chat.completions.create(
+        model=live_server.model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60,
+        parallel_tool_calls=False, temperature=0,
+    )  # fmt: skip
+    assert forced.choices[0].finish_reason == "tool_calls"
+    message = forced.choices[0].message
+    check_calls(message.tool_calls)
+    assistant = message.model_dump(exclude_none=True)
+    assert "content" not in assistant and assistant["tool_calls"]
+    results = [
+        {"role": "tool", "tool_call_id": call.id, "content": "4 degrees, rain"} for call in message.tool_calls
+    ]
+    reply = openai_client.chat.completions.with_raw_response.create(
+        model=live_server.model, messages=[*ASK, assistant, *results], tools=TOOLS, max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    assert reply.status_code == 200
+    assert reply.parse().choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_content_is_needed_outside_tool_calls(openai_client: openai.OpenAI, live_server: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.chat.completions.create(
+            model=live_server.model,
+            messages=[{"role": "user"}],
+            max_tokens=4,  # type: ignore[list-item,misc]
+        )
+    assert "content" in refused.value.body["message"]  # type: ignore[index]

@@ -186,7 +186,8 @@ CASES = [
         400,
         "messages.0",
     ),
-    BadRequest("unknown route", "/v1/embeddings", completion(), 404, code="not_found"),
+    BadRequest("unknown route", "/v1/embedings", completion(), 404, code="not_found"),
+    BadRequest("embeddings", "/v1/embeddings", {"model": MODEL, "input": "x"}, 404, code="not_served"),
     BadRequest("wrong method", COMPLETIONS, None, 405, code="method_not_allowed", method="GET"),
     BadRequest("wrong method on models", "/v1/models", None, 405, code="method_not_allowed", method="PUT"),
     BadRequest("unknown model card", "/v1/models/nope", None, 404, "model", "model_not_found", method="GET"),
@@ -248,6 +249,17 @@ def test_valid_requests_succeed_after_every_bad_one(client: FlaskClient) -> None
     assert response.get_json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_embeddings_say_they_are_not_served(client: FlaskClient) -> None:
+    for path in ("/v1/embeddings", "/v1/responses", "/v1/audio/speech"):
+        message = client.post(path, json={"model": MODEL, "input": "x"}).get_json()["error"]["message"]
+        assert "not served" in message and "\n" not in message and "lives under /v1" not in message, message
+    assert (
+        client.post("/v1/embeddings", json={})
+        .get_json()["error"]["message"]
+        .startswith("embeddings are not served: this server generates text")
+    )
+
+
 def test_wrong_method_names_the_allowed_ones(client: FlaskClient) -> None:
     response = client.get(COMPLETIONS)
     assert response.status_code == 405
@@ -277,19 +289,40 @@ def test_server_drafter_or_none_per_request(client: FlaskClient, served_app: Fla
     assert len(set(texts)) == 1  # speculation never changes a greedy output
 
 
-def test_neutral_values_of_unsupported_parameters_and_unknown_fields_are_accepted(
+def test_neutral_values_of_unsupported_parameters_and_documented_no_ops_are_accepted(
     client: FlaskClient,
 ) -> None:
-    # What SDKs send by default must keep working; a field this server does not know is ignored.
+    # What SDKs send by default must keep working, and OpenAI's bookkeeping fields change nothing.
     body = completion(
         temperature=0, best_of=1, logit_bias={}, presence_penalty=0, frequency_penalty=0.0, suffix=None,
-        echo=False, user="someone", some_future_field={"x": 1},
+        echo=False, user="someone", repeat_penalty=1, repetition_penalty=1.0,
     )  # fmt: skip
     response = client.post(COMPLETIONS, json=body)
     assert response.status_code == 200, response.get_json()
     body = chat(temperature=0, response_format={"type": "text"}, tool_choice="none", logprobs=False, tools=[])
     response = client.post(CHAT, json=body)
     assert response.status_code == 200, response.get_json()
+    no_ops = {"user": "u", "metadata": {"k": "v"}, "store": True, "service_tier": "auto"}
+    no_ops |= {"prompt_cache_key": "k", "safety_identifier": "s"}
+    response = client.post(CHAT, json=chat(temperature=0, **no_ops))
+    assert response.status_code == 200, response.get_json()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "name"),
+    [
+        (COMPLETIONS, completion(some_future_field={"x": 1}), "some_future_field"),
+        (COMPLETIONS, completion(n_predict=8), "n_predict"),  # llama.cpp's name for max_tokens
+        (CHAT, chat(max_token=8), "max_token"),
+        (CHAT, chat(cache_prompt=True), "cache_prompt"),
+    ],
+)
+def test_an_unknown_field_is_a_400_naming_it(client: FlaskClient, path: str, body: dict, name: str) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 400
+    error = response.get_json()["error"]
+    assert error["param"] == name and error["code"] == "unknown_parameter"
+    assert error["message"].startswith(f"{name} is not a parameter this server knows")
 
 
 def test_tool_calls_and_tool_messages_are_accepted_in_history(client: FlaskClient) -> None:

@@ -25,7 +25,9 @@ def run_engine(
 def draft_whenever_the_cost_model_says(engine: LLMEngine) -> None:
     """Adaptive drafting allowed at every step, whatever whole steps measured
     (``xpuspec.spec_decode.policy.drafting_payoff``): for tests of what drafting does, not of whether
-    it pays on this machine, which would otherwise decide by timings whether they draft at all."""
+    it pays on this machine, which would otherwise decide by timings whether they draft at all. A
+    batched step's drafts are not priced as a whole either (``xpuspec.spec_decode.policy.batch_step``)."""
     choice = engine.policy.draft_choice
     assert choice is not None, "the engine has no drafter"
     choice.payoff.pays = lambda num_sequences, kind: True
+    engine.policy.prices_batched_steps = False

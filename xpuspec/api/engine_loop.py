@@ -126,6 +126,7 @@ class Generation:
         self._last_delivery = 0.0
         self._delivery_gap = 0.0
         self._taken: collections.deque[ChoiceEvent] = collections.deque()  # for next_event
+        self._num_tokens = 0  # delivered so far, taken or not: what an aborted request generated
 
     def deliver(self, events: list[ChoiceEvent]) -> None:
         """Called by the loop thread with the events of one iteration, in order."""
@@ -136,6 +137,7 @@ class Generation:
             self._last_delivery = now
             self._pending.extend(events)
             self._num_final_pending += num_final
+            self._num_tokens += sum(event.num_new_tokens for event in events)
             if self._waiting_for == _WAKE_ANY or (num_final and self._waiting_for == _WAKE_FINAL):
                 self._ready.notify()
 
@@ -187,6 +189,13 @@ class Generation:
     @property
     def done(self) -> bool:
         return not self._unfinished and not self._taken
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """The tokens the engine generated for these choices so far, whether or not the reader took
+        them: a request aborted mid-way counts what it produced."""
+        with self._ready:
+            return self._num_tokens
 
     def cancel(self) -> None:
         """Abort every unfinished choice (the client left); idempotent."""

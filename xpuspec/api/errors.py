@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 
-from xpuspec.models.bundle import BundleError
+from xpuspec.models.bundle import DRAFT_IS_TARGET, BundleError, ModelBundle
 from xpuspec.prepare.config import PrepareError
 
 # Exit codes every subcommand uses: 0 done, 1 the work failed, 2 the command line or input was wrong.
@@ -47,6 +47,17 @@ def one_line(message: str) -> str:
     """A (possibly multi-line) message as one line: its non-empty lines joined by ``"; "``."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     return "; ".join(lines) if lines else "unknown error"
+
+
+def report_warning(message: str) -> None:
+    """Print ``xpuspec: warning: MESSAGE`` on stderr: something works, but likely not as meant."""
+    print(f"xpuspec: warning: {message}", file=sys.stderr, flush=True)
+
+
+def warn_if_draft_is_target(bundle: ModelBundle) -> None:
+    """The warning of a bundle whose draft is its target, from every command that runs the pair."""
+    if bundle.draft_is_target:
+        report_warning(DRAFT_IS_TARGET)
 
 
 def report_error(message: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api import calibration_cache
+from xpuspec.api.cross_tokenizer_drafter import cross_tokenizer_proposer, draft_blocks, draft_options
 from xpuspec.api.eagle3_drafter import eagle3_proposer
 from xpuspec.api.engine_driver import EngineDriver, RequestStep
 from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
@@ -247,9 +248,9 @@ class Pipeline:
         draft_vocab: int | None,
         runner_limits: dict[str, Any],
     ) -> Callable[[HeadFolder | None], Drafter | None]:
-        """The drafter the placement chose (an EAGLE-3 head, a draft model, n-grams, or none), finished
-        once the target is built. A draft model compiles meanwhile, in a thread: it needs only the
-        target's KV blocks, taken after, so the start waits for the longer compile rather than both."""
+        """The drafter the placement chose (an EAGLE-3 head, a draft model, n-grams, or none), finished once
+        the target is built. A draft model compiles meanwhile, in a thread: it needs only the target's KV
+        blocks, taken after (a draft with its own tokenizer: none), so the start waits for one compile."""
         user = draft_properties if draft_properties is not None else properties
         if self.drafter == "eagle3":
             assert self.draft_device is not None  # the placement gives a head its device
@@ -265,6 +266,7 @@ class Pipeline:
         self.draft_vocab = draft_vocab if draft_vocab is not None else draft_model.facts.get("draft_vocab")
         tuned = self.tuned_properties["draft"]
         options = dict(tuned_properties=tuned, logits_vocab=self.draft_vocab, **runner_limits)
+        options, translates = draft_options(self.bundle, options)  # translates: its own cache, positions
         ahead = compile_ahead(draft_device, draft_model, "draft", user, **options)
 
         def finish(head: HeadFolder | None) -> Drafter:
@@ -274,11 +276,12 @@ class Pipeline:
                 draft_model,
                 "draft",
                 user,
-                num_blocks=target.num_blocks,
-                block_size=target.block_size,
+                **draft_blocks(translates, target),
                 precompiled=ahead.result() if ahead is not None else None,
                 **options,
             )
+            if translates:
+                return cross_tokenizer_proposer(self.bundle, draft_runner, options["max_context"])
             if draft_runner.block_size != target.block_size:
                 raise ValueError(
                     f"draft KV block size {draft_runner.block_size} differs from the target's "
@@ -299,9 +302,9 @@ class Pipeline:
         """The engine over the target and the drafter, with grammar support (calibrated next), and the
         request preparer with the engine's limits (``self.requests``)."""
         # Overlapped draft/verify (xpuspec.engine.overlap): by default when the draft has its own device.
-        draft_device_name = (
-            self.draft_device.device if self.drafter == "draft" and self.draft_device else None
-        )
+        # A draft that translates between tokenizers does not overlap (CrossTokenizerDrafter.caps).
+        overlappable = proposer is not None and proposer.caps.overlappable
+        draft_device_name = self.draft_device.device if overlappable and self.draft_device else None
         if self.drafter == "eagle3" and overlap:
             raise ValueError(
                 "overlap=True needs a draft model: EAGLE-3 drafts from the step the target verifies"

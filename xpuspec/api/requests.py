@@ -62,9 +62,11 @@ def chat_template_of(bundle: ModelBundle) -> ChatTemplate | None:
 def load_grammar(
     bundle: ModelBundle, tokenizer: Tokenizer, vocab_size: int, limits: GrammarLimits | None = None
 ) -> GrammarCompiler | None:
-    """The grammar compiler of the bundle (its target's ``tokenizer.json``, else its draft's), within
-    ``limits`` (default: :class:`GrammarLimits`'s); None when neither has one."""
-    model_dirs = [model.path for model in (bundle.target, bundle.draft) if model is not None]
+    """The grammar compiler of the bundle (its target's ``tokenizer.json``, else its draft's where the
+    draft shares the target's tokenizer), within ``limits`` (default: :class:`GrammarLimits`'s); None
+    when neither has one."""
+    draft = None if bundle.translates_tokens else bundle.draft
+    model_dirs = [model.path for model in (bundle.target, draft) if model is not None]
     return grammar_compiler(tokenizer, model_dirs, vocab_size, bundle.eos_token_ids, limits)
 
 
@@ -74,7 +76,7 @@ def auto_drafter(bundle: ModelBundle) -> str:
     draft = bundle.draft
     if draft is None:
         return "ngram"
-    if draft.vocab_size > bundle.target.vocab_size:
+    if draft.vocab_size > bundle.target.vocab_size and not bundle.translates_tokens:
         logger.warning(
             "the draft's vocabulary (%d) is larger than the target's (%d), so it cannot draft; "
             "drafting with n-grams instead",

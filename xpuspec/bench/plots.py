@@ -227,7 +227,7 @@ def category_bars(pyplot: Any, summary: dict[str, Any]) -> Any:
 def write_category_plot(summary: dict[str, Any], out: Path) -> dict[str, str]:
     """``out/categories.png``; ``{"file": name}``, or ``{"reason": why}`` where none was drawn."""
     if importlib.util.find_spec("matplotlib") is None:
-        return {"reason": "matplotlib is not installed (pip install 'xpuspec[bench]'): no plot"}
+        return {"reason": "matplotlib is not installed (pip install 'xpuspec[bench]')"}
     if not summary["levels"] or not any(level["overall"]["rows"] for level in summary["levels"]):
         return {"reason": "no row was measured"}
     pyplot = _pyplot()

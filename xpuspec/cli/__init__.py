@@ -27,14 +27,25 @@ from xpuspec.api.errors import (
     describe_error,
     report_error,
 )
-from xpuspec.cli import bench, cluster, devices, edge, generate, inspect, plan, prepare, serve
+from xpuspec.cli import bench, cluster, devices, edge, generate, inspect, plan, prepare, quality, serve
 from xpuspec.cli.parser import DEBUG_ENV, ArgumentParser, finish_subparsers
 from xpuspec.version import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # Each module's `register(subparsers)` adds its subcommands (in this order) and sets `func`.
-COMMANDS: tuple[ModuleType, ...] = (prepare, inspect, generate, devices, plan, serve, bench, edge, cluster)
+COMMANDS: tuple[ModuleType, ...] = (
+    prepare,
+    inspect,
+    generate,
+    devices,
+    plan,
+    quality,
+    serve,
+    bench,
+    edge,
+    cluster,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

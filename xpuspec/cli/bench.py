@@ -108,7 +108,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: 1)",
     )
     parser.add_argument(
-        "--prompts", type=int, default=None, help=f"number of prompts {default('num_prompts')}"
+        "--prompts",
+        type=int,
+        default=None,
+        help=f"number of prompts {default('num_prompts')}; categories: per category (default: all of "
+        "them; with --quick 2)",
     )
     parser.add_argument(
         "--max-tokens", type=int, default=None, help=f"new tokens per request {default('max_tokens')}"
@@ -180,8 +184,19 @@ def run(args: argparse.Namespace) -> int:
     report = run_bench(config)
     json_path, markdown_path = write_report(report, config.out)
     print(markdown_path.read_text(encoding="utf-8"))
-    print(f"xpuspec bench: wrote {json_path}, {markdown_path} and plots to {config.out}", file=sys.stderr)
+    print(f"xpuspec bench: {wrote_line([json_path, markdown_path], report['plots'])}", file=sys.stderr)
     return 0
+
+
+def wrote_line(paths: list[Path], plots: dict[str, dict[str, str]]) -> str:
+    """What a run wrote: its report files and the plots it drew, or why it drew none (no matplotlib:
+    the runtime install), never plots that are not there."""
+    drawn = [entry["file"] for entry in plots.values() if "file" in entry]
+    written = ", ".join(str(path) for path in paths)
+    if drawn:
+        return f"wrote {written} and {len(drawn)} plot{'s' if len(drawn) > 1 else ''} ({', '.join(drawn)})"
+    reasons = sorted({entry["reason"] for entry in plots.values() if "reason" in entry})
+    return f"wrote {written}; no plots: {'; '.join(reasons) or 'none drawn'}"
 
 
 def _run_multiturn(args: argparse.Namespace) -> int:
@@ -288,7 +303,6 @@ def _run_categories(args: argparse.Namespace) -> int:
     _write_report(args.out, "categories", summary, markdown(summary))
     for peer, reason in summary["not_run"].items():
         print(f"xpuspec bench: {peer} not run: {reason}", file=sys.stderr)
-    if "reason" in summary["plot"]:
-        print(f"xpuspec bench: no plot: {summary['plot']['reason']}", file=sys.stderr)
-    print(f"xpuspec bench: wrote categories.json, categories.md and the plot to {args.out}", file=sys.stderr)
+    files = [args.out / "categories.json", args.out / "categories.md"]
+    print(f"xpuspec bench: {wrote_line(files, {'categories': summary['plot']})}", file=sys.stderr)
     return 0

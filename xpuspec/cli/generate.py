@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.api.errors import CommandError
+from xpuspec.api.errors import CommandError, warn_if_draft_is_target
 from xpuspec.cli import remote
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     # The default model's first use converts it here, saying so stage by stage.
     bundle = resolve_bundle(args.bundle)  # a missing or damaged bundle: one line, exit 2
+    warn_if_draft_is_target(bundle)
     # The manifest is enough to refuse what cannot fit, before any model is compiled.
     if params.max_tokens is not None:
         check_max_tokens(params.max_tokens, bundle.max_context)

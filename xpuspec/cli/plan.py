@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, report_error, warn_if_draft_is_target
 from xpuspec.cli.tables import print_table
 
 
@@ -69,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="an OpenVINO compile property for every candidate (repeatable); a precision property "
         "turns off the tuning of compile properties",
+    )
+    plan.add_argument(
+        "--quality",
+        action="store_true",
+        help="then measure the target's deviation from exact mode at the properties chosen for it "
+        "(`xpuspec quality`: KL divergence, top-1, perplexity, the llama.cpp budget) and print it. Off by "
+        "default: it takes minutes",
     )
     plan.set_defaults(func=run_plan)
 
@@ -131,6 +138,7 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         config = _parse_plan_config(args)
         bundle = resolve_bundle(args.bundle)
+        warn_if_draft_is_target(bundle)
         devices = list(config.devices) if config.devices else plannable_devices(core, registry)
         for device in devices:
             resolve_device(device, core, registry)
@@ -174,14 +182,44 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record, indent=2))
     else:
-        _print_plan(tuned, measurements, decision)
+        _print_plan(tuned, measurements, decision, written=args.write)
     if args.write:
         write_placement(bundle.root, record)
         print(f"recorded the placement and compile properties in {bundle.root}", file=sys.stderr)
+    else:
+        print("not recorded: run plan again with --write to record the chosen placement", file=sys.stderr)
+    if args.quality:
+        _print_quality(bundle, tuned, args.json)
     return 0
 
 
-def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any) -> None:
+def _print_quality(bundle: Any, tuned: dict[tuple[str, str], Any], as_json: bool) -> None:
+    """`plan --quality`: the target's quality at its defaults and at the properties stage 1 chose for
+    it on the CPU (when it chose others)."""
+    from xpuspec.bench.quality import Candidate, QualityConfig
+    from xpuspec.bench.quality_run import LlamaChoice, run_quality
+    from xpuspec.cli.quality import show
+    from xpuspec.models.bundle import cache_dir
+
+    candidates = [Candidate("default", bundle.target)]
+    chosen = tuned.get(("target", "CPU"))
+    if chosen is not None and chosen.chosen:
+        candidates.append(Candidate("plan's choice", bundle.target, dict(chosen.chosen)))
+    report = run_quality(
+        bundle,
+        candidates,
+        QualityConfig(speed_rounds=0),
+        llama=LlamaChoice(),
+        logs=cache_dir() / "quality-logs",
+    )
+    if not as_json:
+        print()
+    show(report, as_json=as_json)
+
+
+def _print_plan(
+    tuned: dict[tuple[str, str], Any], measurements: list[Any], decision: Any, written: bool
+) -> None:
     """The tuned properties (when tuned), every placement measured, and the decision, as tables."""
     if tuned:
         _print_properties_table(tuned)
@@ -209,7 +247,7 @@ def _print_plan(tuned: dict[tuple[str, str], Any], measurements: list[Any], deci
             str(len(m.round_rates)),
             "-" if m.acceptance_rate is None else f"{m.acceptance_rate:.0%}",
             "-" if m.agreement is None else f"{m.agreement.same}/{m.agreement.total}",
-            _placement_note(m, decision),
+            _placement_note(m, decision, written),
         )
         for m in measurements
         if not m.error
@@ -230,10 +268,10 @@ def _describe(placement: Any) -> str:
     return f"{placement.target_device} / {placement.draft_device} / {placement.drafter} / gamma={length}"
 
 
-def _placement_note(measurement: Any, decision: Any) -> str:
+def _placement_note(measurement: Any, decision: Any, written: bool) -> str:
     notes = []
     if measurement is decision.chosen:
-        notes.append("recorded")
+        notes.append("recorded" if written else "chosen")  # only --write records it
     if measurement is decision.default:
         notes.append("default")
     if measurement is decision.fastest and measurement is not decision.chosen:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error, warn_if_draft_is_target
 from xpuspec.prepare.config import (
     BUILTIN_CALIBRATION_PROMPTS,
     GROUP_SIZE_FALLBACKS,
@@ -47,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prepare.add_argument(
         "--force-pair",
         action="store_true",
-        help="pair even if the tokenizers differ (never when the draft's vocabulary is larger: "
-        "the engine could not run it)",
+        help="pair by token id even if the tokenizers differ, instead of translating the draft's "
+        "drafts through text (never when the draft's vocabulary is larger: the engine could not run it)",
     )
     prepare.add_argument(
         "--log",
@@ -67,6 +67,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cheaper draft pass; output stays exact)",
     )
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing bundle")
+    prepare.add_argument(
+        "--no-pair-check",
+        dest="pair_check",
+        action="store_false",
+        help="skip the pair check (the draft's acceptance on a few prompts, once the bundle is written)",
+    )
+    prepare.add_argument(
+        "--quality",
+        action="store_true",
+        help="then measure the target's deviation from its weights in exact mode (`xpuspec quality`: KL "
+        "divergence, top-1, perplexity; llama.cpp beside where a llama-server is at hand), print it and "
+        "record it in the manifest. Off by default: it takes minutes (llama.cpp's row most of them)",
+    )
     prepare.set_defaults(func=run_prepare)
 
 
@@ -227,8 +240,9 @@ def run_prepare(args: argparse.Namespace) -> int:
         except PrepareError as error:
             report_error(one_line(str(error)))
             return EXIT_FAILED
+        _warn_if_draft_is_target(output)
         print(f"bundle written to {output}; check it with `xpuspec inspect {output}`")
-        return 0
+        return _after_writing(config, output, args)
     log_path = args.log or conversion_log_path()
     try:
         with third_party_output_to(log_path) as terminal, _sigterm_as_interrupt():
@@ -240,10 +254,66 @@ def run_prepare(args: argparse.Namespace) -> int:
     except PrepareError as error:
         report_error(f"{one_line(str(error))} (conversion log: {log_path})")
         return EXIT_FAILED
+    _warn_if_draft_is_target(output)
     print(
         f"bundle written to {output}; check it with `xpuspec inspect {output}` (conversion log: {log_path})"
     )
+    return _after_writing(config, output, args)
+
+
+def _after_writing(config: PrepareConfig, output: Path, args: argparse.Namespace) -> int:
+    """What follows a written bundle: the pair check (unless ``--no-pair-check``), then the quality
+    figures (with ``--quality``)."""
+    status = _check_the_pair(config, output, args.pair_check)
+    if status or not args.quality:
+        return status
+    return _quality(output)
+
+
+def _check_the_pair(config: PrepareConfig, output: Path, pair_check: bool) -> int:
+    """Say how the pair drafts (translating between tokenizers or not) and, with ``pair_check``, measure
+    the draft's acceptance on a few prompts and record it in the manifest."""
+    if config.draft is None:
+        return 0
+    from xpuspec.models.bundle import ModelBundle
+
+    bundle = ModelBundle.open(output, verify=False)
+    if bundle.translates_tokens:
+        print(
+            "pairing: the tokenizers differ, so the draft's drafts will be translated into the target's "
+            f"tokens through text ({bundle.manifest['pairing'].get('difference')})"
+        )
+    if not pair_check:
+        return 0
+    from xpuspec.planning.pair_check import measure_pair, record_pair_check
+
+    try:
+        check = measure_pair(output)
+    except Exception as error:  # the bundle is written; the check of its pair failed
+        report_error(f"pair check failed: {one_line(str(error))}")
+        return EXIT_FAILED
+    record_pair_check(output, check)
+    print(f"pair check: {check.describe()}")
     return 0
+
+
+def _quality(bundle: Path) -> int:
+    """`prepare --quality`: the new bundle's quality figures, printed and recorded in its manifest."""
+    from xpuspec.bench.quality import QualityConfig
+    from xpuspec.bench.quality_report import write_quality
+    from xpuspec.cli.quality import measure, show
+
+    report = measure(str(bundle), QualityConfig(speed_rounds=0))
+    show(report)
+    write_quality(report)
+    print(f"recorded the quality figures in {bundle}", file=sys.stderr)
+    return 0
+
+
+def _warn_if_draft_is_target(output: Path) -> None:
+    from xpuspec.models.bundle import ModelBundle
+
+    warn_if_draft_is_target(ModelBundle.open(output, verify=False))
 
 
 def _check_paths(config: PrepareConfig) -> None:
@@ -283,7 +353,8 @@ def _check_local_configs(config: PrepareConfig) -> None:
         if facts is not None:
             check_group_size(role, facts, compression)
             read[role] = facts
-    if "target" in read and "draft" in read:
+    if "target" in read and "draft" in read and config.force_pair:
+        # Paired by token id: the draft may not have more. Otherwise a larger draft translates.
         check_vocab_sizes(read["target"], read["draft"])
 
 

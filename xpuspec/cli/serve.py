@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error, warn_if_draft_is_target
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.models.resolve import model_names
@@ -379,10 +379,11 @@ def _listen(app: Any, args: argparse.Namespace, limits: ListenerLimits, unauthen
             f"cannot listen on {args.host}:{args.port}: {error} (check --host)", EXIT_USAGE
         ) from error
     try:
-        resolve_bundle(args.bundle)
+        bundle = resolve_bundle(args.bundle)
     except BundleError as error:
         listener.close(flush_timeout_s=0)
         raise _Refused(str(error), EXIT_USAGE) from error
+    warn_if_draft_is_target(bundle)
     return listener
 
 

@@ -9,10 +9,7 @@ them itself. A bundle's manifest may carry the placement `xpuspec plan --write` 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ from typing import Any
 from xpuspec.devices.capabilities import CoreLike
 from xpuspec.devices.plugin import DevicePlugin, OpenVINODevicePlugin, PassthroughPlugin, base_device_name
 from xpuspec.devices.registry import PluginRegistry
-from xpuspec.models.bundle import MANIFEST_NAME, ModelBundle
+from xpuspec.models.bundle import MANIFEST_NAME, ModelBundle, write_manifest_field
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -232,26 +229,8 @@ def openvino_version() -> str | None:
 
 
 def write_placement(bundle_root: Path, placement: dict[str, Any]) -> None:
-    """Set the manifest's "placement" field, replacing the file atomically.
-
-    The manifest is not among the hashed files, so `xpuspec inspect` still verifies the bundle.
-    The temporary file lives in the bundle folder (``os.replace`` is atomic only within one file
-    system) and is removed on failure, so it can never show up as an extra file.
-    """
-    manifest_path = Path(bundle_root) / MANIFEST_NAME
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    manifest["placement"] = placement
-    handle, temporary = tempfile.mkstemp(dir=manifest_path.parent, prefix=f".{MANIFEST_NAME}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(json.dumps(manifest, indent=2) + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, manifest_path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Set the manifest's "placement" field (see :func:`~xpuspec.models.bundle.write_manifest_field`)."""
+    write_manifest_field(Path(bundle_root), "placement", placement)
 
 
 def add_drafter_argument(parser: argparse.ArgumentParser) -> None:

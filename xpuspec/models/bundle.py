@@ -93,6 +93,12 @@ class VerificationReport:
         return "; ".join(parts)
 
 
+DRAFT_IS_TARGET = (
+    "the draft model is the target itself (same weights): every drafted token costs a target pass, so "
+    "speculation can only slow generation; prepare with a smaller --draft, or run with --drafter ngram"
+)
+
+
 def cache_dir() -> Path:
     """Per-user cache folder: ``XPUSPEC_CACHE``, else ``$XDG_CACHE_HOME/xpuspec`` or ``~/.cache/xpuspec``."""
     if os.environ.get(CACHE_ENV):
@@ -284,12 +290,30 @@ class ModelBundle:
         return self.model("draft")
 
     @property
+    def draft_is_target(self) -> bool:
+        """Whether the draft model is the target itself (the same weights, by the manifest's hashes;
+        the graphs' XML differ in names even for one checkpoint exported twice): each draft token then
+        costs a target pass, so speculation can only slow generation."""
+        draft = self.draft
+        if draft is None:
+            return False
+        files = self.manifest.get("files", {})
+        weights = files.get(f"{self.target.facts['path']}/openvino_model.bin")
+        return weights is not None and weights == files.get(f"{draft.facts['path']}/openvino_model.bin")
+
+    @property
     def eagle3(self) -> Eagle3Info | None:
         """The EAGLE-3 head, or ``None`` when the bundle has none."""
         facts = self.manifest.get("eagle3")
         if not facts:
             return None
         return Eagle3Info(path=self.root / facts["path"], facts=facts)
+
+    @property
+    def translates_tokens(self) -> bool:
+        """Whether the draft has a tokenizer of its own, its drafts translated into the target's tokens
+        through text (``xpuspec prepare`` records it in the manifest's "pairing")."""
+        return self.draft is not None and bool((self.manifest.get("pairing") or {}).get("translate"))
 
     @property
     def tokenizer_facts(self) -> dict[str, Any]:
@@ -331,3 +355,27 @@ class ModelBundle:
     @property
     def placement(self) -> dict[str, Any] | None:
         return self.manifest.get("placement")
+
+
+def write_manifest_field(bundle_root: Path, key: str, value: Any) -> None:
+    """Set one top-level field of the manifest (a plan's "placement", the quality measure's "quality"),
+    replacing the file atomically.
+
+    The manifest is not among the hashed files, so `xpuspec inspect` still verifies the bundle.
+    The temporary file lives in the bundle folder (``os.replace`` is atomic only within one file
+    system) and is removed on failure, so it can never show up as an extra file.
+    """
+    manifest_path = Path(bundle_root) / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest[key] = value
+    handle, temporary = tempfile.mkstemp(dir=manifest_path.parent, prefix=f".{MANIFEST_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(json.dumps(manifest, indent=2) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, manifest_path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -22,10 +22,12 @@ from typing import Any
 
 from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_vocab
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
+from xpuspec.prepare.gguf_copy import copy_for_genai
 from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
+from xpuspec.prepare.gguf_tokenizer import write_tokenizer
 from xpuspec.prepare.gguf_weights import recompress_ir
-from xpuspec.prepare.pairing import PairingError, check_vocabularies
+from xpuspec.prepare.pairing import PairingError, check_vocabularies, translating_pair
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.writer import check_output_path, commit_bundle, staging_folder, write_manifest
 
@@ -43,11 +45,15 @@ IR_FILES = (
 )
 
 
-def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> None:
-    """Convert ``model`` into ``out_dir`` (the IR files, config.json, chat_template.jinja), torch-free.
+def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> dict[str, str | None]:
+    """Convert ``model`` into ``out_dir`` (the IR files, config.json, chat_template.jinja, tokenizer.json),
+    torch-free; returns the manifest's record of its tokenizer.
 
     GenAI writes its IR beside the GGUF, so the file is copied into a scratch folder inside ``out_dir``'s
     parent first (the source may sit in read-only site-packages); the scratch folder is always removed.
+    The tokenizer.json is built from the GGUF's metadata (:mod:`xpuspec.prepare.gguf_tokenizer`) and the
+    tokenizer IRs converted from it, replacing GenAI's, which split text by architecture, not by the
+    GGUF's pre-tokenizer.
     """
     try:
         import openvino_genai
@@ -59,7 +65,7 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> None:
     scratch = Path(tempfile.mkdtemp(prefix=".gguf-convert-", dir=out_dir.parent))
     try:
         copy = scratch / model.path.name
-        shutil.copyfile(model.path, copy)
+        copy_for_genai(model.path, copy, model.vocabulary, model.architecture)
         try:
             openvino_genai.LLMPipeline(str(copy), "CPU", enable_save_ov_model=True)
         except Exception as error:  # noqa: BLE001 - GenAI raises RuntimeError with its C++ message
@@ -85,6 +91,9 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> None:
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     if model.chat_template:
         (out_dir / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
+    where = f"{role} {model.path.name}"
+    irs = write_tokenizer(model.vocabulary, model.chat_template, out_dir, where)
+    return {"model": model.vocabulary.model, "pre": model.vocabulary.pre, "irs_from": irs}
 
 
 def folder_tokens(folder: Path) -> tuple[str, ...] | None:
@@ -142,7 +151,8 @@ def prepare_gguf_bundle(config: PrepareConfig, *, progress: ProgressSink | None 
         if draft_gguf is not None:
             facts["draft"] = _prepare_gguf_model(draft_gguf, "draft", config, staging, steps)
         elif draft_source is not None:
-            facts["draft"] = _prepare_folder_draft(draft_source, config, staging, steps)
+            translates = bool(pairing.get("translate"))
+            facts["draft"] = _prepare_folder_draft(draft_source, config, staging, steps, translates)
         if "draft" in facts:
             facts["draft"] = record_draft_vocab(facts["draft"], config.draft_vocab)
         eagle3 = None
@@ -193,7 +203,7 @@ def _check_gguf_pair(
         check_vocabularies(target.tokens, draft_tokens, str(draft_spec))
     except PairingError as error:
         if not force_pair:
-            raise
+            return translating_pair(error), folder
         logger.warning("pairing forced despite a tokenizer mismatch: %s", error)
         return {"checked": True, "forced": True, "mismatch": str(error)}, folder
     return {"checked": True, "forced": force_pair, "mismatch": None}, folder
@@ -204,7 +214,7 @@ def _prepare_gguf_model(
 ) -> dict[str, Any]:
     model_dir = staging / role
     with steps.step(f"converting {role} {model.path.name} with OpenVINO GenAI's GGUF reader"):
-        convert_gguf(model, model_dir, role)
+        tokenizer = convert_gguf(model, model_dir, role)
     compression: dict[str, Any] = {"mode": f"gguf {model.weight_format}", "weights": model.weight_format}
     wanted = config.weights if role == "target" else (config.draft_weights or config.weights)
     if wanted is not None and not model.quantized:
@@ -227,7 +237,12 @@ def _prepare_gguf_model(
         "role": role,
         "path": role,
         "source": str(model.path),
-        "gguf": {"architecture": model.architecture, "file_type": model.file_type, "name": model.name},
+        "gguf": {
+            "architecture": model.architecture,
+            "file_type": model.file_type,
+            "name": model.name,
+            "tokenizer": tokenizer,
+        },
         **model.architecture_facts(),
         "compression": compression,
     }
@@ -294,10 +309,18 @@ def _count_weights(model_dir: Path) -> dict[str, int]:
 
 
 def _prepare_folder_draft(
-    folder: Path, config: PrepareConfig, staging: Path, steps: StepProgress
+    folder: Path, config: PrepareConfig, staging: Path, steps: StepProgress, translates: bool = False
 ) -> dict[str, Any]:
-    """An IR folder is copied as is (torch-free); an HF checkpoint goes through the HF export path."""
+    """An IR folder is copied as is (torch-free); an HF checkpoint goes through the HF export path.
+    ``translates``: the draft's tokenizer differs from the target's, so its own tokenizer IRs are needed."""
     if (folder / IR_FILES[0]).is_file():  # the target's tokenizer serves both: draft tokenizer IRs optional
+        missing = [name for name in IR_FILES[2:] if name.endswith(".xml") and not (folder / name).is_file()]
+        if translates and missing:
+            raise PrepareError(
+                f"draft {folder}: its tokenizer differs from the target's and the folder lacks "
+                f"{', '.join(missing)}; convert its tokenizer with openvino_tokenizers, or prepare from "
+                "its Hugging Face checkpoint"
+            )
         with steps.step(f"copying draft OpenVINO IR from {folder}"):
             shutil.copytree(folder, staging / "draft", ignore=shutil.ignore_patterns(".*"))
             for name in IR_FILES[2:]:

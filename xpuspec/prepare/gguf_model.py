@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xpuspec.prepare.config import PrepareError
+from xpuspec.prepare.gguf_tokenizer import GgufVocabulary
 from xpuspec.sample.defaults import GGUF_SAMPLING_KEYS
 
 GGUF_SUFFIX = ".gguf"
@@ -55,6 +56,7 @@ class GgufModel:
     special_ids: dict[str, int | None]
     chat_template: str | None
     name: str | None
+    vocabulary: GgufVocabulary
     # The model's recommended sampling (llama.cpp's general.sampling.* keys), by generation_config.json key.
     sampling: dict[str, float] = field(default_factory=dict)
 
@@ -110,6 +112,7 @@ class GgufModel:
             special_ids=special,
             chat_template=str(template) if template is not None else None,
             name=str(fields["general.name"]) if "general.name" in fields else None,
+            vocabulary=GgufVocabulary.from_fields(fields, special),
             sampling={
                 name: float(fields[key])
                 for key, name in GGUF_SAMPLING_KEYS.items()
@@ -143,6 +146,7 @@ class GgufModel:
             raise PrepareError(
                 f"{role} {self.path.name}: the GGUF holds no tokenizer (tokenizer.ggml.tokens)"
             )
+        self.vocabulary.check(f"{role} {self.path.name}")
 
     def architecture_facts(self) -> dict[str, Any]:
         hyper = self.hyperparameters

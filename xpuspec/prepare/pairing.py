@@ -1,4 +1,5 @@
-"""Can this draft speculate for this target? Same tokens for every draft id, same special tokens."""
+"""Can this draft speculate for this target? Same tokens for every draft id, same special tokens; where
+they differ, the pair translates: the draft's drafts become target tokens through text."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def check_vocabularies(target: Sequence[str], draft: Sequence[str], draft_name: 
             named = f"draft {draft_name} " if draft_name else "draft "
             raise PairingError(
                 f"vocabularies differ at token id {token_id}: target {target_text}, {named}"
-                f"{draft_token!r} (target vocabulary {len(target)}, draft {len(draft)}); use a draft of the "
-                "same model family, or --force-pair to pair them anyway"
+                f"{draft_token!r} (target vocabulary {len(target)}, draft {len(draft)}); a draft of the "
+                "same model family drafts without translating, --force-pair pairs them by token id anyway"
             )
 
 
@@ -59,3 +60,13 @@ def _special_token(tokenizer: Any, role: str) -> tuple[str | None, int | None]:
 def _describe(special: tuple[str | None, int | None]) -> str:
     token, token_id = special
     return "none" if token is None else f"{token!r} (id {token_id})"
+
+
+def translating_pair(error: PairingError) -> dict[str, Any]:
+    """The manifest's "pairing" of a draft whose tokenizer differs from the target's: it drafts through
+    text (:mod:`xpuspec.spec_decode.cross_tokenizer`), so every pair of tokenizers can speculate."""
+    difference = str(error).split(";")[0]  # what differs, without the advice for pairing by id
+    logger.info(
+        "the tokenizers differ (%s): the draft's drafts will be translated into target tokens", difference
+    )
+    return {"checked": True, "forced": False, "mismatch": None, "translate": True, "difference": difference}

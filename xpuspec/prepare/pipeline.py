@@ -30,7 +30,7 @@ from xpuspec.prepare.export import (
     load_hf_config,
     load_hf_tokenizer,
 )
-from xpuspec.prepare.pairing import PairingError, check_pair
+from xpuspec.prepare.pairing import PairingError, check_pair, translating_pair
 from xpuspec.prepare.progress import ProgressSink, StepProgress
 from xpuspec.prepare.tokenizer import load_generation_config, tokenizer_facts, write_openvino_tokenizer
 from xpuspec.prepare.validate import check_group_size, check_vocab_sizes
@@ -122,14 +122,15 @@ def _read_models(config: PrepareConfig) -> list[_ModelInput]:
 def _check_pairing(models: list[_ModelInput], force_pair: bool) -> dict[str, Any]:
     if len(models) == 1:
         return {"checked": False, "forced": False, "mismatch": None}
-    check_vocab_sizes(models[0].config, models[1].config)  # forcing cannot help here
     try:
         check_pair(models[0].tokenizer, models[1].tokenizer)
     except PairingError as error:
         if not force_pair:
-            raise
+            return translating_pair(error)  # any vocabulary size: drafts go through text
+        check_vocab_sizes(models[0].config, models[1].config)  # forcing cannot help here
         logger.warning("pairing forced despite a tokenizer mismatch: %s", error)
         return {"checked": True, "forced": True, "mismatch": str(error)}
+    check_vocab_sizes(models[0].config, models[1].config)
     return {"checked": True, "forced": force_pair, "mismatch": None}
 
 

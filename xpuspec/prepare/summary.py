@@ -64,6 +64,13 @@ def summarize_bundle(bundle: ModelBundle) -> str:
     pairing = manifest.get("pairing") or {}
     if bundle.draft is None:
         lines.append("pairing: no draft (target-only bundle)")
+    elif pairing.get("translate"):
+        lines.append(
+            "pairing: the tokenizers differ, so the draft's drafts are translated into target tokens "
+            f"through text ({pairing.get('difference')})"
+        )
+        if pairing.get("check"):
+            lines.append(f"  pair check: {pairing['check']}")
     elif pairing.get("mismatch"):
         lines.append(f"pairing: FORCED despite a mismatch: {pairing['mismatch']}")
     else:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +20,37 @@ TOKENIZER_XML = "openvino_tokenizer.xml"
 DETOKENIZER_XML = "openvino_detokenizer.xml"
 
 
+@contextmanager
+def _sequential_regex_splits() -> Iterator[None]:
+    """Keep a tokenizer's regex splits one after another while openvino_tokenizers converts it.
+
+    Its pipeline joins consecutive regex splits into one alternation (``A|B``), which splits text
+    differently from splitting by ``A`` and then each piece by ``B`` as the Hugging Face tokenizer (and
+    llama.cpp) do: StarCoder's ``\\p{N}`` then GPT-2's regex keeps " ½" whole instead of " " + "½".
+    Joining refused, the merge step keeps each split as its own op (it stops joining on ValueError).
+    """
+    from openvino_tokenizers.tokenizer_pipeline import RegexSplitStep
+
+    joined = RegexSplitStep.__add__
+
+    def refuse(self: Any, other: Any) -> Any:
+        raise ValueError("regex splits kept in sequence")
+
+    RegexSplitStep.__add__ = refuse
+    try:
+        yield
+    finally:
+        RegexSplitStep.__add__ = joined
+
+
 def write_openvino_tokenizer(hf_tokenizer: Any, model_dir: Path) -> None:
     """Save openvino_tokenizer.xml/.bin and openvino_detokenizer.xml/.bin in ``model_dir``."""
     openvino_tokenizers = import_conversion_module("openvino_tokenizers")
     try:
-        tokenizer_model, detokenizer_model = openvino_tokenizers.convert_tokenizer(
-            hf_tokenizer, with_detokenizer=True
-        )
+        with _sequential_regex_splits():
+            tokenizer_model, detokenizer_model = openvino_tokenizers.convert_tokenizer(
+                hf_tokenizer, with_detokenizer=True
+            )
     except Exception as error:  # noqa: BLE001 - unsupported tokenizer types raise various errors
         raise PrepareError(
             f"cannot convert the tokenizer to OpenVINO ({type(error).__name__}: {error})"

@@ -51,7 +51,7 @@ class SamplingParams:
 
     At most one output constraint: ``response_format`` (OpenAI's shapes: ``{"type": "text"}``,
     ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
-    ``guided_regex`` or ``guided_grammar`` (Lark); see :mod:`xpuspec.structured`.
+    ``guided_regex`` or ``guided_grammar`` (Lark, or llama.cpp's GBNF); see :mod:`xpuspec.structured`.
 
     Every field left at ``None`` among ``max_tokens`` and the sampling fields takes the model's default
     (:mod:`xpuspec.sample.defaults`: its generation config, else llama.cpp's; the reply cap) when the

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from xpuspec.api.engine_loop import ChoiceRequest
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.server import tools
+from xpuspec.server.config import ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.schemas import SEED_LIMIT, ChatCompletionRequest, CompletionRequest, GenerationFields
 from xpuspec.structured.constraint import Constraint
@@ -29,13 +30,12 @@ class PreparedRequest:
     tools: tools.ToolRequest | None = None  # chat with tools: calls are parsed out of the replies
 
 
-def check_model(body: GenerationFields, model_names: tuple[str, ...]) -> None:
+def check_model(body: GenerationFields, config: ServerConfig) -> None:
     # Compared only: the name never becomes a path.
-    if body.model not in model_names:
-        served = ", ".join(repr(name) for name in model_names)
+    if not config.serves(body.model):
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {served}",
+            f"the model {body.model!r} does not exist; this server serves {config.served_model_name!r}",
             param="model",
             code="model_not_found",
         )
@@ -96,7 +96,7 @@ def _sampling_params(
         num_draft_tokens=num_draft_tokens,
         response_format=body.response_format.as_dict() if body.response_format is not None else None,
         guided_regex=body.guided_regex,
-        guided_grammar=body.guided_grammar,
+        guided_grammar=body.grammar_text,
         draft_tree=body.draft_tree,
     )
 
@@ -143,7 +143,11 @@ def check_constraint(body: GenerationFields, requests: RequestPreparer) -> None:
     """A 400 with the grammar engine's message for a constraint it cannot compile (checked once here,
     on the request's thread, rather than as a failed choice on the engine's)."""
     param = next(
-        (name for name in ("response_format", "guided_regex", "guided_grammar") if getattr(body, name)),
+        (
+            name
+            for name in ("response_format", "guided_regex", "guided_grammar", "grammar")
+            if getattr(body, name)
+        ),
         None,
     )
     if param is None:
@@ -152,7 +156,7 @@ def check_constraint(body: GenerationFields, requests: RequestPreparer) -> None:
         constraint = SamplingParams(
             response_format=body.response_format.as_dict() if body.response_format is not None else None,
             guided_regex=body.guided_regex,
-            guided_grammar=body.guided_grammar,
+            guided_grammar=body.grammar_text,
         ).constraint()
         if constraint is None:
             return

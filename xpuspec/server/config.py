@@ -14,6 +14,8 @@ from xpuspec.models.resolve import DEMO_MODEL_NAME
 # docs/experiments/2026-12-01-http-streaming.md). 25 ms is 40 frames a second, smoother than text
 # needs; the first and last frames are never held.
 DEFAULT_STREAM_INTERVAL_S = 0.025
+# Ollama's tag for "the one version there is": `name:latest` names the same model as `name`.
+LATEST_TAG = ":latest"
 # With many streams open, each one's frames come further apart: this much per open stream, up to
 # MAX_STREAM_INTERVAL_S. With 16 streams the wider interval won back most of what a fixed few-ms one
 # lost (``--clients 16``, same doc): 48 ms at 16 streams is still 20 frames a second.
@@ -28,8 +30,8 @@ class ServerConfig:
     ``max_queue`` bounds the requests in flight (running or waiting for a batch slot; a request
     with ``n`` choices counts ``n``): beyond it new requests get 503 with Retry-After, and a single
     request with more choices than that gets 400 (it could never be admitted).
-    ``model_aliases`` are further names requests may use for the served model; responses name
-    ``served_model_name``.
+    ``model_aliases`` are further names requests may use for the served model; responses and the
+    listings (``/v1/models``, ``/api/tags``) name ``served_model_name`` only, once.
     ``stream_interval_s`` is the least time between two text frames of one stream: tokens that come
     faster (several engine steps within it) share a frame, which saves the server and the client a
     frame each; a choice's last frame is never held back, and 0 sends every step's tokens at once.
@@ -75,3 +77,8 @@ class ServerConfig:
     def model_names(self) -> tuple[str, ...]:
         """The served name first, then each alias once."""
         return tuple(dict.fromkeys((self.served_model_name, *self.model_aliases)))
+
+    def serves(self, name: str) -> bool:
+        """Whether a request's ``name`` names the served model: its name or an alias, on every route
+        with or without Ollama's ``:latest`` tag (``/api/tags`` lists ``NAME:latest``)."""
+        return name in self.model_names or name.removesuffix(LATEST_TAG) in self.model_names

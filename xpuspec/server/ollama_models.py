@@ -2,8 +2,9 @@
 
 Ollama describes GGUF files; xpuspec describes its bundle: the format is ``openvino``, the family the
 target's model type, the quantisation its weight compression, the size the bundle's files on disk and
-the digest the SHA-256 of its manifest (which lists every file's hash). Each served name (and alias)
-is listed with Ollama's ``:latest`` tag, the form Ollama clients send back.
+the digest the SHA-256 of its manifest (which lists every file's hash). The served name is listed once,
+with Ollama's ``:latest`` tag, the form Ollama clients send back (and every route accepts); aliases
+are accepted on requests but not listed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xpuspec.server.ollama_requests import LATEST_TAG
+from xpuspec.server.ollama_requests import tagged
 from xpuspec.version import __version__
 
 if TYPE_CHECKING:
@@ -26,11 +27,6 @@ OLLAMA_API_VERSION = "0.5.0"
 # Ollama's expires_at for a model kept loaded for good (keep_alive < 0): xpuspec never unloads.
 NEVER_EXPIRES = "9999-12-31T23:59:59Z"
 UNKNOWN_TIME = "1970-01-01T00:00:00Z"
-
-
-def tagged(name: str) -> str:
-    """``name`` as Ollama lists it: with a tag (``:latest`` unless it has one)."""
-    return name if ":" in name else name + LATEST_TAG
 
 
 @lru_cache(maxsize=4)
@@ -56,7 +52,7 @@ def _details(bundle: ModelBundle | None) -> dict[str, Any]:
 
 
 def model_entries(names: tuple[str, ...], requests: RequestPreparer | None) -> list[dict[str, Any]]:
-    """/api/tags: one entry per served name; without details while the model loads."""
+    """/api/tags: one entry per name given (the served name); without details while the model loads."""
     bundle = requests.bundle if requests is not None else None
     size, digest = _bundle_size_and_digest(bundle.root) if bundle is not None else (0, "")
     modified = str(bundle.manifest.get("created_at") or UNKNOWN_TIME) if bundle is not None else UNKNOWN_TIME

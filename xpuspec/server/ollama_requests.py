@@ -10,13 +10,14 @@ call them as they are.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from xpuspec.server import unsupported
 from xpuspec.server.choices import PreparedRequest
+from xpuspec.server.config import LATEST_TAG, ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_schemas import (
     UNLIMITED_PREDICT,
@@ -30,9 +31,6 @@ from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, fir
 from xpuspec.server.unsupported import Check
 
 RequestModel = TypeVar("RequestModel", ChatCompletionRequest, CompletionRequest)
-
-# Ollama's tag for "the one version there is": `name:latest` names the same model as `name`.
-LATEST_TAG = ":latest"
 
 
 def _neutral(*values: object) -> Callable[[object], bool]:
@@ -59,6 +57,10 @@ GENERATE: dict[str, Check] = {
     "images": (_empty, "omit it: this model reads text only"),
     "context": (_empty, "omit it: send the conversation to /api/chat instead"),
     "template": (_empty, "omit it: the model's own chat template is used (or raw: true)"),
+    # Image generation's fields (Ollama's experimental image models).
+    "width": (_neutral(0), "omit it: this server generates text"),
+    "height": (_neutral(0), "omit it: this server generates text"),
+    "steps": (_neutral(0), "omit it: this server generates text"),
 }
 # Sampling options xpuspec does not implement; load-time options are ignored (nothing to load).
 OPTIONS: dict[str, Check] = {
@@ -66,6 +68,17 @@ OPTIONS: dict[str, Check] = {
     "options.tfs_z": (_neutral(1), "omit it or send 1"),
     "options.mirostat": (_neutral(0), "omit it or send 0"),
 }
+# Options accepted with any value that change nothing here (docs/ollama.md lists them): how llama.cpp
+# loads the model (the bundle was compiled for its device when prepared), and settings that matter
+# only with an option above at a value refused (mirostat's tau and eta) or with a context shift,
+# which xpuspec never does (num_keep).
+OPTION_NO_OPS = frozenset(
+    {
+        "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
+        "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "mirostat_tau",
+        "mirostat_eta", "penalize_newline",
+    }
+)  # fmt: skip
 
 
 def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> None:
@@ -78,15 +91,30 @@ def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> 
     unsupported.check_supported(fields, {**checks, **OPTIONS})
 
 
-def resolve_model(name: str, model_names: tuple[str, ...]) -> str:
-    """The served name ``name`` means (itself, or with Ollama's ``:latest`` tag); else Ollama's 404."""
-    for candidate in (name, name.removesuffix(LATEST_TAG)):
-        if candidate in model_names:
-            return candidate
-    served = ", ".join(repr(n) for n in model_names)
+def check_known(body: Mapping[str, object], fields: Iterable[str], checks: Mapping[str, Check]) -> None:
+    """A 400 naming the first field (or option) that is neither implemented, checked nor a no-op."""
+    unsupported.check_known(body, fields, checks)
+    options = body.get("options")
+    if isinstance(options, dict):
+        checked = (name.removeprefix("options.") for name in OPTIONS)
+        unsupported.check_known(
+            options, OllamaOptions.model_fields, checked, OPTION_NO_OPS, prefix="options."
+        )
+
+
+def resolve_model(name: str, config: ServerConfig) -> str:
+    """The served name, when ``name`` names it (an alias, or either with ``:latest``); else Ollama's 404."""
+    if config.serves(name):
+        return config.served_model_name
+    served = tagged(config.served_model_name)
     raise APIError(
-        404, f"model {name!r} not found; this server serves {served}", param="model", code="model_not_found"
+        404, f"model {name!r} not found; this server serves {served!r}", param="model", code="model_not_found"
     )
+
+
+def tagged(name: str) -> str:
+    """``name`` as Ollama lists it: with a tag (``:latest`` unless it has one)."""
+    return name if ":" in name else name + LATEST_TAG
 
 
 def _response_format(format_: str | dict[str, Any] | None) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from xpuspec.server.ollama_requests import (
     SHARED,
     apply_limits,
     chat_request,
+    check_known,
     check_num_ctx,
     check_supported,
     generate_request,
@@ -68,9 +69,12 @@ def _ollama_error_shape(response: Response) -> Response:
     return response
 
 
-def _parse(schema: type[Body], checks: dict[str, Check]) -> Body:
+def _parse(schema: type[Body], checks: dict[str, Check], generates: bool = True) -> Body:
+    """The body as ``schema``; a request that generates has every field known (a 400 names one not)."""
     data = parse_json_object(request.get_data(cache=False))  # raises 413 beyond MAX_CONTENT_LENGTH
     check_supported(data, checks)
+    if generates:
+        check_known(data, schema.model_fields, checks)
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as error:
@@ -109,7 +113,7 @@ def chat() -> Response:
     received = time.perf_counter()
     body = _parse(OllamaChatRequest, SHARED)
     state = server_state()
-    served = resolve_model(body.model, state.config.model_names)
+    served = resolve_model(body.model, state.config)
     if not body.messages:
         return _loaded_reply(body.model, generate=False)
     requests = ready_requests(state)
@@ -125,7 +129,7 @@ def generate() -> Response:
     received = time.perf_counter()
     body = _parse(OllamaGenerateRequest, GENERATE)
     state = server_state()
-    served = resolve_model(body.model, state.config.model_names)
+    served = resolve_model(body.model, state.config)
     if not body.prompt:
         return _loaded_reply(body.model, generate=True)
     requests = ready_requests(state)
@@ -144,7 +148,9 @@ def generate() -> Response:
 @ollama_api.get("/tags")
 def tags() -> Response:
     state = server_state()
-    return jsonify({"models": ollama_models.model_entries(state.config.model_names, state.loop.requests)})
+    return jsonify(
+        {"models": ollama_models.model_entries((state.config.served_model_name,), state.loop.requests)}
+    )
 
 
 @ollama_api.get("/ps")
@@ -152,17 +158,17 @@ def running() -> Response:
     state = server_state()
     loop = state.loop
     requests = loop.requests if loop.ready.is_set() and loop.load_error is None else None
-    return jsonify({"models": ollama_models.running_entries(state.config.model_names, requests)})
+    return jsonify({"models": ollama_models.running_entries((state.config.served_model_name,), requests)})
 
 
 @ollama_api.post("/show")
 def show() -> Response:
-    body = _parse(OllamaShowRequest, {})
+    body = _parse(OllamaShowRequest, {}, generates=False)  # a lookup: other fields change nothing
     name = body.model or body.name
     if not name:
         raise APIError(400, "model is required", param="model", code="invalid_value")
     state = server_state()
-    resolve_model(name, state.config.model_names)
+    resolve_model(name, state.config)
     return jsonify(ollama_models.show(name, ready_requests(state)))
 
 

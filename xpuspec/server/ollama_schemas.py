@@ -3,7 +3,8 @@
 Requests are validated as strictly as the OpenAI ones (``schemas.REQUEST_CONFIG``), then translated
 into the OpenAI request models by ``ollama_requests.py``; the engine never sees an Ollama body.
 Fields Ollama has that xpuspec cannot honour are refused when set to anything but their neutral value
-(``ollama_requests.UNSUPPORTED``), as the OpenAI routes do; unknown fields are ignored.
+(``ollama_requests.SHARED``, ``GENERATE``, ``OPTIONS``), as the OpenAI routes do; a field or option
+that is neither implemented nor a documented no-op (``OPTION_NO_OPS``) is refused by name.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ NonEmptyString = Annotated[str, Field(min_length=1)]
 
 
 class OllamaOptions(BaseModel):
-    """The runtime options xpuspec implements; load-time ones (num_gpu, num_thread, ...) are ignored."""
+    """The runtime options xpuspec implements; load-time ones (num_gpu, num_thread, ...) are no-ops."""
 
     model_config = REQUEST_CONFIG
 

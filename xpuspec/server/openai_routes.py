@@ -33,7 +33,7 @@ def parse_body(schema: type[Body], checks: Mapping[str, unsupported.Check]) -> B
     raw = request.get_data(cache=False)  # raises 413 beyond MAX_CONTENT_LENGTH
     data = parse_json_object(raw)
     unsupported.check_supported(data, checks)
-    unsupported.log_unknown(data, set(schema.model_fields))
+    unsupported.check_known(data, schema.model_fields, checks, unsupported.OPENAI_NO_OPS)
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as error:
@@ -120,7 +120,8 @@ def start_generation(
         id=request_id(request.environ),
         constrained=any(c.params.constraint() is not None for c in prepared.choices[:1]),
     )
-    request.environ[TOKENS_KEY] = lambda: context.num_completion_tokens
+    # What the choices generated, finished or not: an aborted request's line counts its output too.
+    request.environ[TOKENS_KEY] = lambda: max(context.num_completion_tokens, generation.num_generated_tokens)
     return generation, context
 
 
@@ -190,7 +191,7 @@ def respond(
 def completions() -> Response:
     body = parse_body(CompletionRequest, unsupported.COMPLETION)
     state = server_state()
-    check_model(body, state.config.model_names)
+    check_model(body, state.config)
     return _generate("completion", body, prepare_completion(body, ready_requests(state)))
 
 
@@ -198,7 +199,7 @@ def completions() -> Response:
 def chat_completions() -> Response:
     body = parse_body(ChatCompletionRequest, unsupported.CHAT)
     state = server_state()
-    check_model(body, state.config.model_names)
+    check_model(body, state.config)
     return _generate("chat", body, prepare_chat(body, ready_requests(state)))
 
 
@@ -209,14 +210,32 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
 @openai_api.get("/models")
 def list_models() -> Response:
     state = server_state()
-    return jsonify(
-        {"object": "list", "data": [_model_card(state, name) for name in state.config.model_names]}
-    )
+    # One name per model: aliases are accepted on requests but not listed again.
+    return jsonify({"object": "list", "data": [_model_card(state, state.config.served_model_name)]})
 
 
 @openai_api.get("/models/<string:model>")
 def get_model(model: str) -> Response:
+    """The served model's card under its listed name, asked for by that name or any alias."""
     state = server_state()
-    if model not in state.config.model_names:
+    if not state.config.serves(model):
         raise APIError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
-    return jsonify(_model_card(state, model))
+    return jsonify(_model_card(state, state.config.served_model_name))
+
+
+# OpenAI endpoints this server does not serve, each with a one-line reason (a 404, which the openai
+# client does not retry, rather than the generic "no such route").
+NOT_SERVED = {
+    "embeddings": "embeddings are not served: this server generates text (/v1/chat/completions, "
+    "/v1/completions) with its one model; use an embedding server for /v1/embeddings",
+    "responses": "the Responses API is not served: use /v1/chat/completions",
+    "images": "images are not served: this server generates text",
+    "audio": "audio is not served: this server generates text",
+    "moderations": "moderations are not served: this server generates text",
+}
+
+
+@openai_api.route("/<any(" + ", ".join(NOT_SERVED) + "):endpoint>", methods=["GET", "POST"])
+@openai_api.route("/<any(" + ", ".join(NOT_SERVED) + "):endpoint>/<path:rest>", methods=["GET", "POST"])
+def not_served(endpoint: str, rest: str = "") -> Response:
+    raise APIError(404, NOT_SERVED[endpoint], code="not_served")

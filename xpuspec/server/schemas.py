@@ -2,8 +2,9 @@
 
 Requests are validated strictly (``"5"`` is not a number, ``1`` is not a bool) so a wrong type is a
 400, not a silent coercion; numbers must be finite. OpenAI parameters the server does not implement
-are refused before these models see the body (``unsupported.py``); other unknown fields are ignored,
-as OpenAI-compatible servers commonly do.
+and top-level fields nobody knows are refused before these models see the body (``unsupported.py``);
+keys these models do not read inside nested objects (messages, tools) are ignored, so a reply's
+message can be sent back as the client holds it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xpuspec.sample.draft_tree import parse_draft_tree
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
+from xpuspec.structured.gbnf import is_gbnf
 
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16
@@ -37,7 +39,7 @@ def _check_encodable(text: str, what: str) -> str:
     return text
 
 
-# Every request model: strict types, finite numbers, unknown fields ignored.
+# Every request model: strict types, finite numbers; unknown top-level fields are refused earlier.
 REQUEST_CONFIG = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
@@ -163,7 +165,13 @@ class GenerationFields(BaseModel):
         None, min_length=1, description="xpuspec: constrain the output to this regex"
     )
     guided_grammar: str | None = Field(
-        None, min_length=1, description="xpuspec: constrain the output to this Lark grammar"
+        None,
+        min_length=1,
+        description="xpuspec: constrain the output to this grammar, Lark or llama.cpp's GBNF "
+        "(told apart by its `name ::= ...` rules)",
+    )
+    grammar: str | None = Field(
+        None, min_length=1, description="llama.cpp: constrain the output to this GBNF grammar"
     )
     draft_tree: str | dict[str, int] | None = Field(
         None,
@@ -193,6 +201,32 @@ class GenerationFields(BaseModel):
         for text in stops:
             _check_encodable(text, "a stop string")
         return stop
+
+    @field_validator("grammar")
+    @classmethod
+    def _check_grammar(cls, grammar: str | None) -> str | None:
+        if grammar is not None and not is_gbnf(grammar):
+            raise ValueError(
+                "a GBNF grammar defines rules `name ::= ...`, starting at root; Lark goes in guided_grammar"
+            )
+        return grammar
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> GenerationFields:
+        if self.grammar is None:
+            return self
+        named = (("guided_grammar", self.guided_grammar), ("guided_regex", self.guided_regex))
+        others = [name for name, value in named if value is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            others.append("response_format")
+        if others:
+            raise ValueError(f"name at most one output constraint, got grammar and {others[0]}")
+        return self
+
+    @property
+    def grammar_text(self) -> str | None:
+        """The request's grammar: llama.cpp's ``grammar`` (GBNF) or ``guided_grammar`` (Lark or GBNF)."""
+        return self.grammar if self.grammar is not None else self.guided_grammar
 
     @property
     def stop_list(self) -> list[str]:
@@ -251,7 +285,7 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(
-        description="null only in an assistant message with tool_calls"
+        None, description="null or left out only in an assistant message with tool_calls"
     )
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: calls made earlier")
@@ -268,7 +302,7 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_or_tool_calls(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content may be null only in an assistant message with tool_calls")
+            raise ValueError("content may be null or left out only in an assistant message with tool_calls")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         return self

@@ -1,20 +1,19 @@
-"""OpenAI request parameters this server does not implement: a 400 naming them, never silently ignored.
+"""Request fields this server does not implement: a 400 naming them, never silently ignored.
 
-Each parameter is accepted at its neutral value (what the client would get by leaving it out), so a
-client or SDK that always sends defaults keeps working; any other value is a 400 with the code
-``unsupported_parameter``. Fields that are neither implemented nor listed here are ignored, as
-OpenAI-compatible servers commonly do (clients add new optional fields often); the server logs
-them at debug level.
+Every top-level field of a request is one of three: implemented (a field of the route's request
+model), a documented no-op (:data:`OPENAI_NO_OPS`: bookkeeping such as ``user`` or ``store`` that
+changes no output), or refused with a 400 that names it. A parameter listed here is accepted at its
+neutral value (what the client would get by leaving it out), so a client or SDK that always sends
+defaults keeps working; any other value is a 400 with the code ``unsupported_parameter``. A field
+nobody listed is a 400 with the code ``unknown_parameter``: a misspelt ``max_token`` or another
+server's ``n_predict`` would otherwise change nothing without a word.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from xpuspec.server.errors import APIError
-
-logger = logging.getLogger(__name__)
 
 
 def _absent(value: object) -> bool:
@@ -68,6 +67,8 @@ CHAT: dict[str, Check] = {
     "prediction": (_absent, "omit it"),
     "web_search_options": (_absent, "omit it"),
     "reasoning_effort": (lambda v: v is None, "omit it"),
+    "verbosity": (lambda v: v is None or v == "medium", 'omit it or send "medium"'),
+    "moderation": (_absent, "omit it"),
 }
 
 
@@ -83,7 +84,25 @@ def check_supported(body: Mapping[str, object], checks: Mapping[str, Check]) -> 
             )
 
 
-def log_unknown(body: Mapping[str, object], known: set[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        logger.debug("ignoring unknown request fields: %s", ", ".join(unknown[:20]))
+# OpenAI fields accepted with any value that change nothing here (docs/server.md lists them): who is
+# asking (user, safety_identifier), what OpenAI should keep or bill (metadata, store, service_tier),
+# and cache hints (prompt_cache_*: the prefix cache needs none).
+OPENAI_NO_OPS = frozenset(
+    {
+        "user", "metadata", "store", "service_tier", "safety_identifier",
+        "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+    }
+)  # fmt: skip
+
+
+def check_known(body: Mapping[str, object], *known: Iterable[str], prefix: str = "") -> None:
+    """Raise a 400 ``unknown_parameter`` naming the first field of ``body`` none of ``known`` holds."""
+    names = {name for names in known for name in names}
+    for name in body:
+        if name not in names:
+            raise APIError(
+                400,
+                f"{prefix}{name} is not a parameter this server knows: remove it (see /openapi.json)",
+                param=f"{prefix}{name}",
+                code="unknown_parameter",
+            )

@@ -1,10 +1,11 @@
 """What a request constrains its output to, and its compilation into an llguidance grammar.
 
 A request names at most one constraint: an OpenAI ``response_format`` (``text``, ``json_object``,
-``json_schema``), a regular expression or a Lark grammar. The shapes are checked here, when the
-``SamplingParams`` are built; the grammar itself is compiled and checked against the tokenizer when
-the request is admitted (:class:`xpuspec.structured.matcher.GrammarCompiler`), whose refusals name
-the request's constraint and quote at most the first line of llguidance's message.
+``json_schema``), a regular expression, or a grammar: Lark, or llama.cpp's GBNF (told apart by its
+``name ::= ...`` rules, translated into Lark by :mod:`xpuspec.structured.gbnf`). The shapes are
+checked here, when the ``SamplingParams`` are built; the grammar itself is compiled and checked
+against the tokenizer when the request is admitted (:class:`xpuspec.structured.matcher.GrammarCompiler`),
+whose refusals name the request's constraint and quote at most the first line of llguidance's message.
 
 JSON whitespace is bounded: at most one space between two tokens of the JSON text (llguidance's
 flexible whitespace with the pattern ``" ?"``), no newlines and none before or after the value. Both
@@ -44,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher
 
+from xpuspec.structured.gbnf import gbnf_to_lark, is_gbnf
+
 if TYPE_CHECKING:
     # Declared only in llguidance's type stub (the module is compiled): a name for type checking.
     from llguidance._lib import JsonCompileOptions
@@ -63,10 +66,10 @@ _SCHEMA_VALUES = ("items", "additionalProperties", "unevaluatedProperties", "the
 
 @dataclass(frozen=True)
 class Constraint:
-    """One request's output constraint: ``kind`` is "json_schema", "regex" or "lark"."""
+    """One request's output constraint: ``kind`` is "json_schema", "regex", "lark" or "gbnf"."""
 
     kind: str
-    source: str  # the schema as JSON text, the regex or the Lark grammar
+    source: str  # the schema as JSON text, the regex, the Lark or the GBNF grammar
     name: str = ""  # the json_schema's name, for messages
 
     def grammar(self) -> str:
@@ -77,6 +80,8 @@ class Constraint:
             return LLMatcher.grammar_from_regex(self.source)
         if self.kind == "lark":
             return LLMatcher.grammar_from_lark(self.source)
+        if self.kind == "gbnf":
+            return LLMatcher.grammar_from_lark(gbnf_to_lark(self.source))
         raise ValueError(f"unknown constraint kind {self.kind!r}")
 
 
@@ -309,7 +314,12 @@ def constraint_of(
         return Constraint("regex", guided_regex)
     if guided_grammar is not None:
         if not isinstance(guided_grammar, str) or not guided_grammar.strip():
-            raise ValueError(f"guided_grammar must be a non-empty Lark grammar, got {guided_grammar!r}")
+            raise ValueError(
+                f"guided_grammar must be a non-empty Lark or GBNF grammar, got {guided_grammar!r}"
+            )
+        if is_gbnf(guided_grammar):
+            gbnf_to_lark(guided_grammar)  # a GbnfError (ValueError) names what is wrong
+            return Constraint("gbnf", guided_grammar)
         return Constraint("lark", guided_grammar)
     return constraint_from_response_format(response_format)
 

@@ -297,7 +297,12 @@ def _terse(message: str) -> str:
 
 
 def _describe(constraint: Constraint) -> str:
-    what = {"json_schema": "JSON schema", "regex": "regular expression", "lark": "Lark grammar"}
+    what = {
+        "json_schema": "JSON schema",
+        "regex": "regular expression",
+        "lark": "Lark grammar",
+        "gbnf": "GBNF grammar",
+    }
     name = f" {constraint.name!r}" if constraint.name else ""
     return f"{what.get(constraint.kind, constraint.kind)}{name}"
 

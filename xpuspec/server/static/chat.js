@@ -5,10 +5,19 @@
 
 const STORE_KEY = "xpuspec.chat.v1";
 const KEY_KEY = "xpuspec.chat.apiKey";
+const SETTINGS_KEY = "xpuspec.chat.settings";
+// The settings kept across reloads (the system prompt belongs to its conversation).
+const SETTINGS = ["temperature", "top_p", "max_tokens", "seed", "drafter", "num_draft_tokens", "draft_tree"];
+const EMPTY_HINT =
+  "Type a message below: Enter sends it, Shift+Enter starts a new line. The settings on the left are " +
+  "kept when you reload; Server defaults restores them. Compare runs a prompt greedy with speculation " +
+  "on and off, and accepted drafts are marked in each reply.";
 const EXPORT_FORMAT = "xpuspec-chat";
 
 const $ = (id) => document.getElementById(id);
-const state = { store: loadStore(), defaults: null, controller: null, busy: false, pendingKey: null };
+const state = {
+  store: loadStore(), defaults: null, defaultValues: {}, controller: null, busy: false, pendingKey: null,
+};
 
 // ------------------------------------------------------------------ storage
 function loadStore() {
@@ -36,6 +45,36 @@ function current() {
     state.store.current = conversation.id;
   }
   return conversation;
+}
+
+// Only what differs from the server's defaults is kept: a default the server changes later applies.
+function saveSettings() {
+  const settings = { show_drafts: $("show-drafts").checked };
+  for (const id of SETTINGS) {
+    if ($(id).value !== state.defaultValues[id]) settings[id] = $(id).value;
+  }
+  localStorage.setItem(SETTINGS_KEY, JSON.stringify(settings));
+}
+
+// The saved settings over the server's defaults; a drafter this server does not offer is left out.
+function restoreSettings() {
+  let settings = null;
+  try {
+    settings = JSON.parse(localStorage.getItem(SETTINGS_KEY) || "null");
+  } catch (error) {
+    console.warn("the saved settings do not parse; using the server's defaults", error);
+  }
+  if (!settings || typeof settings !== "object") return;
+  for (const id of SETTINGS) {
+    const value = settings[id];
+    if (typeof value !== "string") continue;
+    if (id === "drafter" && ![...$("drafter").options].some((option) => option.value === value)) continue;
+    $(id).value = value;
+  }
+  if (typeof settings.show_drafts === "boolean") {
+    $("show-drafts").checked = settings.show_drafts;
+    document.body.classList.toggle("show-drafts", settings.show_drafts);
+  }
 }
 
 // ------------------------------------------------------------------ API
@@ -114,6 +153,8 @@ async function loadDefaults() {
     })
   );
   resetParams();
+  state.defaultValues = Object.fromEntries(SETTINGS.map((id) => [id, $(id).value]));
+  restoreSettings();
 }
 
 function resetParams() {
@@ -312,7 +353,12 @@ function renderCompare(node, message) {
 
 function renderMessages() {
   const list = $("messages");
-  list.replaceChildren(...current().messages.map(renderMessage));
+  const messages = current().messages;
+  if (!messages.length) {
+    list.replaceChildren(element("p", "empty-hint", EMPTY_HINT));
+    return;
+  }
+  list.replaceChildren(...messages.map(renderMessage));
   list.scrollTop = list.scrollHeight;
 }
 
@@ -544,7 +590,14 @@ $("import").addEventListener("change", (event) => {
   if (event.target.files[0]) importFile(event.target.files[0]);
   event.target.value = "";
 });
-$("reset-params").addEventListener("click", resetParams);
+$("reset-params").addEventListener("click", () => {
+  resetParams();
+  saveSettings();
+});
+for (const id of [...SETTINGS, "show-drafts"]) {
+  $(id).addEventListener("input", saveSettings);
+  $(id).addEventListener("change", saveSettings);
+}
 $("system").addEventListener("change", () => {
   current().system = $("system").value;
   save();

@@ -12,6 +12,8 @@ drafting, each verification, and whether drafting paid at that batch. The module
 - ``prompt_lookup``: drafts that cost nothing where a sequence repeats itself, and their rates;
 - ``drafting_payoff``: whether adaptive drafting pays at a batch shape and kind of work, from whole
   steps;
+- ``batch_step``: whether a batched step's adaptive drafts, chosen per sequence, pay for the step as a
+  whole;
 - ``draft_choice``: per sequence and step, a chain, a tree, a lookup or nothing, and the probes;
 - ``step_shape``: the target steps' shape, and the padding that keeps it.
 
@@ -28,6 +30,7 @@ from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates, AcceptanceTracker
+from xpuspec.spec_decode.policy.batch_step import drafts_pay
 from xpuspec.spec_decode.policy.cost_model import CostModel, expected_tokens_per_step
 from xpuspec.spec_decode.policy.draft_choice import DraftChoice, DraftDecision
 from xpuspec.spec_decode.policy.prompt_lookup import MAX_NGRAM, LookupDraft, PromptLookup
@@ -78,6 +81,10 @@ class SpeculationPolicy:
         self.length_policy = SpeculationLengthPolicy(max_draft_tokens, self.cost_model)
         self.tree_policy = TreeShapePolicy(self.cost_model, max_draft_tokens)
         self.draft_choice: DraftChoice | None = None  # None: no drafter, no drafts
+        # A step of several decoding sequences drafts only where its adaptive drafts, chosen per
+        # sequence, pay for the step as a whole (``batch_step``); tests of what drafting does turn
+        # it off, as they pin the measured payoff.
+        self.prices_batched_steps = True
         if has_drafter:
             shared = SharedSuffixIndex(shared_lookup_tokens) if shared_lookup_tokens else None
             self.draft_choice = DraftChoice(
@@ -107,10 +114,18 @@ class SpeculationPolicy:
         if choice is None:
             return {}
         choice.new_step(sequences)
-        return {
+        lengths = {
             sequence.request_id: choice.num_draft_tokens(sequence, num_running, sequence.request_id in guided)
             for sequence in sequences
         }
+        if self.prices_batched_steps and 1 < len(sequences) == num_running and choice.adaptive:
+            other_tokens = num_running + sum(
+                length for request_id, length in lengths.items() if request_id not in choice.adaptive
+            )
+            drafts = list(choice.adaptive.values())
+            if not drafts_pay(self.cost_model, self.step_shape.last, num_running, other_tokens, drafts):
+                choice.drop_adaptive_drafts(lengths)
+        return lengths
 
     @property
     def trees(self) -> dict[str, TreeShape]:

@@ -19,6 +19,8 @@ from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence
 from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.batch_step import AdaptiveDraft
+from xpuspec.spec_decode.policy.cost_model import expected_tokens_per_step
 from xpuspec.spec_decode.policy.drafting_payoff import DraftingPayoff, WorkKind
 from xpuspec.spec_decode.policy.prompt_lookup import LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
@@ -73,6 +75,9 @@ class DraftChoice:
         self.trees: dict[str, TreeShape] = {}  # the tree shape of each sequence this step
         self.lookups: dict[str, LookupDraft] = {}  # the prompt-lookup draft of each sequence this step
         self.decisions: dict[str, DraftDecision] = {}  # what each sequence drafts this step
+        # The adaptive chains chosen this step (not fixed, seeded, trees or probes), with what each is
+        # predicted to give: a batched step checks they pay for the step as a whole (batch_step).
+        self.adaptive: dict[str, AdaptiveDraft] = {}
         self.steps_without_drafting = 0
         self.probe_interval = PROBE_INTERVAL_STEPS  # doubles after each probe that finds no gain
         self._probed = self._policy_drafted = False  # this step's choices of γ (reset by record_step)
@@ -91,6 +96,7 @@ class DraftChoice:
         self.trees = {}
         self.lookups = {}
         self.decisions = {}
+        self.adaptive = {}
         self.step_drafting_on = None
         self.step_kind = self.work_kind(sequences)
 
@@ -122,6 +128,8 @@ class DraftChoice:
             if adaptive and not sequence.params.seeded:
                 self._probed |= probe
                 self._policy_drafted |= gamma > 0 and not probe and lookup is None
+                if gamma > 0 and not probe:
+                    self.adaptive[request_id] = self._adaptive_draft(sequence, gamma, lookup)
             if lookup is not None:
                 self.lookups[request_id] = lookup
             self.decisions[request_id] = self._chain_decision(sequence, gamma, lookup is not None)
@@ -134,6 +142,23 @@ class DraftChoice:
         self.trees[request_id] = shape
         self.decisions[request_id] = DraftDecision.TREE
         return shape.nodes
+
+    def _adaptive_draft(self, sequence: Sequence, gamma: int, lookup: LookupDraft | None) -> AdaptiveDraft:
+        """What an adaptive chain of ``gamma`` drafts is predicted to give ``sequence`` (for
+        :meth:`drop_adaptive_drafts`' check of the step as a whole)."""
+        if lookup is not None:
+            return AdaptiveDraft(gamma, lookup.expected_tokens, from_model=False)
+        expected = expected_tokens_per_step(self._acceptance_rate(sequence), gamma)
+        return AdaptiveDraft(gamma, expected, from_model=True)
+
+    def drop_adaptive_drafts(self, lengths: dict[str, int]) -> None:
+        """The step drafts nothing adaptive after all (its drafts do not pay for the step as a whole:
+        ``batch_step``): their lengths in ``lengths`` become 0, and they count as predicted slower."""
+        for request_id in self.adaptive:
+            lengths[request_id] = 0
+            self.lookups.pop(request_id, None)
+            self.decisions[request_id] = DraftDecision.OFF_PREDICTED
+        self.adaptive = {}
 
     def _chain_decision(self, sequence: Sequence, gamma: int, looked_up: bool) -> DraftDecision:
         """What a chain step of ``gamma`` drafts for ``sequence`` is, and why nothing where it is 0."""

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from xpuspec.core.sequence import Sequence
 from xpuspec.spec_decode.ngram_proposer import NgramIndexes, NgramProposer
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates
+from xpuspec.spec_decode.policy.cost_model import expected_tokens_per_step
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 
@@ -69,6 +70,7 @@ class LookupDraft:
     token_ids: list[int]
     ngram: int
     shared: bool = False  # from the cross-request index, not the sequence's own tokens
+    expected_tokens: float = 1.0  # tokens the step is predicted to emit with it (accepted and bonus)
 
 
 class PromptLookup:
@@ -119,8 +121,9 @@ class PromptLookup:
         best: LookupDraft | None = None
         best_rate = model_tokens_per_second
         for tokens, ngram, shared, rates in self._candidates(sequence, policy.max_draft_tokens):
+            rate = rates.rate(sequence.request_id, pooled_prior=True)
             gamma, tokens_per_second = policy.best(
-                rates.rate(sequence.request_id, pooled_prior=True),
+                rate,
                 num_sequences,
                 num_sequences,
                 previous_tokens_per_sequence,
@@ -128,7 +131,8 @@ class PromptLookup:
                 max_gamma=len(tokens),
             )
             if gamma > 0 and tokens_per_second > best_rate:
-                best, best_rate = LookupDraft(tokens[:gamma], ngram, shared), tokens_per_second
+                expected = expected_tokens_per_step(rate, gamma)
+                best, best_rate = LookupDraft(tokens[:gamma], ngram, shared, expected), tokens_per_second
         return best
 
     def _candidates(self, sequence: Sequence, max_tokens: int) -> list[_Candidate]:
