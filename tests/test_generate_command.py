@@ -42,6 +42,8 @@ def test_no_draft_runs_the_target_alone_with_the_same_text(pair_bundle, capsys):
         "import os",
         "--max-tokens",
         "12",
+        "--temperature",
+        "0",  # greedy: the same text with and without drafting
         "--json",
         "--property",
         "INFERENCE_PRECISION_HINT=f32",
@@ -65,7 +67,17 @@ def test_a_missing_bundle_is_named(tmp_path, capsys):
 
 
 def test_the_prompt_is_a_chat_message_by_default(pair_bundle, capsys):
-    args = ["generate", "--bundle", str(pair_bundle), "hello there", "--max-tokens", "8", "--json"]
+    args = [
+        "generate",
+        "--bundle",
+        str(pair_bundle),
+        "hello there",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--json",
+    ]
     args += ["--property", "INFERENCE_PRECISION_HINT=f32", "--property", "KV_CACHE_PRECISION=f32"]
     assert main(args) == 0
     chat = json.loads(capsys.readouterr().out)

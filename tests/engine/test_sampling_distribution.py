@@ -24,6 +24,7 @@ from tests.support.statistics import goodness_of_fit, sampling_engine_config
 from xpuspec import Pipeline, SamplingParams
 from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine import drafting, verification
+from xpuspec.sample.penalties import penalize
 from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 
@@ -32,20 +33,29 @@ NUM_SAMPLES = 6000
 SIGNIFICANCE = 1e-3
 # A small support keeps the table small enough for the sample count: 3 x 3 x 3 cells.
 # max_tokens 4: the speculative step may emit 2 accepted drafts and a bonus token (t2, t3, t4).
-PARAMS = dict(max_tokens=4, temperature=1.5, top_k=3, ignore_eos=True, num_draft_tokens=2)
+PARAMS = dict(
+    max_tokens=4, temperature=1.5, top_k=3, top_p=1.0, min_p=0.0, ignore_eos=True, num_draft_tokens=2
+)
 
 
-@pytest.fixture(scope="module")
-def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
-    """p(t1, t2, t3) of the target under the same top-k/temperature transform."""
+# Strong repetition penalties: a token drafted before a position weighs on that position's row.
+PENALIZED = dict(PARAMS, presence_penalty=2.0, frequency_penalty=2.0, repeat_penalty=1.5, repeat_last_n=4)
+
+
+def joint_of(pair_bundle, fields: dict) -> dict[tuple[int, int, int], float]:
+    """p(t1, t2, t3) of the target under the transform of ``fields``: penalties (each position's
+    row penalised with the prompt and the tokens before it), then top-k and temperature."""
     pipe = Pipeline(pair_bundle, drafter="none", properties=F32)
-    runner, params = pipe.target_runner, SamplingParams(**PARAMS)
+    runner, params = pipe.target_runner, SamplingParams(**fields)
     prompt_ids = pipe.tokenizer.encode(PROMPT)
     blocks = list(range(runner.num_blocks))
 
     def next_probs(prefix: list[int]) -> np.ndarray:  # [vocab]
-        logits = runner.forward([SequenceChunk(prefix, 0, blocks, 1)])
-        return probabilities(np.array(logits), params)[0]
+        logits = np.array(runner.forward([SequenceChunk(prefix, 0, blocks, 1)]))
+        if params.penalized:
+            output = len(prefix) - len(prompt_ids)
+            logits = penalize(logits, prefix, output, [[]], params)
+        return probabilities(logits, params)[0]
 
     joint = {}
     first = next_probs(prompt_ids)
@@ -58,11 +68,22 @@ def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
     return joint
 
 
-def sample_triples(pair_bundle, seeded: bool) -> list[tuple[int, ...]]:
+@pytest.fixture(scope="module")
+def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
+    """p(t1, t2, t3) of the target under the same top-k/temperature transform."""
+    return joint_of(pair_bundle, PARAMS)
+
+
+@pytest.fixture(scope="module")
+def penalized_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
+    return joint_of(pair_bundle, PENALIZED)
+
+
+def sample_triples(pair_bundle, seeded: bool, fields: dict = PARAMS) -> list[tuple[int, ...]]:
     pipe = Pipeline(
         pair_bundle, drafter="draft", properties=F32, engine_config=sampling_engine_config(pair_bundle)
     )
-    params = [SamplingParams(seed=seed if seeded else None, **PARAMS) for seed in range(NUM_SAMPLES)]
+    params = [SamplingParams(seed=seed if seeded else None, **fields) for seed in range(NUM_SAMPLES)]
     results = pipe.generate([PROMPT] * NUM_SAMPLES, params)
     # Every request's first speculative step drafted both t2 and t3.
     assert all(r.stats["per_position_acceptance"][1] is not None for r in results)
@@ -73,6 +94,20 @@ def sample_triples(pair_bundle, seeded: bool) -> list[tuple[int, ...]]:
 def test_speculative_sampling_follows_target(pair_bundle, exact_joint, seeded):
     p_value = goodness_of_fit(sample_triples(pair_bundle, seeded), exact_joint)
     assert p_value > SIGNIFICANCE, f"chi-square p = {p_value:.2e}"
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])
+def test_speculative_sampling_with_penalties_follows_target(pair_bundle, penalized_joint, seeded):
+    p_value = goodness_of_fit(sample_triples(pair_bundle, seeded, PENALIZED), penalized_joint)
+    assert p_value > SIGNIFICANCE, f"chi-square p = {p_value:.2e}"
+
+
+def test_penalties_that_forget_the_drafts_are_caught(pair_bundle, penalized_joint, monkeypatch):
+    """Rows penalised with the sequence's history alone, not the drafts before them: t3's row misses
+    t2 while t2 is still a draft."""
+    monkeypatch.setattr(verification, "chain_prefixes", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    p_value = goodness_of_fit(sample_triples(pair_bundle, False, PENALIZED), penalized_joint)
+    assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
 
 
 @pytest.mark.parametrize("broken", ["always_accept", "recover_from_target"])

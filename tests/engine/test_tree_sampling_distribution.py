@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 # max_tokens 6 leaves the first speculative step a budget of 4 nodes: 2 children of the root and
 # 2 of the better one (the scheduler grants at most max_tokens - outputs - 1 drafts).
 TREE = {"depth": 2, "width": 2, "nodes": 4}
-PARAMS = dict(max_tokens=6, temperature=1.5, top_k=3, ignore_eos=True, draft_tree=TREE)
+PARAMS = dict(max_tokens=6, temperature=1.5, top_k=3, top_p=1.0, min_p=0.0, ignore_eos=True, draft_tree=TREE)
 
 
 def sample_triples(pair_bundle) -> list[tuple[int, ...]]:

@@ -19,6 +19,8 @@ from xpuspec.prepare.gguf import prepare_gguf_bundle
 from xpuspec.prepare.gguf_model import GgufModel
 
 EXACT = {**F32, "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+# What the tiny target's GGUF recommends (llama.cpp's general.sampling.* keys): its bundle's defaults.
+SAMPLING = {"general.sampling.temp": 0.5, "general.sampling.top_k": 20, "general.sampling.top_p": 0.75}
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 
@@ -31,7 +33,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "checkpoint": target,
         "draft_checkpoint": draft,
-        "gguf": write_gguf_from_checkpoint(target, work / "tiny.gguf", dtype="F16"),
+        "gguf": write_gguf_from_checkpoint(target, work / "tiny.gguf", dtype="F16", sampling=SAMPLING),
         "draft_gguf": write_gguf_from_checkpoint(draft, work / "draft.gguf", dtype="F16"),
         "work": work,
     }
@@ -54,6 +56,7 @@ def test_metadata_is_read_from_the_gguf(tiny):
         model.hyperparameters["num_layers"] == 2 and model.hyperparameters["max_position_embeddings"] == 512
     )
     assert model.chat_template == (tiny["checkpoint"] / "chat_template.jinja").read_text()
+    assert model.sampling == {"temperature": 0.5, "top_k": 20.0, "top_p": 0.75}
 
 
 def test_cli_prepares_a_bundle_that_inspect_verifies_and_generate_runs(tiny, tmp_path, capfd):
@@ -65,6 +68,10 @@ def test_cli_prepares_a_bundle_that_inspect_verifies_and_generate_runs(tiny, tmp
     bundle = ModelBundle.open(output, verify=True)
     assert bundle.target.facts["compression"]["weights"] == "F16"
     assert bundle.tokenizer_facts["chat_template"] and bundle.max_context == 512
+    # The GGUF's recommended sampling became the bundle's defaults; what it left out is llama.cpp's.
+    defaults = bundle.sampling_defaults
+    assert (defaults.temperature, defaults.top_k, defaults.top_p, defaults.min_p) == (0.5, 20, 0.75, 0.05)
+    assert defaults.source("top_k") == "generation_config.json" and defaults.source("min_p") == "llama.cpp"
     capfd.readouterr()
     assert main(["generate", "--bundle", str(output), "def add(a, b):", "--raw", "--max-tokens", "8"]) == 0
     out, err = capfd.readouterr()

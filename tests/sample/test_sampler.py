@@ -177,3 +177,11 @@ def test_finite_argmax_refuses_a_row_whose_max_is_not_finite(bad_row):
 def test_finite_argmax_takes_rows_with_some_minus_infinity():
     logits = np.array([[-np.inf, 2.0, 3.0], [1.0, -np.inf, 0.5]], dtype=np.float32)
     assert finite_argmax(logits) == [2, 0]
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_min_p_keeps_tokens_at_least_that_fraction_of_the_most_likely(top_k):
+    logits = np.log(np.array([[0.5, 0.3, 0.12, 0.08]]))
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_k=top_k, min_p=0.2))[0]
+    # 0.2 * 0.5 = 0.1: the 0.08 token goes, the rest are renormalised.
+    np.testing.assert_allclose(probs, [0.5 / 0.92, 0.3 / 0.92, 0.12 / 0.92, 0.0])

@@ -23,6 +23,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.server.conftest import LiveServer, start_server, stop_server, wait_until
+from xpuspec.sample.defaults import DEFAULT_MAX_TOKENS
 from xpuspec.server import ServerConfig, create_app, server_state
 
 CHROMIUM = os.environ.get("XPUSPEC_CHROMIUM", "/usr/bin/chromium")
@@ -79,12 +80,12 @@ def test_defaults_name_the_server_drafter_and_the_request_defaults(
     defaults = client.get("/v1/xpuspec/defaults").get_json()
     assert defaults["model"] == server_state(served_app).config.served_model_name
     assert defaults["drafter"] == "draft" and defaults["drafters"] == ["auto", "draft", "none"]
-    assert (defaults["temperature"], defaults["top_p"], defaults["seed"], defaults["max_tokens"]) == (
-        1.0,
-        1.0,
-        None,
-        None,
-    )
+    # The model's own: what every route gives a request that leaves them out, with their sources.
+    expected = server_state(served_app).loop.requests.bundle.sampling_defaults
+    for name, value in expected.as_dict().items():
+        assert defaults[name] == value, name
+        assert defaults["sources"][name] == expected.source(name)
+    assert defaults["max_tokens"] == DEFAULT_MAX_TOKENS and defaults["seed"] is None
     assert defaults["ready"] is True and defaults["max_model_len"] == 128
 
 

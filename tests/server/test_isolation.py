@@ -86,7 +86,10 @@ def test_hostile_json_is_400_not_500(
         ("logit_bias", lambda c, m: c.completions.create(model=m, prompt="x", logit_bias={"5": 10})),
         ("echo", lambda c, m: c.completions.create(model=m, prompt="x", echo=True)),
         ("logprobs", lambda c, m: c.completions.create(model=m, prompt="x", logprobs=2)),
-        ("presence_penalty", lambda c, m: c.completions.create(model=m, prompt="x", presence_penalty=1.0)),
+        (
+            "repetition_penalty",
+            lambda c, m: c.completions.create(model=m, prompt="x", extra_body={"repetition_penalty": 1.2}),
+        ),
         (
             "logprobs",
             lambda c, m: c.chat.completions.create(

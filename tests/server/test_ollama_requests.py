@@ -42,13 +42,19 @@ def test_model_names_with_and_without_the_latest_tag() -> None:
     assert raised.value.status == 404 and raised.value.message.startswith("model 'm:7b' not found")
 
 
-def test_options_become_sampling_fields_with_ollamas_defaults() -> None:
+def test_options_become_sampling_fields_unset_ones_left_to_the_models_defaults() -> None:
     default = chat_request(chat(), "m")
-    assert (default.temperature, default.top_p, default.top_k, default.seed) == (0.8, 0.9, 40, None)
+    # Unset: the engine gives them the model's defaults, as on /v1/* (xpuspec.sample.defaults).
+    assert (default.temperature, default.top_p, default.top_k, default.seed) == (None, None, None, None)
     assert default.stream is True and default.response_format is None
     options = {"temperature": 0, "top_p": 0.5, "top_k": 3, "seed": 7, "stop": ["\n"], "drafter": "none"}
-    request = chat_request(chat(options=options, stream=False), "m")
+    penalties = {"min_p": 0.1, "repeat_penalty": 1.2, "repeat_last_n": 32, "presence_penalty": 0.5}
+    request = chat_request(
+        chat(options={**options, **penalties, "frequency_penalty": -0.5}, stream=False), "m"
+    )
     assert (request.temperature, request.top_p, request.top_k, request.seed) == (0, 0.5, 3, 7)
+    assert (request.min_p, request.repeat_penalty, request.repeat_last_n) == (0.1, 1.2, 32)
+    assert (request.presence_penalty, request.frequency_penalty) == (0.5, -0.5)
     assert request.stop == ["\n"] and request.drafter == "none" and request.stream is False
     assert chat_request(chat(options={"seed": -1}), "m").seed is None  # Ollama's "random"
 
@@ -93,7 +99,7 @@ def test_what_xpuspec_cannot_honour_is_a_400_naming_it() -> None:
     check_supported({"think": False, "options": {"repeat_penalty": 1, "num_gpu": 99, "min_p": 0}}, SHARED)
     for body, checks, name in (
         ({"think": True}, SHARED, "think"),
-        ({"options": {"repeat_penalty": 1.1}}, SHARED, "options.repeat_penalty"),
+        ({"options": {"typical_p": 0.5}}, SHARED, "options.typical_p"),
         ({"options": {"mirostat": 2}}, SHARED, "options.mirostat"),
         ({"suffix": "end"}, GENERATE, "suffix"),
         ({"context": [1, 2]}, GENERATE, "context"),
@@ -133,12 +139,13 @@ def prepared(num_prompt_tokens: int) -> PreparedRequest:
 
 @pytest.mark.parametrize(
     ("options", "expected"),
-    [({}, 490), ({"num_predict": -1}, 490), ({"num_predict": 8}, 8), ({"num_predict": 900}, 490),
-     ({"num_ctx": 100}, 90), ({"num_ctx": 100, "num_predict": 50}, 50)],
+    [({}, 64), ({"num_predict": -1}, 490), ({"num_predict": -2}, 490), ({"num_predict": 8}, 8),
+     ({"num_predict": 900}, 490), ({"num_ctx": 50}, 40), ({"num_ctx": 100, "num_predict": 50}, 50)],
 )  # fmt: skip
 def test_num_predict_is_a_cap_within_num_ctx(options: dict, expected: int) -> None:
+    """Absent: the default reply cap (64 here); -1 and -2: the room the context leaves."""
     request = prepared(10)
-    apply_limits(request, OllamaOptions.model_validate(options, strict=True), 500)
+    apply_limits(request, OllamaOptions.model_validate(options, strict=True), 500, 64)
     assert request.choices[0].params.max_tokens == expected
 
 
@@ -147,5 +154,5 @@ def test_num_ctx_beyond_the_model_or_below_the_prompt_is_a_400() -> None:
     with pytest.raises(APIError, match="num_ctx 501 exceeds this model's context of 500"):
         check_num_ctx(OllamaOptions(num_ctx=501), 500)
     with pytest.raises(APIError, match="the prompt has 10 tokens") as raised:
-        apply_limits(prepared(10), OllamaOptions(num_ctx=10), 500)
+        apply_limits(prepared(10), OllamaOptions(num_ctx=10), 500, 64)
     assert raised.value.code == "context_length_exceeded"

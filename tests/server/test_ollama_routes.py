@@ -221,8 +221,8 @@ def test_refusals_are_ollamas_error_shape(client: ollama.Client, server: LiveSer
         raised.value
     )
     with pytest.raises(ollama.ResponseError) as raised:
-        client.chat(model=server.model, messages=ASK, options={"repeat_penalty": 1.3})
-    assert raised.value.status_code == 400 and "options.repeat_penalty is not supported" in raised.value.error
+        client.chat(model=server.model, messages=ASK, options={"mirostat": 2})
+    assert raised.value.status_code == 400 and "options.mirostat is not supported" in raised.value.error
     for call, endpoint in (
         (lambda: client.pull(server.model), "pull"),
         (lambda: client.embed(model=server.model, input="x"), "embed"),

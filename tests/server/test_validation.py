@@ -167,8 +167,7 @@ CASES = [
             ("best_of", COMPLETIONS, completion(best_of=2)),
             ("suffix", COMPLETIONS, completion(suffix="}")),
             ("logit_bias", COMPLETIONS, completion(logit_bias={"5": 10})),
-            ("presence_penalty", COMPLETIONS, completion(presence_penalty=0.5)),
-            ("frequency_penalty", CHAT, chat(frequency_penalty=-1.0)),
+            ("repetition_penalty", COMPLETIONS, completion(repetition_penalty=1.2)),
             ("logprobs", CHAT, chat(logprobs=True)),
             ("top_logprobs", CHAT, chat(top_logprobs=2)),
         ]

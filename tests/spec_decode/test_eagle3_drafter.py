@@ -321,7 +321,9 @@ def test_a_chain_with_nan_logits_fails_its_request_alone(eagle3, target_only, mo
 
 # ----------------------------------------------------------------------------- sampled requests
 
-SAMPLED = dict(max_tokens=4, temperature=1.5, top_k=3, ignore_eos=True, num_draft_tokens=2)
+SAMPLED = dict(
+    max_tokens=4, temperature=1.5, top_k=3, top_p=1.0, min_p=0.0, ignore_eos=True, num_draft_tokens=2
+)
 NUM_SAMPLES = 3000
 SIGNIFICANCE = 1e-3
 PROMPT = "def add(a, b):"

@@ -174,7 +174,7 @@ def test_accepted_paths_off_the_first_branch_stay_exact(
 TREE = {"depth": 2, "width": 2, "nodes": 4}
 # max_tokens 6 leaves the first speculative step a budget of 4 nodes: 2 children of the root and 2 of
 # the better one (the scheduler grants at most max_tokens - outputs - 1 drafts).
-SAMPLED = dict(max_tokens=6, temperature=1.5, top_k=3, ignore_eos=True, draft_tree=TREE)
+SAMPLED = dict(max_tokens=6, temperature=1.5, top_k=3, top_p=1.0, min_p=0.0, ignore_eos=True, draft_tree=TREE)
 NUM_SAMPLES = 2000  # the engine test's 6000 is minutes on this machine; 27 cells still see ~70 each
 
 

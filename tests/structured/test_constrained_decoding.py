@@ -150,7 +150,14 @@ def test_unsatisfiable_within_max_tokens_ends_with_length(pipelines):
 # ----------------------------------------------------------------- distribution
 REGEX = r"[a-z]{1,8}"
 STAT_PARAMS = dict(
-    max_tokens=4, temperature=1.5, top_k=3, ignore_eos=True, num_draft_tokens=2, guided_regex=REGEX
+    max_tokens=4,
+    temperature=1.5,
+    top_k=3,
+    top_p=1.0,
+    min_p=0.0,
+    ignore_eos=True,
+    num_draft_tokens=2,
+    guided_regex=REGEX,
 )
 NUM_SAMPLES = 1200  # <= 27 cells (top-k 3, three positions)
 SIGNIFICANCE = 1e-3

@@ -44,10 +44,12 @@ def write_gguf_from_checkpoint(
     dtype: str = "F32",
     architecture: str = "llama",
     tokenizer_options: dict[str, Any] | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> Path:
     """Convert the HF Llama in ``checkpoint``; ``architecture`` may name another one on purpose.
     ``tokenizer_options``: how its tokenizer is written (:func:`add_tokenizer`; default a byte-level BPE
-    with pre-tokenizer ``gpt-2``)."""
+    with pre-tokenizer ``gpt-2``). ``sampling``: llama.cpp's recommended-sampling keys to write
+    (``{"general.sampling.temp": 0.6}``; top_k and penalty_last_n as integers)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -71,6 +73,11 @@ def write_gguf_from_checkpoint(
     writer.add_file_type(file_types.get(dtype, gguf.LlamaFileType.MOSTLY_F16))
 
     add_tokenizer(writer, tokenizer, special_ids=config, **(tokenizer_options or {"pre": "gpt-2"}))
+    for key, value in (sampling or {}).items():
+        if key.endswith(("top_k", "penalty_last_n")):
+            writer.add_int32(key, int(value))
+        else:
+            writer.add_float32(key, float(value))
     template_path = checkpoint / "chat_template.jinja"
     if template_path.is_file():
         writer.add_chat_template(template_path.read_text(encoding="utf-8"))

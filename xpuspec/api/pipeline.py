@@ -78,6 +78,7 @@ class Pipeline:
         shared_lookup_tokens: int | None = None,
         grammar_limits: GrammarLimits | None = None,
         phase_hooks: PhaseHooks | None = None,
+        max_tokens_default: int | None = None,
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
         starts of the same setup on this machine (:mod:`xpuspec.api.calibration_cache`). False: time them.
@@ -86,7 +87,10 @@ class Pipeline:
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all.
         ``grammar_limits``: what compiling one request's output constraint may cost (default:
         :class:`~xpuspec.structured.matcher.GrammarLimits`'s).
-        ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed."""
+        ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed.
+        ``max_tokens_default``: the reply cap of requests that set no ``max_tokens`` (default:
+        :data:`xpuspec.sample.defaults.DEFAULT_MAX_TOKENS`); their other unset sampling fields take the
+        bundle's model's defaults (``bundle.sampling_defaults``)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -106,6 +110,9 @@ class Pipeline:
         eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)
         self._choose_devices(use_placement, core, registry)
         config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
+        # One definition of the defaults: the model's generation config, else llama.cpp's (sample.defaults).
+        defaults = self.bundle.sampling_defaults.with_max_tokens(max_tokens_default, "max_tokens_default")
+        config = dataclasses.replace(config, sampling_defaults=defaults)
         if not enable_prefix_caching:  # either switch turns it off
             config = dataclasses.replace(config, enable_prefix_caching=False)
         if shared_lookup_tokens is not None:  # the cross-request lookup's bound (EngineConfig; 0: off)
@@ -128,7 +135,7 @@ class Pipeline:
             "draft_properties": draft_properties,
             "eagle3_head": str(eagle3_head) if eagle3_head is not None else None,
             "draft_vocab": draft_vocab,
-            "engine": dataclasses.asdict(config),
+            "engine": {k: v for k, v in dataclasses.asdict(config).items() if k != "sampling_defaults"},
             "num_kv_blocks": num_kv_blocks,
         }
         self._calibrate(setup, startup_cache)
@@ -325,6 +332,7 @@ class Pipeline:
             limits,
             drafter=self.drafter,
             default_draft_tree=self.default_draft_tree,
+            sampling_defaults=config.sampling_defaults,
         )
 
     def _calibrate(self, setup: dict[str, Any], cached: bool) -> None:

@@ -21,6 +21,7 @@ from xpuspec.text import ChatTemplate, Tokenizer
 
 if TYPE_CHECKING:
     from xpuspec.models.bundle import ModelBundle
+    from xpuspec.sample.defaults import SamplingDefaults
     from xpuspec.sample.draft_tree import TreeShape
     from xpuspec.structured.constraint import Constraint
 
@@ -100,9 +101,11 @@ class RequestPreparer:
         *,
         drafter: str,
         default_draft_tree: TreeShape | str | None = None,
+        sampling_defaults: SamplingDefaults | None = None,
     ) -> None:
         """``drafter``: what the engine drafts with (a request may name it, "auto" or "none").
-        ``default_draft_tree``: the tree shape of requests that leave theirs unset (None: chains)."""
+        ``default_draft_tree``: the tree shape of requests that leave theirs unset (None: chains).
+        ``sampling_defaults``: what the engine gives unset sampling fields (default: the bundle's)."""
         self.bundle = bundle
         self.tokenizer = tokenizer
         self.chat_template = chat_template_of(bundle)
@@ -110,6 +113,9 @@ class RequestPreparer:
         self.limits = limits
         self.drafter = drafter
         self.default_draft_tree = default_draft_tree
+        self.sampling_defaults = (
+            sampling_defaults if sampling_defaults is not None else bundle.sampling_defaults
+        )
 
     @classmethod
     def load(
@@ -120,12 +126,21 @@ class RequestPreparer:
         drafter: str,
         grammar_limits: GrammarLimits | None = None,
         default_draft_tree: TreeShape | str | None = None,
+        sampling_defaults: SamplingDefaults | None = None,
     ) -> RequestPreparer:
         """From the bundle's text files alone: its OpenVINO tokenizer models and ``tokenizer.json``,
         never its models' weights."""
         tokenizer = Tokenizer(bundle.target.path)
         grammar = load_grammar(bundle, tokenizer, limits.vocab_size, grammar_limits)
-        return cls(bundle, tokenizer, grammar, limits, drafter=drafter, default_draft_tree=default_draft_tree)
+        return cls(
+            bundle,
+            tokenizer,
+            grammar,
+            limits,
+            drafter=drafter,
+            default_draft_tree=default_draft_tree,
+            sampling_defaults=sampling_defaults,
+        )
 
     @property
     def max_model_len(self) -> int:

@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xpuspec.api.errors import CommandError, warn_if_draft_is_target
+from xpuspec.cli import remote
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
+from xpuspec.sample.defaults import DEFAULT_MAX_TOKENS
 from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree_text
 from xpuspec.sample.sampling_params import SamplingParams
 
@@ -43,10 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="send the prompt as a chat user message (default for chat models, those with a chat template)",
     )
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
@@ -74,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_precision_flags(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of streaming")
+    remote.add_server_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -86,10 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         draft_tree = parse_draft_tree_text(args.draft_tree) if args.draft_tree else None
         params = SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
+            **sampling_fields(args),
             seed=args.seed,
             stop=args.stop,
             ignore_eos=args.ignore_eos,
@@ -104,8 +101,16 @@ def run(args: argparse.Namespace) -> int:
     bundle = resolve_bundle(args.bundle)  # a missing or damaged bundle: one line, exit 2
     warn_if_draft_is_target(bundle)
     # The manifest is enough to refuse what cannot fit, before any model is compiled.
-    check_max_tokens(params.max_tokens, bundle.max_context)
+    if params.max_tokens is not None:
+        check_max_tokens(params.max_tokens, bundle.max_context)
     chat = prompt_is_chat(args, bundle)
+    if remote.wants_server(args):
+        from xpuspec.models.resolve import model_names
+
+        served = remote.serving(args.server, model_names(args.bundle))
+        if served is not None:  # a running server has the model loaded: no load here
+            body = remote.request_body(args, served, prompt, chat, sampling_fields(args))
+            return remote.stream_from(args.server, body, prompt if not chat else None)
     # Compiling the models takes seconds: say so before it starts.
     print(f"xpuspec generate: loading {bundle_label(args.bundle)} ...", file=sys.stderr, flush=True)
     try:
@@ -146,6 +151,30 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     return stream(pipe, request, prompt if not chat else None, params)
+
+
+# --flag -> SamplingParams field; each left out takes the model's default (xpuspec.sample.defaults).
+SAMPLING_FLAGS = {
+    "max_tokens": (int, f"the reply cap (default {DEFAULT_MAX_TOKENS}; the context bounds it)"),
+    "temperature": (float, "0 is greedy (default: the model's generation config, else llama.cpp's 0.8)"),
+    "top_p": (float, "nucleus cut (default: the model's, else 0.95)"),
+    "top_k": (int, "keep the k most likely tokens, 0 all (default: the model's, else 40)"),
+    "min_p": (float, "keep tokens at least this fraction of the most likely one's (default: else 0.05)"),
+    "repeat_penalty": (float, "llama.cpp's repetition penalty, 1 off (default: the model's, else 1)"),
+    "repeat_last_n": (int, "tokens the repeat penalty looks back over, -1 all, 0 off (default 64)"),
+    "presence_penalty": (float, "OpenAI's presence penalty in [-2, 2] (default 0)"),
+    "frequency_penalty": (float, "OpenAI's frequency penalty in [-2, 2] (default 0)"),
+}
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    for name, (kind, help_text) in SAMPLING_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+
+
+def sampling_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags given (the others stay unset: the model's defaults)."""
+    return {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
 
 
 # Loading faster than this needs no "ready" line: the text follows at once.

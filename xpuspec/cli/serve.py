@@ -23,6 +23,7 @@ from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error, 
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.models.resolve import model_names
+from xpuspec.sample.defaults import DEFAULT_MAX_TOKENS
 from xpuspec.server.config import (
     DEFAULT_STREAM_INTERVAL_PER_STREAM_S,
     DEFAULT_STREAM_INTERVAL_S,
@@ -147,6 +148,14 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
     )
+    parser.add_argument(
+        "--max-tokens",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="the reply cap of requests that name no limit (max_tokens, max_completion_tokens, "
+        f"num_predict; default {DEFAULT_MAX_TOKENS}); within the context either way",
+    )
 
 
 def _add_listener_arguments(parser: argparse.ArgumentParser) -> None:
@@ -219,6 +228,16 @@ def _add_grammar_arguments(parser: argparse.ArgumentParser) -> None:
         help="symbols in one constraint's grammar; a larger one is a 400 "
         f"(default {defaults.max_grammar_size})",
     )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 def _port(text: str) -> int:
@@ -328,6 +347,7 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
             enable_prefix_caching=not args.no_prefix_caching,
             shared_lookup_tokens=args.shared_lookup_tokens,
             grammar_limits=settings.grammar_limits,
+            max_tokens_default=args.max_tokens,
         )
         # Move everything loading allocated (model, tokenizer, libraries) out of the collector's
         # reach, before the first request: otherwise a full collection walks it all, stalling every

@@ -280,7 +280,7 @@ class Scheduler:
             wanted,
             room - 1,
             self.config.max_model_len - seq.num_tokens - 1,
-            seq.params.max_tokens - seq.num_output_tokens - 1,
+            seq.params.token_limit - seq.num_output_tokens - 1,
         )
         num_drafts = max(num_drafts, 0)
         first = seq.num_computed_tokens  # == num_tokens - 1
@@ -365,7 +365,7 @@ class Scheduler:
             step.budget += dropped.num_scheduled_tokens
 
     def _at_length_limit(self, seq: Sequence) -> bool:
-        return seq.num_tokens >= self.config.max_model_len or seq.num_output_tokens >= seq.params.max_tokens
+        return seq.num_tokens >= self.config.max_model_len or seq.num_output_tokens >= seq.params.token_limit
 
     def _finish_by_length(self, seq: Sequence, step: _Step) -> None:
         self._finish(seq, SequenceStatus.FINISHED_LENGTH)

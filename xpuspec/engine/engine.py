@@ -49,6 +49,7 @@ that request; only the shared model execution may fail a step.**
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -280,7 +281,8 @@ class LLMEngine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         params.validate()  # again: a dataclass can be changed after construction
         check_prompt(prompt_token_ids, self.target.vocab_size)
-        if len(prompt_token_ids) + params.max_tokens > self.config.max_model_len:
+        params = self.with_defaults(params, len(prompt_token_ids))
+        if len(prompt_token_ids) + params.token_limit > self.config.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_token_ids)} tokens and max_tokens is {params.max_tokens}: "
                 f"together more than the context of {self.config.max_model_len} tokens; "
@@ -299,6 +301,15 @@ class LLMEngine:
         self.sequences[request_id] = sequence
         self.states[request_id] = state
         self.policy.admit(request_id, tenant)
+
+    def with_defaults(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """``params`` with its unset fields at the engine's sampling defaults; with no max_tokens, the
+        default reply cap or the room the context leaves, whichever is smaller."""
+        defaults = self.config.sampling_defaults
+        if params.max_tokens is None:
+            room = max(1, self.config.max_model_len - num_prompt_tokens)  # no room: refused below
+            params = dataclasses.replace(params, max_tokens=min(defaults.max_tokens, room))
+        return params.with_defaults(defaults)
 
     def abort(self, request_id: str, finish_reason: str = "abort", num_dropped_tokens: int = 0) -> bool:
         """Stop a request at any time; its KV blocks are freed at once. The caller reports the end.

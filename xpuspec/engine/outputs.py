@@ -3,12 +3,13 @@ keeps per request beside the request's ``Sequence``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from xpuspec.core.request_stats import RequestStats
 from xpuspec.core.sequence import SequenceStatus
+from xpuspec.sample.defaults import SamplingDefaults
 from xpuspec.spec_decode.suffix_index import DEFAULT_CAPACITY
 from xpuspec.structured.matcher import GuidedRequest
 
@@ -42,6 +43,8 @@ class EngineConfig:
     # of recent finished requests, up to this many tokens over all tenants; 0: none. On by default: on
     # fresh chat the cost model seldom picks its drafts and it did not lose (docs/suffix-drafter.md).
     shared_lookup_tokens: int = DEFAULT_CAPACITY
+    # What a request's unset sampling fields and reply cap become (Pipeline: its bundle's model's).
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:

@@ -20,6 +20,7 @@ from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.engine import constraints as structured
 from xpuspec.engine.outputs import FINISH_REASONS, RequestState, StepOutput
+from xpuspec.sample.penalties import chain_prefixes, penalize, tree_prefixes
 from xpuspec.sample.sampler import finite_argmax, position_exponentials, probabilities
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler, VerificationResult
 from xpuspec.spec_decode.tree import DraftTree
@@ -147,6 +148,9 @@ class Verifier:
         engine = self.engine
         state = engine.states[sequence.request_id]
         params = sequence.params
+        if params.penalized:
+            # Each row penalised with the history before its position, the drafts before it included.
+            rows = _penalized_rows(sequence, rows, proposal, state.eos_token_ids)
         if proposal is None and params.greedy and state.guide is None:
             # The commonest row (a greedy step without drafts, every pass of a decode burst) goes
             # straight to its token: right after an inference each extra call costs several µs.
@@ -266,11 +270,26 @@ class Verifier:
         )
 
 
+def _penalized_rows(
+    sequence: Sequence, rows: np.ndarray, proposal: Proposal | None, eos_token_ids: frozenset[int]
+) -> np.ndarray:
+    """``rows`` ([1 + γ or 1 + nodes, vocab]) after the request's repetition penalties (the
+    end-of-sequence tokens exempt, unless the request ignores them)."""
+    drafts = proposal.token_ids if proposal is not None else []
+    if proposal is not None and proposal.tree_parents is not None and drafts:
+        prefixes = tree_prefixes(drafts, proposal.tree_parents)
+    else:
+        prefixes = chain_prefixes(drafts)
+    return penalize(
+        rows, sequence.token_ids, len(sequence.output_token_ids), prefixes, sequence.params, eos_token_ids
+    )
+
+
 def _truncate(
     sequence: Sequence, token_ids: list[int], state: RequestState
 ) -> tuple[list[int], SequenceStatus | None]:
     """Cut the verified tokens at end-of-sequence or at max_tokens."""
-    room = sequence.params.max_tokens - len(sequence.output_token_ids)
+    room = sequence.params.token_limit - len(sequence.output_token_ids)
     kept: list[int] = []
     for token in token_ids[:room]:
         kept.append(token)

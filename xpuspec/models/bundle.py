@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpuspec.sample.defaults import SamplingDefaults, from_generation_config
+
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "xpuspec.json"
@@ -324,6 +326,27 @@ class ModelBundle:
     @property
     def chat_template(self) -> str | None:
         return self.tokenizer_facts.get("chat_template")
+
+    @property
+    def generation_config(self) -> dict[str, Any]:
+        """The target's ``generation_config.json`` (Hugging Face's; ``prepare`` writes one from a GGUF's
+        metadata too), or {} when the bundle has none or it does not parse."""
+        path = self.target.path / "generation_config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            logger.debug("no generation config at %s: %s", path, error)
+            return {}
+        return config if isinstance(config, dict) else {}
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """What requests get for the sampling fields they leave out (:mod:`xpuspec.sample.defaults`):
+        the manifest's ``sampling`` (recommended where the model says nothing: the default model's),
+        then the target's generation config, then llama.cpp's defaults."""
+        recommended = dict(self.manifest.get("sampling") or {})
+        source = str(recommended.pop("source", "the bundle's manifest"))
+        return from_generation_config(self.generation_config, recommended, source)
 
     @property
     def max_context(self) -> int:

@@ -23,12 +23,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from xpuspec.models.bundle import FORMAT_VERSION, BundleError, ModelBundle, sha256_file
+from xpuspec.models.bundle import FORMAT_VERSION, MANIFEST_NAME, BundleError, ModelBundle, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,16 @@ class DefaultModel:
     gguf_path: Path | None = None  # a GGUF file given directly (then no package is looked up)
     draft_vocab: int | None = None  # the draft proposes only ids below this (PrepareConfig.draft_vocab)
     eagle3_dir: Path | None = None  # an EAGLE-3 head in the published layout (PrepareConfig.eagle3)
+    # Sampling xpuspec recommends for this model where the model itself says nothing (generation_config
+    # keys, e.g. {"repetition_penalty": 1.1}): recorded in the bundle's manifest, read first.
+    sampling: Mapping[str, float] = field(default_factory=dict)
+
+    def recommend_sampling(self, bundle: ModelBundle) -> ModelBundle:
+        """``bundle`` (this model's) with :attr:`sampling` recorded in its manifest where it is not yet
+        (bundles built before it was): ``ModelBundle.sampling_defaults`` reads it first."""
+        if self.sampling and "sampling" not in bundle.manifest:
+            bundle.manifest["sampling"] = {**self.sampling, "source": f"xpuspec's default model {self.name}"}
+        return bundle
 
     def __post_init__(self) -> None:
         if len(self.gguf_sha256) != 64:
@@ -156,6 +166,10 @@ SMOLLM2 = DefaultModel(
     # Trained here (python -m xpuspec.models.demo.train_eagle3; its training_metrics.json says how); f16.
     # Its size and training: docs/experiments/2026-12-01-eagle3-training.md.
     eagle3_dir=EAGLE3_DIR,
+    # Its GGUF and its Hugging Face generation_config.json recommend no sampling, and at llama.cpp's
+    # defaults alone this 135M model loops until the reply cap on some everyday prompts; with llama.cpp's
+    # repeat penalty at 1.1 (Ollama's default) they end (measured: docs/examples.md).
+    sampling={"repetition_penalty": 1.1},
 )
 
 
@@ -231,6 +245,11 @@ def _build(model: DefaultModel, output: Path, say: Callable[[str], None]) -> Pat
         prepare_gguf_bundle(config, progress=_finished_stages(say))
     except PrepareError as error:
         raise BundleError(f"building the default model {model.name} failed: {error}") from error
+    if model.sampling:  # the manifest is not among the hashed files: recording it changes no check
+        manifest_path = output / MANIFEST_NAME
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest["sampling"] = {**model.sampling, "source": f"xpuspec's default model {model.name}"}
+        manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     return output
 
 

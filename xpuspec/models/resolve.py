@@ -44,7 +44,12 @@ def resolve_bundle_path(spec: BundleSpec) -> Path:
 def resolve_bundle(spec: BundleSpec, *, verify: bool | None = None) -> ModelBundle:
     """Open the bundle ``spec`` names (``None``: the default model, ``"demo"``: the demo pair, else a
     folder); ``verify`` as :meth:`ModelBundle.open`. A missing or damaged bundle raises ``BundleError``."""
-    return ModelBundle.open(resolve_bundle_path(spec), verify=verify)
+    bundle = ModelBundle.open(resolve_bundle_path(spec), verify=verify)
+    if spec is None:
+        from xpuspec.models.default_model import SMOLLM2
+
+        return SMOLLM2.recommend_sampling(bundle)  # a bundle built before the recommendation: in memory
+    return bundle
 
 
 def model_names(spec: BundleSpec) -> tuple[str, ...]:

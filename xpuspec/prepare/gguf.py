@@ -86,6 +86,7 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> dict[
     generation = {
         "bos_token_id": model.special_ids.get("bos"),
         "eos_token_id": model.tokenizer_facts()["eos_token_ids"],
+        **model.sampling,  # what the GGUF recommends: the served model's sampling defaults
     }
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
     if model.chat_template:

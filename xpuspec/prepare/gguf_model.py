@@ -7,12 +7,13 @@ pair check and the template of a bundle prepared from GGUF files (:mod:`xpuspec.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xpuspec.prepare.config import PrepareError
 from xpuspec.prepare.gguf_tokenizer import GgufVocabulary
+from xpuspec.sample.defaults import GGUF_SAMPLING_KEYS
 
 GGUF_SUFFIX = ".gguf"
 # What OpenVINO GenAI 2026.4's GGUF reader builds (gguf_modeling.cpp); anything else fails inside it.
@@ -56,6 +57,8 @@ class GgufModel:
     chat_template: str | None
     name: str | None
     vocabulary: GgufVocabulary
+    # The model's recommended sampling (llama.cpp's general.sampling.* keys), by generation_config.json key.
+    sampling: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: Path, role: str) -> GgufModel:
@@ -110,6 +113,11 @@ class GgufModel:
             chat_template=str(template) if template is not None else None,
             name=str(fields["general.name"]) if "general.name" in fields else None,
             vocabulary=GgufVocabulary.from_fields(fields, special),
+            sampling={
+                name: float(fields[key])
+                for key, name in GGUF_SAMPLING_KEYS.items()
+                if isinstance(fields.get(key), (int, float))
+            },
         )
 
     @property

@@ -12,7 +12,11 @@ The transform, in this order (the order Hugging Face's logits warpers use):
 2. top-k: keep the ``top_k`` largest logits; ties with the k-th largest are all kept, so the
    result does not depend on the order in which equal logits happen to be stored;
 3. top-p (nucleus): keep the smallest set of most likely tokens whose mass reaches ``top_p``
-   (at least the most likely token; ties with the last kept token are kept too), then renormalise.
+   (at least the most likely token; ties with the last kept token are kept too), then renormalise;
+4. min-p: keep the tokens whose probability is at least ``min_p`` times the most likely one's, then
+   renormalise.
+
+Repetition penalties come before all of this, on the logits (:mod:`xpuspec.sample.penalties`).
 
 Speed: vocabularies reach ~150k and a verification step has up to 17 rows. Top-k uses
 ``np.partition`` (linear time) and computes the softmax of the kept tokens only. Top-p sorts only
@@ -95,11 +99,14 @@ def argmax(logits: np.ndarray) -> np.ndarray:
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Apply temperature, top-k and top-p to each row and return normalised probabilities.
+    """Apply temperature, top-k, top-p and min-p to each row and return normalised probabilities.
 
     ``logits``: [num_rows, vocab] (or [vocab]) float → [num_rows, vocab] float64, each row
-    summing to 1, with exact zeros outside the kept set.
+    summing to 1, with exact zeros outside the kept set. A field left unset (None) applies no
+    transform here: the engine gives a request's params the model's defaults before it samples.
     """
+    temperature = 1.0 if params.temperature is None else params.temperature
+    top_k, top_p, min_p = params.top_k or 0, params.top_p or 1.0, params.min_p or 0.0
     logits = np.atleast_2d(np.asarray(logits))  # [num_rows, vocab]
     if logits.ndim != 2:
         raise ValueError(f"logits must have shape [num_rows, vocab], got {logits.shape}")
@@ -107,23 +114,25 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     row_max = logits.max(axis=-1)  # [num_rows]
     if not np.all(np.isfinite(row_max)):
         raise ValueError("every row of logits needs a finite maximum (got a NaN, +inf or all -inf row)")
-    if params.greedy:
+    if temperature == 0.0:
         one_hot = np.zeros((num_rows, vocab), dtype=np.float64)
         one_hot[np.arange(num_rows), argmax(logits)] = 1.0
         return one_hot
 
-    inverse_temperature = 1.0 / float(params.temperature)
-    if 0 < params.top_k < vocab:
+    inverse_temperature = 1.0 / float(temperature)
+    if 0 < top_k < vocab:
         # Temperature is monotone, so the top-k set is found on the raw logits. Only the kept
         # tokens get a softmax: the rest of the row stays an exact zero.
-        kth_largest = np.partition(logits, vocab - params.top_k, axis=-1)[:, vocab - params.top_k]
+        kth_largest = np.partition(logits, vocab - top_k, axis=-1)[:, vocab - top_k]
         probs = np.zeros((num_rows, vocab), dtype=np.float64)  # [num_rows, vocab]
         for row_index in range(num_rows):
             # Everything at least as large as the k-th largest: ties are kept, as in HF.
             kept = np.flatnonzero(logits[row_index] >= kth_largest[row_index])
             kept_probs = _softmax(logits[row_index, kept], row_max[row_index], inverse_temperature)
-            if params.top_p < 1.0:
-                kept, kept_probs = _nucleus(kept, kept_probs, params.top_p)
+            if top_p < 1.0:
+                kept, kept_probs = _nucleus(kept, kept_probs, top_p)
+            if min_p:
+                kept, kept_probs = _min_p(kept, kept_probs, min_p)
             probs[row_index, kept] = kept_probs
         return probs
 
@@ -132,13 +141,27 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     probs *= inverse_temperature
     np.exp(probs, out=probs)
     probs /= probs.sum(axis=-1, keepdims=True)
-    if params.top_p < 1.0:
+    if top_p < 1.0:
         for row in probs:
-            candidates = _nucleus_candidates(row, params.top_p)
-            kept, kept_probs = _nucleus(candidates, row[candidates], params.top_p)
+            candidates = _nucleus_candidates(row, top_p)
+            kept, kept_probs = _nucleus(candidates, row[candidates], top_p)
+            row[:] = 0.0
+            row[kept] = kept_probs
+    if min_p:
+        for row in probs:
+            kept = np.flatnonzero(row >= min_p * row.max())
+            kept, kept_probs = _min_p(kept, row[kept], min_p)
             row[:] = 0.0
             row[kept] = kept_probs
     return probs
+
+
+def _min_p(indices: np.ndarray, token_probs: np.ndarray, min_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens ``indices`` whose probability (``token_probs``) is at least ``min_p`` times the
+    largest, renormalised (the most likely token always stays)."""
+    is_kept = token_probs >= min_p * token_probs.max()
+    kept_probs = token_probs[is_kept]
+    return indices[is_kept], kept_probs / kept_probs.sum()
 
 
 def _softmax(values: np.ndarray, max_value: float, inverse_temperature: float) -> np.ndarray:

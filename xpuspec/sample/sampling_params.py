@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from xpuspec.sample.defaults import SamplingDefaults
 from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree
 
 MAX_DRAFT_TOKENS = 16
@@ -14,6 +16,20 @@ MIN_TEMPERATURE = 1e-4
 MAX_TEMPERATURE = 100.0
 # Seeds feed numpy's SeedSequence with the token position beside them: unsigned 64-bit integers.
 SEED_LIMIT = 2**64
+# OpenAI's range for presence_penalty and frequency_penalty.
+MAX_ADDITIVE_PENALTY = 2.0
+# The fields whose None means "the model's default" (xpuspec.sample.defaults).
+DEFAULTED_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def _is_int(value: object) -> bool:
@@ -36,12 +52,25 @@ class SamplingParams:
     At most one output constraint: ``response_format`` (OpenAI's shapes: ``{"type": "text"}``,
     ``{"type": "json_object"}``, ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
     ``guided_regex`` or ``guided_grammar`` (Lark, or llama.cpp's GBNF); see :mod:`xpuspec.structured`.
+
+    Every field left at ``None`` among ``max_tokens`` and the sampling fields takes the model's default
+    (:mod:`xpuspec.sample.defaults`: its generation config, else llama.cpp's; the reply cap) when the
+    request is added (:meth:`with_defaults`). Repetition controls, applied to the logits before the
+    temperature: ``repeat_penalty`` (llama.cpp's: a logit of a token among the last ``repeat_last_n``
+    tokens of prompt and output is divided by it if positive, multiplied if not; 1 is off;
+    ``repeat_last_n`` -1 is the whole sequence, 0 off), ``presence_penalty`` and ``frequency_penalty``
+    (OpenAI's, in [-2, 2]: minus ``presence`` once and ``frequency`` per occurrence in the output).
     """
 
-    max_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no top-k cut
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # 0: no top-k cut
+    min_p: float | None = None  # 0: no min-p cut
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
@@ -61,6 +90,29 @@ class SamplingParams:
             self.stop = list(self.stop)
         self.validate()
 
+    def with_defaults(self, defaults: SamplingDefaults) -> SamplingParams:
+        """These params with every unset field (None) at ``defaults``; self if none is unset."""
+        missing = {name: getattr(defaults, name) for name in DEFAULTED_FIELDS if getattr(self, name) is None}
+        return dataclasses.replace(self, **missing) if missing else self
+
+    @property
+    def resolved(self) -> bool:
+        """Whether every defaulted field has a value (the engine takes only resolved params)."""
+        return all(getattr(self, name) is not None for name in DEFAULTED_FIELDS)
+
+    @property
+    def token_limit(self) -> int:
+        """``max_tokens`` of resolved params (the engine's): raises on unresolved ones."""
+        if self.max_tokens is None:
+            raise ValueError("these SamplingParams are unresolved: call with_defaults first")
+        return self.max_tokens
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a repetition control changes the logits."""
+        repeat = self.repeat_penalty not in (None, 1.0) and self.repeat_last_n != 0
+        return repeat or bool(self.presence_penalty) or bool(self.frequency_penalty)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -73,19 +125,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field and what it accepts."""
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_finite_number(self.temperature) or not (
-            self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE
-        ):
-            raise ValueError(
-                f"temperature must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE}, "
-                f"{MAX_TEMPERATURE}], got {self.temperature!r}"
-            )
-        if not _is_finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        self._validate_sampling()
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise ValueError(f"seed must be None or an integer in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
@@ -101,6 +141,45 @@ class SamplingParams:
                 f"got {self.num_draft_tokens!r}"
             )
         self.constraint()  # raises for a bad shape; the grammar itself is checked by the engine
+
+    def _validate_sampling(self) -> None:
+        """The defaulted fields: None (the model's default) or a value in range."""
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature is not None and (
+            not _is_finite_number(self.temperature)
+            or not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE)
+        ):
+            raise ValueError(
+                f"temperature must be 0 (greedy) or a finite number in [{MIN_TEMPERATURE}, "
+                f"{MAX_TEMPERATURE}], got {self.temperature!r}"
+            )
+        if self.top_p is not None and (not _is_finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 0):
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if self.min_p is not None and (not _is_finite_number(self.min_p) or not 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be a number in [0, 1] (0 disables it), got {self.min_p!r}")
+        if self.repeat_penalty is not None and (
+            not _is_finite_number(self.repeat_penalty) or not self.repeat_penalty > 0
+        ):
+            raise ValueError(
+                f"repeat_penalty must be a number > 0 (1 disables it), got {self.repeat_penalty!r}"
+            )
+        if self.repeat_last_n is not None and (not _is_int(self.repeat_last_n) or self.repeat_last_n < -1):
+            raise ValueError(
+                f"repeat_last_n must be an integer >= -1 (-1: the whole sequence, 0: off), "
+                f"got {self.repeat_last_n!r}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and (
+                not _is_finite_number(value) or not -MAX_ADDITIVE_PENALTY <= value <= MAX_ADDITIVE_PENALTY
+            ):
+                raise ValueError(
+                    f"{name} must be a number in [-{MAX_ADDITIVE_PENALTY:g}, {MAX_ADDITIVE_PENALTY:g}] "
+                    f"(0 disables it), got {value!r}"
+                )
 
     @property
     def constrained(self) -> bool:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, jsonify, send_from_directory
 
+from xpuspec.sample.defaults import SamplingDefaults
 from xpuspec.server.schemas import ChatCompletionRequest
 from xpuspec.server.state import server_state
+
+if TYPE_CHECKING:
+    from xpuspec.api.requests import RequestPreparer
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 PAGE_PREFIX = "/chat/"  # the page's own files; "/" is its HTML
@@ -54,6 +59,16 @@ def _field_default(name: str) -> object:
     return ChatCompletionRequest.model_fields[name].default
 
 
+def _sampling_defaults(requests: RequestPreparer | None) -> dict[str, object]:
+    """The model's sampling defaults and reply cap, and where each came from (null until loaded)."""
+    if requests is None:
+        names = [f.name for f in dataclasses.fields(SamplingDefaults) if f.name != "sources"]
+        return {**dict.fromkeys(names), "sources": {}}
+    defaults = requests.sampling_defaults
+    values = defaults.as_dict()
+    return {**values, "sources": {name: defaults.source(name) for name in values}}
+
+
 @chat_page.get("/v1/xpuspec/defaults")
 def defaults() -> Response:
     """What a request gets when it leaves a parameter out, and the drafters it may ask for."""
@@ -65,11 +80,8 @@ def defaults() -> Response:
         {
             "model": state.config.served_model_name,
             "ready": state.loop.ready.is_set() and state.loop.load_error is None,
-            "temperature": _field_default("temperature"),
-            "top_p": _field_default("top_p"),
-            "top_k": _field_default("top_k"),
+            **_sampling_defaults(requests),
             "seed": _field_default("seed"),
-            "max_tokens": _field_default("max_completion_tokens"),
             "max_model_len": requests.max_model_len if requests is not None else None,
             "drafter": drafter,
             "drafters": list(dict.fromkeys(name for name in ("auto", drafter, "none") if name is not None)),

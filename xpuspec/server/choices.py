@@ -81,9 +81,15 @@ def _sampling_params(
 ) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
+        # Unset fields stay None: the engine gives them the model's defaults (xpuspec.sample.defaults).
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        repeat_penalty=body.repeat_penalty,
+        repeat_last_n=body.repeat_last_n,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
         seed=seed,
         stop=body.stop_list,
         ignore_eos=bool(body.ignore_eos),
@@ -236,7 +242,8 @@ def prepare_chat(body: ChatCompletionRequest, requests: RequestPreparer) -> Prep
     if requested is None:
         if len(token_ids) >= context:
             _check_context(len(token_ids), 1, context, "max_completion_tokens")
-        max_tokens = context - len(token_ids)
+        # No limit named: the default reply cap, within the room the context leaves.
+        max_tokens = min(requests.sampling_defaults.max_tokens, context - len(token_ids))
     else:
         _check_context(len(token_ids), requested, context, param)
         max_tokens = requested

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.server.ollama_requests import tagged
-from xpuspec.server.ollama_schemas import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from xpuspec.version import __version__
 
 if TYPE_CHECKING:
@@ -86,11 +85,16 @@ def show(name: str, requests: RequestPreparer) -> dict[str, Any]:
     facts = bundle.target.facts
     family = str(facts.get("model_type") or "unknown")
     template = requests.chat_template.template if requests.chat_template is not None else ""
+    defaults = requests.sampling_defaults
     parameters = {
         "num_ctx": requests.max_model_len,
-        "temperature": DEFAULT_TEMPERATURE,
-        "top_p": DEFAULT_TOP_P,
-        "top_k": DEFAULT_TOP_K,
+        "num_predict": defaults.max_tokens,
+        "temperature": defaults.temperature,
+        "top_p": defaults.top_p,
+        "top_k": defaults.top_k,
+        "min_p": defaults.min_p,
+        "repeat_penalty": defaults.repeat_penalty,
+        "repeat_last_n": defaults.repeat_last_n,
     }
     info = {
         "general.architecture": family,

@@ -20,9 +20,6 @@ from xpuspec.server.choices import PreparedRequest
 from xpuspec.server.config import LATEST_TAG, ServerConfig
 from xpuspec.server.errors import APIError
 from xpuspec.server.ollama_schemas import (
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_K,
-    DEFAULT_TOP_P,
     UNLIMITED_PREDICT,
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -67,10 +64,6 @@ GENERATE: dict[str, Check] = {
 }
 # Sampling options xpuspec does not implement; load-time options are ignored (nothing to load).
 OPTIONS: dict[str, Check] = {
-    "options.repeat_penalty": (_neutral(1), "omit it or send 1"),
-    "options.presence_penalty": (_neutral(0), "omit it or send 0"),
-    "options.frequency_penalty": (_neutral(0), "omit it or send 0"),
-    "options.min_p": (_neutral(0), "omit it or send 0"),
     "options.typical_p": (_neutral(1), "omit it or send 1"),
     "options.tfs_z": (_neutral(1), "omit it or send 1"),
     "options.mirostat": (_neutral(0), "omit it or send 0"),
@@ -83,7 +76,7 @@ OPTION_NO_OPS = frozenset(
     {
         "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all", "vocab_only",
         "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep", "mirostat_tau",
-        "mirostat_eta", "repeat_last_n", "penalize_newline",
+        "mirostat_eta", "penalize_newline",
     }
 )  # fmt: skip
 
@@ -133,15 +126,20 @@ def _response_format(format_: str | dict[str, Any] | None) -> dict[str, Any] | N
 
 
 def _common(body: OllamaGenerationFields, served: str) -> dict[str, Any]:
-    """The OpenAI fields of an Ollama request: sampling with Ollama's defaults, format, streaming."""
+    """The OpenAI fields of an Ollama request: sampling (unset: the model's defaults), format, streaming."""
     options = body.options or OllamaOptions()
     seed = options.seed if options.seed is not None and options.seed >= 0 else None
     fields: dict[str, Any] = {
         "model": served,
         "stream": body.stream is not False,
-        "temperature": DEFAULT_TEMPERATURE if options.temperature is None else options.temperature,
-        "top_p": DEFAULT_TOP_P if options.top_p is None else options.top_p,
-        "top_k": DEFAULT_TOP_K if options.top_k is None else options.top_k,
+        "temperature": options.temperature,
+        "top_p": options.top_p,
+        "top_k": options.top_k,
+        "min_p": options.min_p,
+        "repeat_penalty": options.repeat_penalty,
+        "repeat_last_n": options.repeat_last_n,
+        "presence_penalty": options.presence_penalty,
+        "frequency_penalty": options.frequency_penalty,
         "seed": seed,
         "stop": options.stop or None,
         "response_format": _response_format(body.format),
@@ -214,10 +212,14 @@ def check_num_ctx(options: OllamaOptions | None, model_context: int) -> None:
         )
 
 
-def apply_limits(prepared: PreparedRequest, options: OllamaOptions | None, model_context: int) -> None:
-    """Each choice's max_tokens: num_predict, at most what is left of num_ctx (or the model's context).
+def apply_limits(
+    prepared: PreparedRequest, options: OllamaOptions | None, model_context: int, default_cap: int
+) -> None:
+    """Each choice's max_tokens: num_predict (absent: ``default_cap``, the default reply cap), at most
+    what is left of num_ctx (or the model's context).
 
-    As in Ollama, num_predict is a cap: a reply that fills the context ends with done_reason "length".
+    As in Ollama, num_predict is a cap: a reply that fills the context ends with done_reason "length";
+    -1 and -2 ask for the whole room.
     """
     options = options or OllamaOptions()
     context = options.num_ctx or model_context
@@ -231,6 +233,9 @@ def apply_limits(prepared: PreparedRequest, options: OllamaOptions | None, model
             code="context_length_exceeded",
         )
     predict = options.num_predict
-    max_tokens = room if predict is None or predict in UNLIMITED_PREDICT else min(predict, room)
+    if predict in UNLIMITED_PREDICT:
+        max_tokens = room
+    else:
+        max_tokens = min(default_cap if predict is None else predict, room)
     for choice in prepared.choices:
         choice.params.max_tokens = max_tokens

@@ -120,7 +120,7 @@ def chat() -> Response:
     check_num_ctx(body.options, requests.max_model_len)
     openai_body = chat_request(body, served)
     prepared = prepare_chat(openai_body, requests)
-    apply_limits(prepared, body.options, requests.max_model_len)
+    apply_limits(prepared, body.options, requests.max_model_len, requests.sampling_defaults.max_tokens)
     return _respond("chat", openai_body, prepared, body.model, received, generate=False)
 
 
@@ -140,7 +140,7 @@ def generate() -> Response:
         prepared = prepare_chat(openai_body, requests)
     else:
         prepared = prepare_completion(openai_body, requests)
-    apply_limits(prepared, body.options, requests.max_model_len)
+    apply_limits(prepared, body.options, requests.max_model_len, requests.sampling_defaults.max_tokens)
     kind: Kind = "chat" if templated else "completion"
     return _respond(kind, openai_body, prepared, body.model, received, generate=True)
 

@@ -14,13 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
-from xpuspec.server.schemas import MAX_STOP_STRINGS, REQUEST_CONFIG, SEED_LIMIT, ToolSpec
+from xpuspec.server.schemas import MAX_REPEAT_PENALTY, MAX_STOP_STRINGS, REQUEST_CONFIG, SEED_LIMIT, ToolSpec
 
-# What Ollama uses when a request leaves these out (its Modelfile defaults); xpuspec follows them on
-# /api/* so a client moved from Ollama samples the same way. /v1/* keeps OpenAI's defaults.
-DEFAULT_TEMPERATURE = 0.8
-DEFAULT_TOP_P = 0.9
-DEFAULT_TOP_K = 40
 # num_predict values that mean "no limit but the context" in Ollama (-1: infinite, -2: fill the context).
 UNLIMITED_PREDICT = (-1, -2)
 
@@ -33,13 +28,20 @@ class OllamaOptions(BaseModel):
     model_config = REQUEST_CONFIG
 
     num_predict: int | None = Field(
-        None, ge=-2, description="tokens to generate at most; -1 or -2 (or absent): until the context is full"
+        None,
+        ge=-2,
+        description="tokens to generate at most (absent: the default reply cap); -1 or -2: until the context "
+        "is full",
     )
-    temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description=f"default {DEFAULT_TEMPERATURE}; 0 is greedy"
-    )
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description=f"default {DEFAULT_TOP_P}")
-    top_k: int | None = Field(None, ge=0, description=f"default {DEFAULT_TOP_K}; 0: no cut")
+    # Sampling: each left out takes the model's default, as on /v1/* (xpuspec.sample.defaults).
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 is greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, description="0: no cut")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="0: no cut")
+    repeat_penalty: float | None = Field(None, gt=0.0, le=MAX_REPEAT_PENALTY, description="1: off")
+    repeat_last_n: int | None = Field(None, ge=-1, description="-1: the whole sequence; 0: off")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     seed: int | None = Field(None, lt=SEED_LIMIT, description="a negative seed (Ollama's -1) means random")
     stop: list[NonEmptyString] | None = Field(
         None, max_length=MAX_STOP_STRINGS, description=f"up to {MAX_STOP_STRINGS} stop strings"

@@ -23,6 +23,8 @@ MAX_CHOICES = 16
 SEED_LIMIT = 2**64
 # Below this a temperature is not 0 but divides logits into overflow (1/1e-320 is inf): refused.
 MIN_TEMPERATURE = 1e-4
+# A penalty dividing logits by more than this leaves nothing a sampler could tell apart.
+MAX_REPEAT_PENALTY = 100.0
 
 NonEmptyString = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -109,9 +111,19 @@ class GenerationFields(BaseModel):
 
     model: str = Field(description="the served model name or one of its aliases (GET /v1/models)")
     temperature: float | None = Field(
-        1.0, ge=0.0, le=2.0, description=f"0 is greedy; otherwise at least {MIN_TEMPERATURE}"
+        None,
+        ge=0.0,
+        le=2.0,
+        description=f"0 is greedy; otherwise at least {MIN_TEMPERATURE} "
+        "(default: the model's, GET /v1/xpuspec/defaults)",
     )
-    top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="default: the model's")
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="minus this from the logit of every token the output holds"
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="minus this times the count of each token in the output"
+    )
     seed: int | None = Field(
         None,
         ge=0,
@@ -123,7 +135,18 @@ class GenerationFields(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     # xpuspec extensions
-    top_k: int | None = Field(0, ge=0, description="xpuspec: keep the k most likely tokens (0: all)")
+    top_k: int | None = Field(
+        None, ge=0, description="keep the k most likely tokens (0: all; default: the model's)"
+    )
+    min_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="keep tokens at least min_p times as likely as the most likely"
+    )
+    repeat_penalty: float | None = Field(
+        None, gt=0.0, le=MAX_REPEAT_PENALTY, description="llama.cpp's repetition penalty (1: off)"
+    )
+    repeat_last_n: int | None = Field(
+        None, ge=-1, description="tokens repeat_penalty looks back over (-1: all, 0: off; default 64)"
+    )
     num_draft_tokens: int | None = Field(
         None, ge=0, le=MAX_DRAFT_TOKENS, description="xpuspec: fixed speculation length (default adaptive)"
     )

@@ -43,11 +43,7 @@ Check = tuple[Callable[[object], bool], str]
 
 SHARED: dict[str, Check] = {
     "logit_bias": (_absent, "omit it or send {}"),
-    "presence_penalty": (_zero, "omit it or send 0"),
-    "frequency_penalty": (_zero, "omit it or send 0"),
-    "repetition_penalty": (lambda v: v is None or v == 1, "omit it or send 1"),
-    "repeat_penalty": (lambda v: v is None or v == 1, "omit it or send 1"),
-    "min_p": (_zero, "omit it or send 0"),
+    "repetition_penalty": (lambda v: v is None or v == 1, "send repeat_penalty (llama.cpp's) instead"),
     "guided_json": (_absent, "omit it"),
     "guided_choice": (_absent, "omit it"),
 }

@@ -160,8 +160,8 @@ async function loadDefaults() {
 function resetParams() {
   const d = state.defaults;
   if (!d) return;
-  $("temperature").value = d.temperature ?? 1;
-  $("top_p").value = d.top_p ?? 1;
+  $("temperature").value = d.temperature ?? "";
+  $("top_p").value = d.top_p ?? "";
   $("max_tokens").value = d.max_tokens ?? "";
   $("seed").value = d.seed ?? "";
   $("drafter").value = "auto";
@@ -187,9 +187,10 @@ function requestBody(messages, overrides = {}) {
     messages,
     stream: true,
     stream_options: { include_usage: true, include_speculation: true },
-    temperature: Number($("temperature").value || 1),
-    top_p: Number($("top_p").value || 1),
   };
+  // A field left empty is left out: the server gives it the model's default (GET /v1/xpuspec/defaults).
+  if ($("temperature").value !== "") body.temperature = Number($("temperature").value);
+  if ($("top_p").value !== "") body.top_p = Number($("top_p").value);
   if ($("max_tokens").value) body.max_tokens = Number($("max_tokens").value);
   if ($("seed").value !== "") body.seed = Number($("seed").value);
   if ($("drafter").value && $("drafter").value !== "auto") body.drafter = $("drafter").value;

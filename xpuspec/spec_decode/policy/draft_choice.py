@@ -169,7 +169,7 @@ class DraftChoice:
         if sequence.params.num_draft_tokens is None:
             if self.step_drafting_on is False:
                 return DraftDecision.OFF_MEASURED
-            if sequence.params.max_tokens <= SHORT_REPLY_TOKENS:
+            if sequence.params.token_limit <= SHORT_REPLY_TOKENS:
                 return DraftDecision.OFF_SHORT
         return DraftDecision.OFF_PREDICTED
 
@@ -227,7 +227,7 @@ class DraftChoice:
             return (wanted, math.inf) if not wanted.is_chain else (None, 0.0)
         if not self._may_draft(running):
             return None, 0.0  # the chain's γ is 0 then too (_chain_length)
-        if sequence.params.max_tokens <= SHORT_REPLY_TOKENS:
+        if sequence.params.token_limit <= SHORT_REPLY_TOKENS:
             return None, 0.0  # no drafter set-up for a short reply: a lookup chain at most (_chain_length)
         return self.tree_policy.choose_with_rate(self._acceptance_rate(sequence), running, running)
 
@@ -266,7 +266,7 @@ class DraftChoice:
         if not self._may_draft(running):
             return 0, False, None
         previous = self._previous_tokens_per_sequence(running)
-        short = sequence.params.max_tokens <= SHORT_REPLY_TOKENS  # lookups only
+        short = sequence.params.token_limit <= SHORT_REPLY_TOKENS  # lookups only
         gamma, tokens_per_second = self.length_policy.best(
             rate, running, running, previous, max_gamma=0 if short else None
         )

@@ -1,0 +1,69 @@
+"""Repetition penalties are exact under speculation: greedy speculative output with penalties is the
+target alone's with the same penalties, with chains and trees (exact preset). Each verified row is
+penalised with the history before its position, the drafts before it included; a rule that forgets
+the drafts must fail these comparisons."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import EXACT_PRESET
+from xpuspec import Pipeline, SamplingParams
+from xpuspec.engine import verification
+
+PROMPTS = [
+    "def add(a, b):",
+    "x = 1\ny = 2\nz = x + y\n" * 4,
+    "lazy dog " * 12,
+    "for i in range(10):\n    if i % 2 == 0:\n        continue\n",
+    "yield i\n" * 8,
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+]
+PENALTIES = dict(repeat_penalty=1.6, repeat_last_n=16, presence_penalty=0.7, frequency_penalty=0.4)
+MAX_TOKENS = 32
+
+
+def _params(**extra: object) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, **PENALTIES, **extra)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def target_only(pair_bundle) -> list[list[int]]:
+    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
+    return [pipe.generate(prompt, _params())[0].token_ids for prompt in PROMPTS]
+
+
+def test_the_penalties_change_the_greedy_text(pair_bundle, target_only):
+    pipe = Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET)
+    plain = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    unpenalized = [pipe.generate(prompt, plain)[0].token_ids for prompt in PROMPTS]
+    assert sum(a != b for a, b in zip(unpenalized, target_only, strict=True)) >= len(PROMPTS) // 2
+
+
+@pytest.mark.parametrize(
+    ("drafter", "extra"),
+    [
+        ("draft", {"num_draft_tokens": 4}),
+        ("ngram", {"num_draft_tokens": 4}),
+        ("draft", {"draft_tree": {"depth": 3, "width": 2, "nodes": 6}}),
+    ],
+    ids=["draft-chain", "ngram-chain", "draft-tree"],
+)
+def test_greedy_with_penalties_equals_the_target_alone(pair_bundle, target_only, drafter, extra):
+    pipe = Pipeline(pair_bundle, drafter=drafter, properties=EXACT_PRESET)
+    results = [pipe.generate(prompt, _params(**extra))[0] for prompt in PROMPTS]
+    assert [r.token_ids for r in results] == target_only
+    assert sum(r.stats["accepted"] for r in results) > 0, "no draft was accepted: speculation did not run"
+
+
+def test_all_in_flight(pair_bundle, target_only):
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    results = pipe.generate(PROMPTS, _params(num_draft_tokens=4))
+    assert [r.token_ids for r in results] == target_only
+
+
+def test_a_rule_that_forgets_the_drafts_is_caught(pair_bundle, target_only, monkeypatch):
+    monkeypatch.setattr(verification, "chain_prefixes", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
+    results = [pipe.generate(prompt, _params(num_draft_tokens=4))[0] for prompt in PROMPTS]
+    assert [r.token_ids for r in results] != target_only
