@@ -20,6 +20,7 @@ from xpuspec.api import calibration_cache
 from xpuspec.api.cross_tokenizer_drafter import cross_tokenizer_proposer, draft_blocks, draft_options
 from xpuspec.api.eagle3_drafter import eagle3_proposer
 from xpuspec.api.engine_driver import EngineDriver, RequestStep
+from xpuspec.api.engine_settings import engine_settings
 from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
 from xpuspec.api.results import GenerationError, GenerationResult
 from xpuspec.core.interfaces import Drafter
@@ -85,12 +86,10 @@ class Pipeline:
         ``draft_vocab``: the draft proposes only the first ``draft_vocab`` ids of the shared vocabulary
         (its LM head is cut to them, :func:`xpuspec.executor.graph_edits.cut_logits_vocab`); default: what
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all.
-        ``grammar_limits``: what compiling one request's output constraint may cost (default:
-        :class:`~xpuspec.structured.matcher.GrammarLimits`'s).
+        ``grammar_limits``: what compiling one request's output constraint may cost (``GrammarLimits``).
         ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed.
-        ``max_tokens_default``: the reply cap of requests that set no ``max_tokens`` (default:
-        :data:`xpuspec.sample.defaults.DEFAULT_MAX_TOKENS`); their other unset sampling fields take the
-        bundle's model's defaults (``bundle.sampling_defaults``)."""
+        ``max_tokens_default``: the reply cap of requests that set no ``max_tokens``
+        (:func:`~xpuspec.api.engine_settings.engine_settings`)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -109,19 +108,12 @@ class Pipeline:
         requested = Placement(target_device, draft_device, drafter)
         eagle3_head = self._place(requested, use_placement, eagle3_head, core, registry)
         self._choose_devices(use_placement, core, registry)
-        config = engine_config or EngineConfig(max_model_len=self.bundle.max_context)
-        # One definition of the defaults: the model's generation config, else llama.cpp's (sample.defaults).
-        defaults = self.bundle.sampling_defaults.with_max_tokens(max_tokens_default, "max_tokens_default")
-        config = dataclasses.replace(config, sampling_defaults=defaults)
-        if not enable_prefix_caching:  # either switch turns it off
-            config = dataclasses.replace(config, enable_prefix_caching=False)
-        if shared_lookup_tokens is not None:  # the cross-request lookup's bound (EngineConfig; 0: off)
-            config = dataclasses.replace(config, shared_lookup_tokens=shared_lookup_tokens)
-        runner_limits = {
-            "max_draft_tokens": config.max_draft_tokens,
-            "max_sequences": config.max_num_seqs,
-            "max_context": config.max_model_len,
-            "core": core,
+        config = engine_settings(
+            self.bundle, engine_config, max_tokens_default, enable_prefix_caching, shared_lookup_tokens
+        )
+        limits = (config.max_draft_tokens, config.max_num_seqs, config.max_model_len)
+        runner_limits = dict(zip(("max_draft_tokens", "max_sequences", "max_context"), limits)) | {
+            "core": core
         }
         finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
         # The drafter the engine drafts with (None: target only).
