@@ -67,3 +67,35 @@ def test_a_rule_that_forgets_the_drafts_is_caught(pair_bundle, target_only, monk
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     results = [pipe.generate(prompt, _params(num_draft_tokens=4))[0] for prompt in PROMPTS]
     assert [r.token_ids for r in results] != target_only
+
+
+@pytest.fixture(scope="module")
+def self_pair(pair_bundle, tmp_path_factory) -> Pipeline:
+    """The pair's target drafting for itself: with penalties applied alike on both sides, every draft
+    is the target's own choice."""
+    from xpuspec.prepare import PrepareConfig, prepare_bundle
+
+    target = pair_bundle.parent / "target"  # the pair's Hugging Face checkpoint
+    out = tmp_path_factory.mktemp("self_pair") / "bundle"
+    bundle = prepare_bundle(PrepareConfig(target=str(target), draft=str(target), output=out, weights="fp16"))
+    return Pipeline(bundle, drafter="draft", properties=EXACT_PRESET, draft_properties=EXACT_PRESET)
+
+
+def test_the_draft_is_penalised_as_the_target_is(self_pair, pair_bundle):
+    """Drafts proposed from rows penalised like the target's are accepted; from unpenalised rows, the
+    drafts the penalty turns away are rejected (the control)."""
+    params = _params(num_draft_tokens=4)
+    expected = [
+        Pipeline(pair_bundle, drafter="none", properties=EXACT_PRESET).generate(p, _params())[0]
+        for p in PROMPTS
+    ]
+
+    def acceptance() -> float:
+        results = [self_pair.generate(prompt, params)[0] for prompt in PROMPTS]
+        assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+        return sum(r.stats["accepted"] for r in results) / sum(r.stats["drafted"] for r in results)
+
+    assert acceptance() >= 0.95
+    proposer = self_pair.engine.proposer
+    proposer.set_draft_mask(lambda request_id, drafted, logits: logits)  # the draft's rows unpenalised
+    assert acceptance() < 0.8

@@ -111,10 +111,8 @@ class Pipeline:
         config = engine_settings(
             self.bundle, engine_config, max_tokens_default, enable_prefix_caching, shared_lookup_tokens
         )
-        limits = (config.max_draft_tokens, config.max_num_seqs, config.max_model_len)
-        runner_limits = dict(zip(("max_draft_tokens", "max_sequences", "max_context"), limits)) | {
-            "core": core
-        }
+        runner_limits = {"max_draft_tokens": config.max_draft_tokens, "max_sequences": config.max_num_seqs}
+        runner_limits |= {"max_context": config.max_model_len, "core": core}
         finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
         # The drafter the engine drafts with (None: target only).
         self.proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))

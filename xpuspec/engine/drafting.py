@@ -22,6 +22,7 @@ from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.engine import constraints as structured
 from xpuspec.engine.outputs import StepOutput
+from xpuspec.sample.penalties import penalize
 from xpuspec.sample.sampler import position_exponentials, race, sample
 
 if TYPE_CHECKING:
@@ -138,9 +139,19 @@ class Drafting:
         )
 
     def constrain_draft_logits(self, request_id: str, drafted: list[int], logits: np.ndarray) -> np.ndarray:
-        """A draft row ([1, draft vocab]) masked by the request's grammar after ``drafted`` drafts."""
+        """A draft row ([1, draft vocab]) after ``drafted`` drafts, penalised as the target's row at that
+        position will be (its repetition controls: a draft proposed from unpenalised rows is rejected
+        wherever the penalty moves the target's choice) and masked by the request's grammar."""
         state = self.engine.states.get(request_id)
-        if state is None or state.guide is None:
+        sequence = self.engine.sequences.get(request_id)
+        if state is None or sequence is None:
+            return logits
+        if sequence.params.penalized:
+            outputs = len(sequence.output_token_ids)
+            logits = penalize(
+                logits, sequence.token_ids, outputs, [drafted], sequence.params, state.eos_token_ids
+            )
+        if state.guide is None:
             return logits
         try:
             return state.guide.mask_draft_logits(drafted, logits)

@@ -51,12 +51,13 @@ def penalize(
         if repeat != 1.0 and last_n != 0:
             history = list(token_ids) + list(prefix)
             window = np.unique(np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64))
-            window = window[~np.isin(window, exempt_ids)]
+            # A draft's row may be narrower than the vocabulary (a cut draft vocabulary).
+            window = window[~np.isin(window, exempt_ids) & (window < penalized.shape[1])]
             values = penalized[row, window]
             penalized[row, window] = np.where(values > 0, values / repeat, values * repeat)
         if presence or frequency:
             tokens, counts = np.unique(np.asarray(output + list(prefix), dtype=np.int64), return_counts=True)
-            kept = ~np.isin(tokens, exempt_ids)
+            kept = ~np.isin(tokens, exempt_ids) & (tokens < penalized.shape[1])
             tokens, counts = tokens[kept], counts[kept]
             if tokens.size:
                 penalized[row, tokens] -= counts * frequency + presence

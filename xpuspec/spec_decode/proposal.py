@@ -111,7 +111,8 @@ class DraftModelProposer:
             shares_block_tables=not runner_caps.owns_sequence_kv,
         )
         # (request_id, tokens drafted so far this step, logits [1, draft vocab]) -> logits with the
-        # tokens the request's output constraint forbids at -inf; set by the engine (set_draft_mask).
+        # tokens the request's output constraint forbids at -inf, and penalised by its repetition controls;
+        # set by the engine (set_draft_mask).
         self._draft_mask: DraftMask | None = None
 
     def set_draft_mask(self, mask: DraftMask) -> None:
@@ -199,7 +200,8 @@ class DraftModelProposer:
                 request_id = chunk.sequence.request_id
                 try:
                     row_logits = logits[row : row + 1]  # [1, draft vocab]
-                    if self._draft_mask is not None and chunk.sequence.params.constrained:
+                    params = chunk.sequence.params
+                    if self._draft_mask is not None and (params.constrained or params.penalized):
                         row_logits = self._draft_mask(request_id, token_ids[request_id], row_logits)
                         if np.all(np.isneginf(row_logits)):
                             # Every id the grammar allows here lies outside the draft's vocabulary (a
