@@ -94,6 +94,22 @@ def _add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("XPUSPEC_API_KEY"),
         help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $XPUSPEC_API_KEY)",
     )
+    parser.add_argument(
+        "--allowed-hosts",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME...]",
+        help="further Host names to answer (repeatable; * any): by default only localhost, IP "
+        "addresses and --host are, so a web page cannot reach the server through DNS rebinding",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGIN[,ORIGIN...]",
+        help="browser origins whose pages may call the server, e.g. http://localhost:3000 or "
+        "'http://localhost:*' (repeatable; * any): by default only the server's own (the chat page)",
+    )
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -288,6 +304,8 @@ def _settings(args: argparse.Namespace) -> _Settings:
                 max_body_bytes=args.max_body_bytes,
                 stream_interval_s=args.stream_interval_ms / 1e3,
                 stream_interval_per_stream_s=args.stream_interval_per_stream_ms / 1e3,
+                allowed_hosts=(args.host, *_comma_list(args.allowed_hosts)),
+                allowed_origins=_comma_list(args.allowed_origins),
             ),
             limits=ListenerLimits(
                 threads=args.threads,
@@ -309,6 +327,11 @@ def _settings(args: argparse.Namespace) -> _Settings:
         )
     except ValueError as error:
         raise _Refused(str(error), EXIT_USAGE) from error
+
+
+def _comma_list(values: list[str]) -> tuple[str, ...]:
+    """Repeated, comma-separated flag values as one tuple, without blanks."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
 
 
 def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
