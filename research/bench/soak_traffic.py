@@ -73,7 +73,7 @@ def openai_chat(target: Target, rng: random.Random, stream: bool) -> int:
 
 def early_disconnect(target: Target, rng: random.Random) -> int:
     """A stream closed after its first few frames: the server must abort it and free its KV."""
-    body = {"model": target.model, "prompt": user_prompt(rng), "max_tokens": 512, "stream": True,
+    body = {"model": target.model, "prompt": user_prompt(rng), "max_tokens": 256, "stream": True,
             "ignore_eos": True}  # fmt: skip
     with httpx.stream("POST", f"{target.base_url}/v1/completions", json=body, timeout=120) as response:
         frames = 0

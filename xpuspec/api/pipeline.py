@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from xpuspec.api import calibration_cache
 from xpuspec.api.eagle3_drafter import eagle3_proposer
 from xpuspec.api.engine_driver import EngineDriver, RequestStep
+from xpuspec.api.memory_budget import KVCacheSize, target_share
 from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
 from xpuspec.api.results import GenerationError, GenerationResult
 from xpuspec.core.interfaces import Drafter
@@ -67,6 +68,7 @@ class Pipeline:
         draft_properties: PropertiesArg = None,
         engine_config: EngineConfig | None = None,
         num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
         use_placement: bool = True,
         overlap: bool | None = None,
         enable_prefix_caching: bool = True,
@@ -85,7 +87,10 @@ class Pipeline:
         the bundle's manifest records for its draft (``xpuspec prepare --draft-vocab``), else all.
         ``grammar_limits``: what compiling one request's output constraint may cost (default:
         :class:`~xpuspec.structured.matcher.GrammarLimits`'s).
-        ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed."""
+        ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed.
+        ``kv_cache_bytes``: without ``num_kv_blocks``, the KV cache of the target and of a draft model
+        together take about this many bytes (:mod:`xpuspec.api.memory_budget`); default: the
+        executor's own budget for the target."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -115,9 +120,15 @@ class Pipeline:
             "max_context": config.max_model_len,
             "core": core,
         }
+        self.draft_runner: Any = None  # a draft model's runner, once built
         finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
+        target_bytes = None
+        if kv_cache_bytes is not None and num_kv_blocks is None:
+            draft_facts = self.bundle.draft.facts if self._drafts_with_model() and self.bundle.draft else None
+            target_bytes = int(kv_cache_bytes * target_share(self.bundle.target.facts, draft_facts))
+        head = self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits, target_bytes)
         # The drafter the engine drafts with (None: target only).
-        self.proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
+        self.proposer = finish(head)
         self._build_engine(self.proposer, config, overlap, grammar_limits, phase_hooks)
         # The one driver of the engine's steps: inline in generate/stream/steps, or in a server's loop thread.
         self.driver = EngineDriver(self.engine, self.tokenizer)
@@ -193,6 +204,7 @@ class Pipeline:
         eagle3_head: str | Path | None,
         num_kv_blocks: int | None,
         runner_limits: dict[str, Any],
+        kv_cache_bytes: int | None = None,
     ) -> HeadFolder | None:
         """The target's executor (``self.target_runner``); returns the EAGLE-3 head read for its taps."""
         target_properties = properties
@@ -226,11 +238,27 @@ class Pipeline:
             target_properties,
             tuned_properties=self.tuned_properties["target"],
             num_blocks=num_kv_blocks,
+            cache_bytes=kv_cache_bytes,
             hidden_state_layers=tap_layers,
             hidden_state_projection=tap_projection,
             **runner_limits,
         )
         return head
+
+    def _drafts_with_model(self) -> bool:
+        """Whether the drafter is the bundle's draft model (whose KV cache shares the target's blocks)."""
+        return self.drafter != "eagle3" and self.draft_device is not None
+
+    def kv_cache_sizes(self) -> list[KVCacheSize]:
+        """The KV caches the models hold (paged executors'; the others size theirs themselves)."""
+        from xpuspec.executor.paged_runner import PagedModelRunner
+
+        runners = (("target", self.target_runner), ("draft", self.draft_runner))
+        return [
+            KVCacheSize(role, runner.num_blocks, runner.block_size, runner.cache_bytes)
+            for role, runner in runners
+            if isinstance(runner, PagedModelRunner)
+        ]
 
     def _start_drafter(
         self,
@@ -272,6 +300,7 @@ class Pipeline:
                 precompiled=ahead.result() if ahead is not None else None,
                 **options,
             )
+            self.draft_runner = draft_runner
             if draft_runner.block_size != target.block_size:
                 raise ValueError(
                     f"draft KV block size {draft_runner.block_size} differs from the target's "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error
+from xpuspec.api.memory_budget import describe
 from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
 from xpuspec.devices.placement import add_drafter_argument
 from xpuspec.models.resolve import model_names
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# The KV cache's budget (target and draft model together, the prefix cache within it) unless
+# --memory-budget or --num-kv-blocks says otherwise: a laptop's share, about 16k tokens of the default
+# model's KV (docs/server.md, "Memory").
+DEFAULT_MEMORY_BUDGET_MIB = 192
+# Input shapes whose prepared kernels the CPU plugin keeps per model (its own default, 5000, grows
+# with every new context length a step sees); --property CPU_RUNTIME_CACHE_CAPACITY=N overrides it.
+SHAPE_CACHE_PROPERTY = "CPU_RUNTIME_CACHE_CAPACITY"
+DEFAULT_SHAPE_CACHE_ENTRIES = 64
 # How long a drain waits for in-flight requests before stopping anyway.
 DRAIN_TIMEOUT_S = 120.0
 DEFAULT_LIMITS = ListenerLimits()
@@ -161,7 +170,15 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_STREAM_INTERVAL_PER_STREAM_S * 1e3:g}; 0: a fixed interval)",
     )
     parser.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
+        "--memory-budget",
+        type=int,
+        default=DEFAULT_MEMORY_BUDGET_MIB,
+        metavar="MIB",
+        help="MiB for the KV cache of the target and draft model together, the prefix cache within it; "
+        f"logged at start with its split (default {DEFAULT_MEMORY_BUDGET_MIB})",
+    )
+    parser.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (instead of --memory-budget)"
     )
 
 
@@ -265,6 +282,7 @@ class _Settings:
     properties: dict[str, Any] | None
     draft_properties: dict[str, Any] | None
     grammar_limits: GrammarLimits
+    kv_cache_bytes: int | None  # None: --num-kv-blocks sizes the cache
 
 
 def run(args: argparse.Namespace) -> int:
@@ -317,16 +335,41 @@ def _settings(args: argparse.Namespace) -> _Settings:
                 # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
                 max_request_body_bytes=4 * args.max_body_bytes,
             ),
-            properties=with_preset(precision_preset(args), parse_properties(args.property)),
+            properties=_bounded_shape_cache(
+                args, with_preset(precision_preset(args), parse_properties(args.property))
+            ),
             draft_properties=draft_precision(args),
             grammar_limits=GrammarLimits(
                 compile_seconds=args.grammar_compile_timeout,
                 max_lexer_states=args.grammar_max_lexer_states,
                 max_grammar_size=args.grammar_max_size,
             ),
+            kv_cache_bytes=_kv_cache_bytes(args),
         )
     except ValueError as error:
         raise _Refused(str(error), EXIT_USAGE) from error
+
+
+def _kv_cache_bytes(args: argparse.Namespace) -> int | None:
+    if args.num_kv_blocks is not None:
+        return None
+    if args.memory_budget < 1:
+        raise ValueError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
+    return int(args.memory_budget) << 20
+
+
+def _bounded_shape_cache(
+    args: argparse.Namespace, properties: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """``properties`` with the CPU plugin's compiled-shape cache bounded, where both models run on the
+    CPU (the property is the CPU plugin's own) and the user did not set it."""
+    if (
+        args.target_device != "CPU"
+        or args.draft_device != "CPU"
+        or SHAPE_CACHE_PROPERTY in (properties or {})
+    ):
+        return properties
+    return {**(properties or {}), SHAPE_CACHE_PROPERTY: DEFAULT_SHAPE_CACHE_ENTRIES}
 
 
 def _comma_list(values: list[str]) -> tuple[str, ...]:
@@ -348,6 +391,7 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
             properties=settings.properties,
             draft_properties=settings.draft_properties,
             num_kv_blocks=args.num_kv_blocks,
+            kv_cache_bytes=settings.kv_cache_bytes,
             enable_prefix_caching=not args.no_prefix_caching,
             shared_lookup_tokens=args.shared_lookup_tokens,
             grammar_limits=settings.grammar_limits,
@@ -357,6 +401,8 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
         # thread (and /health) for a few hundred ms, while requests only make short-lived objects.
         gc.collect()
         gc.freeze()
+        shape_cache = (settings.properties or {}).get(SHAPE_CACHE_PROPERTY)
+        logger.info(describe(settings.kv_cache_bytes, pipeline.kv_cache_sizes(), shape_cache))
         return pipeline
 
     return load
@@ -417,7 +463,10 @@ def _serve(
 ) -> None:
     """Load the model and answer requests until ``stop`` (or a failed load); print the one 'ready' line
     once the model is loaded."""
+    from xpuspec.server.allocator import IdleTrimmer
+
     announced = False
+    trimmer = IdleTrimmer(busy=lambda: state.loop.num_in_flight > 0)
 
     def announce_when_ready() -> None:
         nonlocal announced
@@ -427,8 +476,12 @@ def _serve(
         aliases = f"; aliases: {', '.join(config.model_aliases)}" if config.model_aliases else ""
         print(f"xpuspec serve: ready on {url} (model: {config.served_model_name}{aliases})", flush=True)
 
+    def tick() -> None:
+        announce_when_ready()
+        trimmer.tick()
+
     state.loop.start()
-    listener.serve(stop=lambda: stop.is_set() or state.loop.load_error is not None, tick=announce_when_ready)
+    listener.serve(stop=lambda: stop.is_set() or state.loop.load_error is not None, tick=tick)
     listener.close()
     state.loop.stop()
 

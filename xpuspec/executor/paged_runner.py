@@ -58,8 +58,10 @@ class PagedModelRunner:
     the engine keep a count instead.
 
     Attributes: ``block_size`` (tokens per KV block, chosen by the plugin: 32 on CPU), ``num_blocks``
-    (physical blocks allocated per layer), ``vocab_size`` (logits width), ``hidden_state_layers`` (the
-    tapped layer boundaries, or None) and ``hidden_state_width`` (width of a tapped row, 0 untapped).
+    (physical blocks allocated per layer), ``cache_bytes`` (the blocks' size, resident once
+    written; the tensors hold one scratch block more), ``vocab_size`` (logits width),
+    ``hidden_state_layers`` (the tapped layer boundaries, or None) and ``hidden_state_width`` (width
+    of a tapped row, 0 untapped).
 
     ``hidden_state_layers`` (an EAGLE-3 target): the compiled graph gets one more output, the residual
     stream entering each of these layers for every scheduled token (:mod:`xpuspec.executor.hidden_taps`),
@@ -181,6 +183,9 @@ class PagedModelRunner:
                 # No more memory than the engine can ever fill: every sequence slot at full context.
                 num_blocks = min(num_blocks, -(-capacity_tokens // self.block_size))
         self.num_blocks: int = num_blocks
+        self.cache_bytes: int = (
+            num_blocks + 1
+        ) * bytes_per_block  # what the KV tensors hold when all written
         # One block more than the block tables may name: padding tokens past a sequence's last
         # block write there, and nothing reads it.
         self.scratch_block: int = num_blocks

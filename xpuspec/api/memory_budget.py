@@ -1,0 +1,63 @@
+"""The memory a server may take beyond its models: a budget for the KV cache, and how it is split.
+
+The KV cache is most of what a server's memory grows by: its pages become resident as blocks are
+first written, and the prefix cache keeps finished requests' blocks until they are needed again, so
+a busy server ends up with the whole pool resident. The prefix cache lives in the pool's free blocks:
+it is bounded by the pool, never beyond it. A budget sizes the pool of both models: the target's and
+the draft model's (which share one block table) by their width per token, so that the two together
+hold the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1 << 20
+
+
+def kv_width(facts: Mapping[str, Any]) -> int | None:
+    """A model's KV values per token (layers x KV heads x head size), or None where the manifest
+    does not say."""
+    try:
+        return int(facts["num_layers"]) * int(facts["num_kv_heads"]) * int(facts["head_dim"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def target_share(target_facts: Mapping[str, Any], draft_facts: Mapping[str, Any] | None) -> float:
+    """The part of a KV budget the target's cache takes, when a draft model shares its block table."""
+    if draft_facts is None:
+        return 1.0
+    target, draft = kv_width(target_facts), kv_width(draft_facts)
+    if target is None or draft is None:
+        return 1.0  # unknown widths: the target gets it all (the draft's cache is the smaller one)
+    return target / (target + draft)
+
+
+@dataclass(frozen=True)
+class KVCacheSize:
+    """One model's KV cache as allocated."""
+
+    role: str
+    num_blocks: int
+    block_size: int
+    cache_bytes: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def describe(budget_bytes: int | None, caches: list[KVCacheSize], shape_cache_entries: int | None) -> str:
+    """The one line `serve` logs at start: the budget and what it is split into."""
+    total = sum(cache.cache_bytes for cache in caches)
+    head = f"memory budget {budget_bytes / MIB:.0f} MiB" if budget_bytes is not None else "no memory budget"
+    parts = [f"{cache.role} {cache.cache_bytes / MIB:.0f} MiB ({cache.tokens} tokens)" for cache in caches]
+    line = f"{head}: KV cache {total / MIB:.0f} MiB"
+    if parts:
+        line += f" = {' + '.join(parts)}, the prefix cache within it"
+    if shape_cache_entries is not None:
+        line += f"; compiled-shape cache {shape_cache_entries} entries per model"
+    return line
