@@ -79,3 +79,14 @@ def test_unknown_drafter_and_absent_device_are_clear_errors(pair_bundle):
         Pipeline(pair_bundle, drafter="magic")
     with pytest.raises(ValueError, match="CPU"):  # the message names the devices that exist
         Pipeline(pair_bundle, target_device="GPU.7")
+
+
+def test_a_kv_budget_is_split_between_the_target_and_the_draft_model(pair_bundle):
+    from xpuspec.api.memory_budget import target_share
+
+    budget = 1 << 20
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, kv_cache_bytes=budget)
+    target, draft = pipe.kv_cache_sizes()
+    assert (target.role, draft.role) == ("target", "draft") and target.num_blocks == draft.num_blocks
+    assert target.cache_bytes <= budget * target_share(pipe.bundle.target.facts, pipe.bundle.draft.facts)
+    assert target.cache_bytes + draft.cache_bytes <= budget

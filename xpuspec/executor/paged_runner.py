@@ -183,9 +183,6 @@ class PagedModelRunner:
                 # No more memory than the engine can ever fill: every sequence slot at full context.
                 num_blocks = min(num_blocks, -(-capacity_tokens // self.block_size))
         self.num_blocks: int = num_blocks
-        self.cache_bytes: int = (
-            num_blocks + 1
-        ) * bytes_per_block  # what the KV tensors hold when all written
         # One block more than the block tables may name: padding tokens past a sequence's last
         # block write there, and nothing reads it.
         self.scratch_block: int = num_blocks
@@ -193,6 +190,8 @@ class PagedModelRunner:
         for name, port in cache_ports.items():
             shape = [num_blocks + 1] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
             self.cache_tensors[name] = _zeroed_tensor(port.get_element_type(), shape)
+        allocated = sum(tensor.byte_size for tensor in self.cache_tensors.values())
+        self.cache_bytes: int = allocated * num_blocks // (num_blocks + 1)  # the scratch block aside
         logger.debug(
             "%s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
             where,
