@@ -48,6 +48,7 @@ class Sample:
     rss_mb: float
     kv_blocks_used: int | None
     num_in_flight: int | None
+    rss_by_kind_mb: dict[str, float] = field(default_factory=dict)  # see rss_by_kind
 
 
 @dataclass
@@ -74,6 +75,30 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024 / 1e6
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+# glibc's malloc reserves each thread arena's heap as one mapping of this size (HEAP_MAX_SIZE, 64-bit).
+ARENA_HEAP_KB = 64 * 1024
+
+
+def rss_by_kind(pid: int) -> dict[str, float]:
+    """Resident MB by kind of mapping: ``files`` (libraries, weights), ``heap`` (the main arena),
+    ``arenas`` (other threads' malloc arenas), ``anon`` (the rest: KV tensors, Python's own arenas,
+    the plugin's large buffers)."""
+    kinds: Counter[str] = Counter()
+    kind, size_kb = "anon", 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            name = fields[5] if len(fields) > 5 else ""
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            size_kb = (end - start) // 1024
+            kind = "files" if name.startswith("/") else "heap" if name == "[heap]" else "anon"
+            if kind == "anon" and not name and size_kb == ARENA_HEAP_KB:
+                kind = "arenas"
+        elif fields[0] == "Rss:":
+            kinds[kind] += int(fields[1])
+    return {name: round(kb * 1024 / 1e6, 1) for name, kb in sorted(kinds.items())}
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -111,6 +136,8 @@ def summarize(
         if sample is not None:
             checkpoints[str(minutes)] = round(sample.rss_mb, 1)
     return {
+        "rss_by_kind_at_ready_mb": samples[0].rss_by_kind_mb if samples else None,
+        "rss_by_kind_at_end_mb": last.rss_by_kind_mb if last else None,
         "rss_at_ready_mb": round(samples[0].rss_mb, 1) if samples else None,
         "rss_after_warmup_mb": round(warm.rss_mb, 1) if warm else None,
         "rss_at_minute_mb": checkpoints,
@@ -280,7 +307,15 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         idle = wait_idle(base_url)
         stop.set()
         sampler.join()
-        samples.append(Sample(time.monotonic() - ready, rss_mb(process.pid), idle["kv_blocks_used"], 0))
+        samples.append(
+            Sample(
+                time.monotonic() - ready,
+                rss_mb(process.pid),
+                idle["kv_blocks_used"],
+                0,
+                rss_by_kind(process.pid),
+            )
+        )
         after = {
             "kv_blocks_used_after": idle["kv_blocks_used"],
             "kv_blocks_total": idle["kv_blocks_total"],

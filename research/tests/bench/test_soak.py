@@ -4,12 +4,23 @@ every kind of client against `xpuspec serve` on the demo pair."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from research.bench.soak import KindCounts, Sample, main, markdown, sample_at, status_class, summarize
+from research.bench.soak import (
+    KindCounts,
+    Sample,
+    main,
+    markdown,
+    rss_by_kind,
+    rss_mb,
+    sample_at,
+    status_class,
+    summarize,
+)
 from research.bench.soak_traffic import HOSTILE, KINDS
 
 
@@ -47,6 +58,12 @@ def test_the_summary_reads_rss_growth_errors_and_kv_after() -> None:
     assert summary["kv_blocks_used_after"] == 0
     table = markdown(summary, counts, "python -m research.bench.soak")
     assert "| responses_5xx | 1 |" in table and "| openai plain | 2xx: 1, 5xx: 1 | 0 |" in table
+
+
+def test_rss_by_kind_adds_up_to_the_processs_rss() -> None:
+    kinds = rss_by_kind(os.getpid())
+    assert {"files", "anon"} <= set(kinds)
+    assert sum(kinds.values()) == pytest.approx(rss_mb(os.getpid()), rel=0.1)
 
 
 def test_every_kind_of_client_is_in_the_mix() -> None:
