@@ -77,8 +77,9 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-# glibc's malloc reserves each thread arena's heap as one mapping of this size (HEAP_MAX_SIZE, 64-bit).
-ARENA_HEAP_KB = 64 * 1024
+# glibc's malloc places each thread arena's heap at an address aligned to its largest size
+# (HEAP_MAX_SIZE, 64 MiB on 64-bit); other anonymous mappings are seldom so aligned.
+ARENA_HEAP_ALIGNMENT = 64 << 20
 
 
 def rss_by_kind(pid: int) -> dict[str, float]:
@@ -86,15 +87,14 @@ def rss_by_kind(pid: int) -> dict[str, float]:
     ``arenas`` (other threads' malloc arenas), ``anon`` (the rest: KV tensors, Python's own arenas,
     the plugin's large buffers)."""
     kinds: Counter[str] = Counter()
-    kind, size_kb = "anon", 0
+    kind = "anon"
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
         if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
             name = fields[5] if len(fields) > 5 else ""
-            start, end = (int(bound, 16) for bound in fields[0].split("-"))
-            size_kb = (end - start) // 1024
+            start = int(fields[0].split("-")[0], 16)
             kind = "files" if name.startswith("/") else "heap" if name == "[heap]" else "anon"
-            if kind == "anon" and not name and size_kb == ARENA_HEAP_KB:
+            if kind == "anon" and not name and start % ARENA_HEAP_ALIGNMENT == 0:
                 kind = "arenas"
         elif fields[0] == "Rss:":
             kinds[kind] += int(fields[1])
@@ -262,6 +262,7 @@ def sample_until(pid: int, base_url: str, started: float, stop: threading.Event,
                 rss_mb(pid),
                 state.get("kv_blocks_used"),
                 state.get("num_in_flight"),
+                rss_by_kind(pid),
             )
         )
         if stop.wait(interval):
