@@ -129,6 +129,8 @@ class Pipeline:
         head = self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits, target_bytes)
         # The drafter the engine drafts with (None: target only).
         self.proposer = finish(head)
+        if target_bytes is not None and kv_cache_bytes is not None:
+            config = self._within_budget(config, kv_cache_bytes)
         self._build_engine(self.proposer, config, overlap, grammar_limits, phase_hooks)
         # The one driver of the engine's steps: inline in generate/stream/steps, or in a server's loop thread.
         self.driver = EngineDriver(self.engine, self.tokenizer)
@@ -249,16 +251,34 @@ class Pipeline:
         """Whether the drafter is the bundle's draft model (whose KV cache shares the target's blocks)."""
         return self.drafter != "eagle3" and self.draft_device is not None
 
-    def kv_cache_sizes(self) -> list[KVCacheSize]:
-        """The KV caches the models hold (paged executors'; the others size theirs themselves)."""
+    def kv_cache_sizes(self, num_blocks: int | None = None) -> list[KVCacheSize]:
+        """The KV caches the models hold (paged executors'; the others size theirs themselves), as
+        the engine uses them: ``num_blocks`` each (default: the engine's)."""
         from xpuspec.executor.paged_runner import PagedModelRunner
 
+        if num_blocks is None:
+            num_blocks = self.engine.block_manager.num_blocks
         runners = (("target", self.target_runner), ("draft", self.draft_runner))
         return [
-            KVCacheSize(role, runner.num_blocks, runner.block_size, runner.cache_bytes)
+            KVCacheSize(
+                role, num_blocks, runner.block_size, runner.cache_bytes * num_blocks // runner.num_blocks
+            )
             for role, runner in runners
             if isinstance(runner, PagedModelRunner)
         ]
+
+    def _within_budget(self, config: EngineConfig, kv_cache_bytes: int) -> EngineConfig:
+        """``config`` using no more KV blocks than ``kv_cache_bytes`` hold in both models' caches as
+        built: the budget's split by KV width does not know each cache's element type (a draft's f16
+        beside a target's u8), so the blocks are counted again from their real sizes."""
+        allocated = self.kv_cache_sizes(self.target_runner.num_blocks)
+        if not allocated:
+            return config
+        bytes_per_block = sum(size.cache_bytes / size.num_blocks for size in allocated)
+        usable = max(1, int(kv_cache_bytes // bytes_per_block))
+        if usable >= self.target_runner.num_blocks:
+            return config
+        return dataclasses.replace(config, max_kv_blocks=usable)
 
     def _start_drafter(
         self,

@@ -42,6 +42,9 @@ class EngineConfig:
     # of recent finished requests, up to this many tokens over all tenants; 0: none. On by default: on
     # fresh chat the cost model seldom picks its drafts and it did not lose (docs/suffix-drafter.md).
     shared_lookup_tokens: int = DEFAULT_CAPACITY
+    # Use at most this many of the target's KV blocks (None: all): the blocks beyond are never
+    # written, so their pages never become resident (a memory budget, xpuspec.api.memory_budget).
+    max_kv_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
@@ -55,6 +58,8 @@ class EngineConfig:
             raise ValueError(f"max_draft_tokens must be in [0, 16], got {self.max_draft_tokens}")
         if self.shared_lookup_tokens < 0:
             raise ValueError(f"shared_lookup_tokens must be >= 0 (0: none), got {self.shared_lookup_tokens}")
+        if self.max_kv_blocks is not None and self.max_kv_blocks < 1:
+            raise ValueError(f"max_kv_blocks must be >= 1 (None: all), got {self.max_kv_blocks}")
         if self.decode_burst_steps < 1:
             raise ValueError(f"decode_burst_steps must be >= 1 (1: no bursts), got {self.decode_burst_steps}")
         if not self.decode_burst_seconds >= 0:
