@@ -79,3 +79,30 @@ def test_unknown_drafter_and_absent_device_are_clear_errors(pair_bundle):
         Pipeline(pair_bundle, drafter="magic")
     with pytest.raises(ValueError, match="CPU"):  # the message names the devices that exist
         Pipeline(pair_bundle, target_device="GPU.7")
+
+
+def test_a_kv_budget_is_split_between_the_target_and_the_draft_model(pair_bundle):
+    from xpuspec.api.memory_budget import target_share
+
+    budget = 1 << 20
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, kv_cache_bytes=budget)
+    target, draft = pipe.kv_cache_sizes()
+    assert (target.role, draft.role) == ("target", "draft") and target.num_blocks == draft.num_blocks
+    assert target.cache_bytes <= budget * target_share(pipe.bundle.target.facts, pipe.bundle.draft.facts)
+    assert target.cache_bytes + draft.cache_bytes <= budget
+
+
+def test_a_draft_cache_wider_than_its_share_leaves_blocks_unused_to_stay_within_the_budget(pair_bundle):
+    # The split by KV width assumes one element type; a target's f16 cache beside a draft's f32 one
+    # would overrun it, so the engine uses fewer blocks than the target's cache holds.
+    budget = 1 << 20
+    target_f16 = {**F32, "KV_CACHE_PRECISION": "f16"}
+    pipe = Pipeline(
+        pair_bundle, drafter="draft", properties=target_f16, draft_properties=F32, kv_cache_bytes=budget
+    )
+    sizes = pipe.kv_cache_sizes()
+    assert sum(size.cache_bytes for size in sizes) <= budget
+    used = pipe.engine.block_manager.num_blocks
+    assert used == sizes[0].num_blocks < pipe.target_runner.num_blocks
+    result = pipe.generate("import os\n", SamplingParams(max_tokens=8, temperature=0))[0]
+    assert result.token_ids

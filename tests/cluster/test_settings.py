@@ -30,3 +30,14 @@ def test_replicas_on_intel_gpus_or_npus_ask_for_their_custom_resource() -> None:
     assert device_resources(ClusterSettings(target_device="GPU.1", draft_device="CPU")) == {"intel_gpu": 1.0}
     both = ClusterSettings(target_device="GPU", draft_device="NPU")
     assert device_resources(both) == {"intel_gpu": 1.0, "intel_npu": 1.0}
+
+
+def test_the_ingress_answers_any_host_unless_told_and_takes_origin_lists() -> None:
+    # Behind Serve's proxy the ingress is reached under names it cannot know.
+    assert ClusterSettings.from_args({}).server_config().allowed_hosts == ("*",)
+    config = ClusterSettings.from_args(
+        {"allowed_hosts": ["llm.internal"], "allowed_origins": ["https://app.example"]}
+    ).server_config()
+    assert config.allowed_hosts == ("llm.internal",) and config.allowed_origins == ("https://app.example",)
+    with pytest.raises(ValueError, match="allowed origin"):
+        ClusterSettings.from_args({"allowed_origins": ["app.example"]}).server_config()

@@ -191,7 +191,7 @@ def test_cache_bytes_budget_sets_num_blocks(ir_dir: Path, runner: PagedModelRunn
     cache_bytes = sum(tensor.byte_size for tensor in runner.cache_tensors.values())
     bytes_per_block = cache_bytes // (runner.num_blocks + 1)  # the scratch block is outside the budget
     budgeted = PagedModelRunner(ir_dir, properties=F32_PROPERTIES, cache_bytes=5 * bytes_per_block + 1)
-    assert budgeted.num_blocks == 5
+    assert budgeted.num_blocks == 5 and budgeted.cache_bytes == 5 * bytes_per_block
     with pytest.raises(ValueError, match="below one KV block"):
         PagedModelRunner(ir_dir, properties=F32_PROPERTIES, cache_bytes=bytes_per_block - 1)
 

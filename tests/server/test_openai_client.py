@@ -120,7 +120,12 @@ def test_errors_reach_the_client_in_openai_shape(
     assert not_found.value.body["code"] == "model_not_found"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError):
         openai_client.completions.create(model=live_server.model, prompt="x", max_tokens=100_000)
-    response = httpx.post(f"{live_server.base_url}/v1/completions", content=b"{nope", timeout=10)
+    response = httpx.post(
+        f"{live_server.base_url}/v1/completions",
+        content=b"{nope",
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
     assert httpx.get(f"{live_server.base_url}/health", timeout=10).status_code == 200
 

@@ -249,3 +249,30 @@ def test_the_edge_launcher_serves_the_names_serve_would(tmp_path: Path) -> None:
     ]
     powershell = templates.render(templates.RUN_PS1, wheel="x.whl")
     assert "$bundleFacts.aliases" in powershell and '"--served-model-name=$_"' in powershell
+
+
+BUDGET_LINE = re.compile(r"memory budget (\d+) MiB: KV cache (\d+) MiB = target (\d+) MiB \((\d+) tokens\)")
+
+
+def test_the_memory_budget_is_logged_at_start_and_sizes_the_kv_cache(
+    pair_bundle: Path, tmp_path: Path
+) -> None:
+    state = {}
+    for budget in ("1", "2"):
+        server = ServeProcess(
+            ["--bundle", str(pair_bundle), "--port", str(free_port()), "--memory-budget", budget, "--quiet"],
+            tmp_path / f"stderr-{budget}.log",
+        )
+        try:
+            ready = server.wait_for_line(READY, STARTUP_TIMEOUT_S)
+            state[budget] = httpx.get(f"{ready.group(1)}/v1/xpuspec/state", timeout=10).json()
+        finally:
+            assert server.stop() == 0
+        lines = [line for line in server.stderr().splitlines() if "memory budget" in line]
+        assert len(lines) == 1, server.stderr()[-2000:]
+        found = BUDGET_LINE.search(lines[0])
+        assert found is not None, lines[0]
+        assert found.group(1) == budget and int(found.group(2)) <= int(budget)
+        assert "compiled-shape cache 64 entries per model" in lines[0]
+    # Twice the budget, about twice the blocks (each budget rounds down to whole blocks).
+    assert 1.8 < state["2"]["kv_blocks_total"] / state["1"]["kv_blocks_total"] < 2.2

@@ -21,13 +21,14 @@ from xpuspec.api.cross_tokenizer_drafter import cross_tokenizer_proposer, draft_
 from xpuspec.api.eagle3_drafter import eagle3_proposer
 from xpuspec.api.engine_driver import EngineDriver, RequestStep
 from xpuspec.api.engine_settings import engine_settings
+from xpuspec.api.memory_budget import KVCacheSize, kv_cache_sizes, target_share, usable_blocks
 from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
 from xpuspec.api.results import GenerationError, GenerationResult
+from xpuspec.api.target_build import build_target, target_properties
 from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import compile_ahead, create_runner
 from xpuspec.devices.placement import (
     DRAFTERS,
-    TREE_DRAFTERS,
     Placement,
     choose_placement,
     recorded_properties,
@@ -69,6 +70,7 @@ class Pipeline:
         draft_properties: PropertiesArg = None,
         engine_config: EngineConfig | None = None,
         num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
         use_placement: bool = True,
         overlap: bool | None = None,
         enable_prefix_caching: bool = True,
@@ -89,7 +91,10 @@ class Pipeline:
         ``grammar_limits``: what compiling one request's output constraint may cost (``GrammarLimits``).
         ``phase_hooks``: told the seconds of each phase of every engine step (a profiler); None: untimed.
         ``max_tokens_default``: the reply cap of requests that set no ``max_tokens``
-        (:func:`~xpuspec.api.engine_settings.engine_settings`)."""
+        (:func:`~xpuspec.api.engine_settings.engine_settings`).
+        ``kv_cache_bytes``: without ``num_kv_blocks``, the KV cache of the target and of a draft model
+        together take about this many bytes (:mod:`xpuspec.api.memory_budget`); default: the
+        executor's own budget for the target."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         if eagle3_head is not None and drafter == "auto":
@@ -113,22 +118,24 @@ class Pipeline:
         )
         runner_limits = {"max_draft_tokens": config.max_draft_tokens, "max_sequences": config.max_num_seqs}
         runner_limits |= {"max_context": config.max_model_len, "core": core}
+        self.draft_runner: Any = None  # a draft model's runner, once built
         finish = self._start_drafter(eagle3_head, draft_properties, properties, draft_vocab, runner_limits)
-        # The drafter the engine drafts with (None: target only).
-        self.proposer = finish(self._build_target(properties, eagle3_head, num_kv_blocks, runner_limits))
+        budget = kv_cache_bytes if num_kv_blocks is None else None  # a block count given wins
+        head = self._build_target(
+            properties, eagle3_head, num_kv_blocks, runner_limits, self._target_bytes(budget)
+        )
+        self.proposer = finish(head)  # the drafter the engine drafts with (None: target only)
+        config = self._within_budget(config, budget)
         self._build_engine(self.proposer, config, overlap, grammar_limits, phase_hooks)
         # The one driver of the engine's steps: inline in generate/stream/steps, or in a server's loop thread.
         self.driver = EngineDriver(self.engine, self.tokenizer)
         # What the calibration's timings depend on, beside the machine (calibration_cache.machine_facts).
-        setup = {
-            "properties": properties,
-            "draft_properties": draft_properties,
-            "eagle3_head": str(eagle3_head) if eagle3_head is not None else None,
-            "draft_vocab": draft_vocab,
-            "engine": {k: v for k, v in dataclasses.asdict(config).items() if k != "sampling_defaults"},
-            "num_kv_blocks": num_kv_blocks,
-        }
-        self._calibrate(setup, startup_cache)
+        engine = {k: v for k, v in dataclasses.asdict(config).items() if k != "sampling_defaults"}
+        head_path = str(eagle3_head) if eagle3_head is not None else None
+        setup = dict(properties=properties, draft_properties=draft_properties, eagle3_head=head_path)
+        self._calibrate(
+            setup | dict(draft_vocab=draft_vocab, engine=engine, num_kv_blocks=num_kv_blocks), startup_cache
+        )
         self._request_counter = itertools.count()
         # The stats of the last request that finished through `stream` (for the CLI's summary).
         self.last_stats: dict[str, Any] | None = None
@@ -191,44 +198,40 @@ class Pipeline:
         eagle3_head: str | Path | None,
         num_kv_blocks: int | None,
         runner_limits: dict[str, Any],
+        kv_cache_bytes: int | None = None,
     ) -> HeadFolder | None:
         """The target's executor (``self.target_runner``); returns the EAGLE-3 head read for its taps."""
-        target_properties = properties
-        if (
-            self.drafter in TREE_DRAFTERS
-            and self.target_device.device == "CPU"
-            and "KEY_CACHE_QUANT_MODE" not in (properties or {})
-        ):
-            # Tree acceptance moves single tokens' KV; the CPU's u8 key cache is quantised per
-            # channel over a block unless keys carry per-token scales (xpuspec.executor.paged_runner).
-            # Set whenever trees can be drafted, not only for a default tree: any request (e.g. the
-            # server's draft_tree field) may ask for one. Per-token scales cost no time beyond the
-            # noise of interleaved rounds (docs/experiments/code-comment-figures.md).
-            target_properties = {**(properties or {}), "KEY_CACHE_QUANT_MODE": "BY_TOKEN"}
-        # An EAGLE-3 target taps the residual stream at the head's layers (checked against the target
-        # first); other drafters keep the plain target graph.
-        tap_layers = tap_projection = head = None
-        if eagle3_head is not None:
-            from xpuspec.executor import eagle3_graph
-            from xpuspec.executor.eagle3_head import HEAD_WEIGHT_TYPE, read_head
-
-            head = read_head(eagle3_head, self.bundle.target.path)
-            tap_layers = head.tap_layers
-            # The head's fc runs inside the target's pass, as in GenAI: a call of its own after every
-            # step cost a noticeable part of a round (docs/experiments/code-comment-figures.md).
-            tap_projection = eagle3_graph.fusion(head.weights, HEAD_WEIGHT_TYPE)
-        self.target_runner = create_runner(
-            self.target_device,
-            self.bundle.target,
-            "target",
-            target_properties,
-            tuned_properties=self.tuned_properties["target"],
-            num_blocks=num_kv_blocks,
-            hidden_state_layers=tap_layers,
-            hidden_state_projection=tap_projection,
-            **runner_limits,
+        device = self.target_device
+        options = dict(
+            tuned_properties=self.tuned_properties["target"], num_blocks=num_kv_blocks, **runner_limits
         )
+        options["cache_bytes"] = kv_cache_bytes
+        chosen = target_properties(properties, self.drafter, device.device)
+        self.target_runner, head = build_target(self.bundle, device, chosen, eagle3_head, options)
         return head
+
+    def _within_budget(self, config: EngineConfig, budget: int | None) -> EngineConfig:
+        """``config`` using no more KV blocks than both caches as built hold in ``budget`` bytes."""
+        blocks = self.target_runner.num_blocks
+        usable = usable_blocks(budget, self.kv_cache_sizes(blocks), blocks) if budget is not None else None
+        return dataclasses.replace(config, max_kv_blocks=usable) if usable is not None else config
+
+    def _target_bytes(self, budget: int | None) -> int | None:
+        """The target's part of a KV budget shared with a draft model (None: no budget)."""
+        if budget is None:
+            return None
+        draft_facts = self.bundle.draft.facts if self._drafts_with_model() and self.bundle.draft else None
+        return int(budget * target_share(self.bundle.target.facts, draft_facts))
+
+    def _drafts_with_model(self) -> bool:
+        """Whether the drafter is the bundle's draft model (whose KV cache shares the target's blocks)."""
+        return self.drafter != "eagle3" and self.draft_device is not None
+
+    def kv_cache_sizes(self, num_blocks: int | None = None) -> list[KVCacheSize]:
+        """The KV caches the models hold, as the engine uses them: ``num_blocks`` each (default: the
+        engine's; ``memory_budget.kv_cache_sizes``)."""
+        blocks = num_blocks if num_blocks is not None else self.engine.block_manager.num_blocks
+        return kv_cache_sizes((("target", self.target_runner), ("draft", self.draft_runner)), blocks)
 
     def _start_drafter(
         self,
@@ -270,6 +273,7 @@ class Pipeline:
                 precompiled=ahead.result() if ahead is not None else None,
                 **options,
             )
+            self.draft_runner = draft_runner
             if translates:
                 return cross_tokenizer_proposer(self.bundle, draft_runner, options["max_context"])
             if draft_runner.block_size != target.block_size:
@@ -444,7 +448,10 @@ class Pipeline:
                 token_ids[request_id] += step.output.new_token_ids
                 if step.output.finished:
                     finished[request_id] = step.output
-        return [self._result(texts[rid], token_ids[rid], finished[rid]) for rid in order]
+        outputs = [(texts[rid], token_ids[rid], finished[rid]) for rid in order]
+        return [
+            GenerationResult(t, ids, o.finish_reason, o.stats.as_dict(), o.error) for t, ids, o in outputs
+        ]
 
     def stream(self, prompt: str | Messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of one request piece by piece as it is generated.
@@ -486,13 +493,3 @@ class Pipeline:
         if params.draft_tree is None and self.default_draft_tree is not None:
             params = dataclasses.replace(params, draft_tree=self.default_draft_tree)
         return self.add_request(self.encode(prompt), params)
-
-    @staticmethod
-    def _result(text: str, token_ids: list[int], output: StepOutput) -> GenerationResult:
-        return GenerationResult(
-            text=text,
-            token_ids=token_ids,
-            finish_reason=output.finish_reason,
-            stats=output.stats.as_dict(),
-            error=output.error,
-        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
@@ -20,17 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api.errors import EXIT_FAILED, EXIT_USAGE, one_line, report_error, warn_if_draft_is_target
-from xpuspec.cli.parser import add_precision_flags, draft_precision, precision_preset
-from xpuspec.devices.placement import add_drafter_argument
+from xpuspec.api.memory_budget import describe
+from xpuspec.cli.parser import draft_precision, precision_preset
+from xpuspec.cli.serve_options import add_serve_arguments
 from xpuspec.models.resolve import model_names
-from xpuspec.sample.defaults import DEFAULT_MAX_TOKENS
-from xpuspec.server.config import (
-    DEFAULT_STREAM_INTERVAL_PER_STREAM_S,
-    DEFAULT_STREAM_INTERVAL_S,
-    MAX_STREAM_INTERVAL_S,
-    ServerConfig,
-)
-from xpuspec.server.http_server import BODY_RATE_GRACE_S, HttpListener, ListenerLimits
+from xpuspec.server.config import ServerConfig
+from xpuspec.server.http_server import HttpListener, ListenerLimits
 from xpuspec.structured.matcher import GrammarLimits
 
 if TYPE_CHECKING:
@@ -38,9 +32,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Input shapes whose prepared kernels the CPU plugin keeps per model (its own default, 5000, grows
+# with every new context length a step sees); --property CPU_RUNTIME_CACHE_CAPACITY=N overrides it.
+SHAPE_CACHE_PROPERTY = "CPU_RUNTIME_CACHE_CAPACITY"
+DEFAULT_SHAPE_CACHE_ENTRIES = 64
 # How long a drain waits for in-flight requests before stopping anyway.
 DRAIN_TIMEOUT_S = 120.0
-DEFAULT_LIMITS = ListenerLimits()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,203 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "one 'ready' line with the URL and the served model name(s). Exit codes: 0 after a drain "
         "(SIGTERM/SIGINT), 1 the port is taken or the model failed to load, 2 a bad argument or bundle.",
     )
-    # Groups in the order --help lists them.
-    _add_endpoint_arguments(parser)
-    _add_model_arguments(parser)
-    _add_request_arguments(parser)
-    _add_listener_arguments(parser)
-    _add_grammar_arguments(parser)
+    add_serve_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def _add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """What is served, where, to whom."""
-    parser.add_argument(
-        "--bundle", default=None, help="a bundle folder, or demo (default: SmolLM2-135M-Instruct + its draft)"
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="listen address (loopback only by default)")
-    parser.add_argument(
-        "--port", type=_port, default=8000, help="listen port (default 8000; 0: any free port)"
-    )
-    parser.add_argument(
-        "--served-model-name",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="the model name requests use and responses show (repeatable: later names are aliases; "
-        "default: the model's plain name, which an edge archive of the bundle answers too: "
-        "SmolLM2-135M-Instruct for the default model, xpuspec-demo for demo, else the folder's name "
-        "without a cache key; the older names stay aliases)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no access-log line per request on stderr (default: one line each, /health probes aside)",
-    )
-    parser.add_argument(
-        "--log-health",
-        action="store_true",
-        help="log /health requests too (default: left out, as readiness loops and probes poll it)",
-    )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("XPUSPEC_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $XPUSPEC_API_KEY)",
-    )
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the models run and how they are compiled."""
-    parser.add_argument("--target-device", default="CPU")
-    parser.add_argument("--draft-device", default="CPU")
-    add_drafter_argument(parser)
-    parser.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="recompute every prompt (default: reuse the KV of prompt prefixes seen before)",
-    )
-    parser.add_argument(
-        "--shared-lookup-tokens",
-        type=int,
-        default=None,
-        metavar="N",
-        help="beside a draft model, also draft from the tokens of recent finished requests with the same "
-        "API key, keeping up to N tokens (docs/suffix-drafter.md; default: 32768; 0: off)",
-    )
-    parser.add_argument(
-        "--property",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an OpenVINO compile property for both models (repeatable)",
-    )
-    add_precision_flags(parser)
-
-
-def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
-    """How many requests, how large, how often a stream sends, how much KV cache."""
-    parser.add_argument("--max-queue", type=int, default=256, help="requests in flight before 503")
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
-    parser.add_argument(
-        "--stream-interval-ms",
-        type=float,
-        default=DEFAULT_STREAM_INTERVAL_S * 1e3,
-        help="least time between two text frames of a stream; faster tokens share a frame, the first "
-        "and a choice's last frame are never held: each frame costs the engine CPU "
-        f"(default {DEFAULT_STREAM_INTERVAL_S * 1e3:g}; 0: one frame per step)",
-    )
-    parser.add_argument(
-        "--stream-interval-per-stream-ms",
-        type=float,
-        default=DEFAULT_STREAM_INTERVAL_PER_STREAM_S * 1e3,
-        help="with many streams open, this much more interval per open stream, up to "
-        f"{MAX_STREAM_INTERVAL_S * 1e3:g} ms: fewer frames, less CPU taken from the engine "
-        f"(default {DEFAULT_STREAM_INTERVAL_PER_STREAM_S * 1e3:g}; 0: a fixed interval)",
-    )
-    parser.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: what the device fits)"
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=_positive,
-        default=None,
-        metavar="N",
-        help="the reply cap of requests that name no limit (max_tokens, max_completion_tokens, "
-        f"num_predict; default {DEFAULT_MAX_TOKENS}); within the context either way",
-    )
-
-
-def _add_listener_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP listener's threads, connections and timeouts."""
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=DEFAULT_LIMITS.threads,
-        help=f"HTTP worker threads: each open stream holds one; /health and /metrics have their own "
-        f"(default {DEFAULT_LIMITS.threads})",
-    )
-    parser.add_argument(
-        "--connection-limit",
-        type=int,
-        default=DEFAULT_LIMITS.connection_limit,
-        help=f"open connections accepted at once (default {DEFAULT_LIMITS.connection_limit})",
-    )
-    parser.add_argument(
-        "--header-timeout",
-        type=float,
-        default=DEFAULT_LIMITS.header_timeout_s,
-        help="seconds a client may take to send a request's headers before its connection is closed "
-        f"(default {DEFAULT_LIMITS.header_timeout_s:g})",
-    )
-    parser.add_argument(
-        "--body-timeout",
-        type=float,
-        default=DEFAULT_LIMITS.body_timeout_s,
-        help="seconds a client may take to send a request's body once its headers are in, before its "
-        f"connection is closed (default {DEFAULT_LIMITS.body_timeout_s:g})",
-    )
-    parser.add_argument(
-        "--min-body-rate",
-        type=int,
-        default=DEFAULT_LIMITS.min_body_rate,
-        help="bytes per second a request body must arrive at, on average, once it has had "
-        f"{BODY_RATE_GRACE_S:g} s; slower connections are closed "
-        f"(default {DEFAULT_LIMITS.min_body_rate}; 0: no minimum)",
-    )
-    parser.add_argument(
-        "--idle-timeout",
-        type=int,
-        default=DEFAULT_LIMITS.channel_timeout_s,
-        help="seconds an idle keep-alive connection is kept open "
-        f"(default {DEFAULT_LIMITS.channel_timeout_s})",
-    )
-
-
-def _add_grammar_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = GrammarLimits()
-    parser.add_argument(
-        "--grammar-compile-timeout",
-        type=float,
-        default=defaults.compile_seconds,
-        help="seconds a new output constraint (response_format, guided_regex, guided_grammar, forced "
-        f"tool calls) may take to compile before the request is refused with 400 "
-        f"(default {defaults.compile_seconds:g})",
-    )
-    parser.add_argument(
-        "--grammar-max-lexer-states",
-        type=int,
-        default=defaults.max_lexer_states,
-        help="lexer states one constraint's grammar may build (about 1-2 kB each); beyond it the "
-        f"request is refused or ends with an error (default {defaults.max_lexer_states})",
-    )
-    parser.add_argument(
-        "--grammar-max-size",
-        type=int,
-        default=defaults.max_grammar_size,
-        help="symbols in one constraint's grammar; a larger one is a 400 "
-        f"(default {defaults.max_grammar_size})",
-    )
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    # Checked here: waitress takes a port past 65535 modulo 65536 and would listen somewhere else.
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a port is an integer, got {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0: any free port), got {port}")
-    return port
 
 
 class _Refused(Exception):
@@ -268,6 +70,7 @@ class _Settings:
     properties: dict[str, Any] | None
     draft_properties: dict[str, Any] | None
     grammar_limits: GrammarLimits
+    kv_cache_bytes: int | None  # None: --num-kv-blocks sizes the cache
 
 
 def run(args: argparse.Namespace) -> int:
@@ -307,6 +110,8 @@ def _settings(args: argparse.Namespace) -> _Settings:
                 max_body_bytes=args.max_body_bytes,
                 stream_interval_s=args.stream_interval_ms / 1e3,
                 stream_interval_per_stream_s=args.stream_interval_per_stream_ms / 1e3,
+                allowed_hosts=(args.host, *_comma_list(args.allowed_hosts)),
+                allowed_origins=_comma_list(args.allowed_origins),
             ),
             limits=ListenerLimits(
                 threads=args.threads,
@@ -318,16 +123,46 @@ def _settings(args: argparse.Namespace) -> _Settings:
                 # Waitress cuts absurd bodies before buffering them; the app answers 413 up to this.
                 max_request_body_bytes=4 * args.max_body_bytes,
             ),
-            properties=with_preset(precision_preset(args), parse_properties(args.property)),
+            properties=_bounded_shape_cache(
+                args, with_preset(precision_preset(args), parse_properties(args.property))
+            ),
             draft_properties=draft_precision(args),
             grammar_limits=GrammarLimits(
                 compile_seconds=args.grammar_compile_timeout,
                 max_lexer_states=args.grammar_max_lexer_states,
                 max_grammar_size=args.grammar_max_size,
             ),
+            kv_cache_bytes=_kv_cache_bytes(args),
         )
     except ValueError as error:
         raise _Refused(str(error), EXIT_USAGE) from error
+
+
+def _kv_cache_bytes(args: argparse.Namespace) -> int | None:
+    if args.num_kv_blocks is not None:
+        return None
+    if args.memory_budget < 1:
+        raise ValueError(f"--memory-budget must be at least 1 MiB, got {args.memory_budget}")
+    return int(args.memory_budget) << 20
+
+
+def _bounded_shape_cache(
+    args: argparse.Namespace, properties: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """``properties`` with the CPU plugin's compiled-shape cache bounded, where both models run on the
+    CPU (the property is the CPU plugin's own) and the user did not set it."""
+    if (
+        args.target_device != "CPU"
+        or args.draft_device != "CPU"
+        or SHAPE_CACHE_PROPERTY in (properties or {})
+    ):
+        return properties
+    return {**(properties or {}), SHAPE_CACHE_PROPERTY: DEFAULT_SHAPE_CACHE_ENTRIES}
+
+
+def _comma_list(values: list[str]) -> tuple[str, ...]:
+    """Repeated, comma-separated flag values as one tuple, without blanks."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
 
 
 def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
@@ -344,6 +179,7 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
             properties=settings.properties,
             draft_properties=settings.draft_properties,
             num_kv_blocks=args.num_kv_blocks,
+            kv_cache_bytes=settings.kv_cache_bytes,
             enable_prefix_caching=not args.no_prefix_caching,
             shared_lookup_tokens=args.shared_lookup_tokens,
             grammar_limits=settings.grammar_limits,
@@ -354,6 +190,8 @@ def _loader(args: argparse.Namespace, settings: _Settings) -> Callable[[], Any]:
         # thread (and /health) for a few hundred ms, while requests only make short-lived objects.
         gc.collect()
         gc.freeze()
+        shape_cache = (settings.properties or {}).get(SHAPE_CACHE_PROPERTY)
+        logger.info(describe(settings.kv_cache_bytes, pipeline.kv_cache_sizes(), shape_cache))
         return pipeline
 
     return load
@@ -415,7 +253,10 @@ def _serve(
 ) -> None:
     """Load the model and answer requests until ``stop`` (or a failed load); print the one 'ready' line
     once the model is loaded."""
+    from xpuspec.server.allocator import IdleTrimmer
+
     announced = False
+    trimmer = IdleTrimmer(busy=lambda: state.loop.num_in_flight > 0)
 
     def announce_when_ready() -> None:
         nonlocal announced
@@ -425,8 +266,12 @@ def _serve(
         aliases = f"; aliases: {', '.join(config.model_aliases)}" if config.model_aliases else ""
         print(f"xpuspec serve: ready on {url} (model: {config.served_model_name}{aliases})", flush=True)
 
+    def tick() -> None:
+        announce_when_ready()
+        trimmer.tick()
+
     state.loop.start()
-    listener.serve(stop=lambda: stop.is_set() or state.loop.load_error is not None, tick=announce_when_ready)
+    listener.serve(stop=lambda: stop.is_set() or state.loop.load_error is not None, tick=tick)
     listener.close()
     state.loop.stop()
 

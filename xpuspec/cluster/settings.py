@@ -28,6 +28,10 @@ class ClusterSettings:
     ``properties``: OpenVINO properties of both models (``{"INFERENCE_PRECISION_HINT": "f32"}``).
     ``replica_max_in_flight``: the engine loop's bound inside one replica; Serve's
     ``max_ongoing_requests`` bounds the HTTP requests a replica gets, and each may hold several choices.
+    ``allowed_hosts``: the ``Host`` names the ingress answers beside loopback names and IP addresses;
+    any by default, as clients reach it through Serve's proxy, a load balancer or a Service under
+    names it cannot know (list them to refuse others). ``allowed_origins``: the browser origins
+    whose pages may call it (none by default), as ``xpuspec serve --allowed-origins``.
     """
 
     bundle: str | None = None
@@ -41,6 +45,8 @@ class ClusterSettings:
     max_queue: int = 256
     replica_max_in_flight: int = 1024
     api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ("*",)
+    allowed_origins: tuple[str, ...] = ()
 
     @classmethod
     def from_args(cls, args: Mapping[str, Any] | None) -> ClusterSettings:
@@ -60,7 +66,13 @@ class ClusterSettings:
         name = self.served_model_name
         if name is None:
             name = DEMO_MODEL_NAME if is_demo(self.bundle) else _bundle_name(self.bundle)
-        return ServerConfig(served_model_name=name, api_key=self.api_key, max_queue=self.max_queue)
+        return ServerConfig(
+            served_model_name=name,
+            api_key=self.api_key,
+            max_queue=self.max_queue,
+            allowed_hosts=tuple(self.allowed_hosts),
+            allowed_origins=tuple(self.allowed_origins),
+        )
 
     def load_pipeline(self) -> Pipeline:
         from xpuspec.api.pipeline import Pipeline

@@ -23,6 +23,7 @@ def create_runner(
     *,
     tuned_properties: dict[str, Any] | None = None,
     num_blocks: int | None,
+    cache_bytes: int | None = None,
     block_size: int | None = None,
     max_draft_tokens: int,
     max_sequences: int,
@@ -35,6 +36,8 @@ def create_runner(
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
+    ``cache_bytes``: without ``num_blocks``, the paged executor's KV cache takes as many blocks as
+    this many bytes hold (default: its own budget); the other executors size their caches themselves.
     ``block_size`` is the KV block size the runner must use (the draft shares the target's block
     tables); OpenVINO runners pick it themselves and the caller checks the two agree.
     ``user_properties`` may name a preset ("exact"); ``tuned_properties`` are what `xpuspec plan`
@@ -63,6 +66,7 @@ def create_runner(
             device=device.device,
             properties=properties,
             num_blocks=num_blocks,
+            cache_bytes=cache_bytes if num_blocks is None else None,
             core=core,
             capacity_tokens=max_sequences * (max_context + max_draft_tokens + 1),
             # A draft alternates catch-up passes with one-token passes every step; a second compiled

@@ -221,14 +221,17 @@ class LLMEngine:
 
     def build_scheduler(self) -> None:
         """A new scheduler and block manager (at construction, and after a failed step)."""
+        num_blocks = self.target.num_blocks
+        if self.config.max_kv_blocks is not None:
+            num_blocks = min(num_blocks, self.config.max_kv_blocks)
         if self.prefix_caching:
             self.block_manager: BlockManager | PrefixCachingBlockManager = PrefixCachingBlockManager(
-                self.target.num_blocks,
+                num_blocks,
                 self.target.block_size,
                 cache_draft=self.drafter_caps.shares_block_tables,
             )
         else:
-            self.block_manager = BlockManager(self.target.num_blocks, self.target.block_size)
+            self.block_manager = BlockManager(num_blocks, self.target.block_size)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_batched_tokens=self.config.max_num_batched_tokens,

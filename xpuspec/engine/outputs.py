@@ -45,6 +45,9 @@ class EngineConfig:
     shared_lookup_tokens: int = DEFAULT_CAPACITY
     # What a request's unset sampling fields and reply cap become (Pipeline: its bundle's model's).
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    # Use at most this many of the target's KV blocks (None: all): the blocks beyond are never
+    # written, so their pages never become resident (a memory budget, xpuspec.api.memory_budget).
+    max_kv_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 + self.max_draft_tokens:
@@ -58,6 +61,8 @@ class EngineConfig:
             raise ValueError(f"max_draft_tokens must be in [0, 16], got {self.max_draft_tokens}")
         if self.shared_lookup_tokens < 0:
             raise ValueError(f"shared_lookup_tokens must be >= 0 (0: none), got {self.shared_lookup_tokens}")
+        if self.max_kv_blocks is not None and self.max_kv_blocks < 1:
+            raise ValueError(f"max_kv_blocks must be >= 1 (None: all), got {self.max_kv_blocks}")
         if self.decode_burst_steps < 1:
             raise ValueError(f"decode_burst_steps must be >= 1 (1: no bursts), got {self.decode_burst_steps}")
         if not self.decode_burst_seconds >= 0:

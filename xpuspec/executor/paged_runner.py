@@ -58,8 +58,10 @@ class PagedModelRunner:
     the engine keep a count instead.
 
     Attributes: ``block_size`` (tokens per KV block, chosen by the plugin: 32 on CPU), ``num_blocks``
-    (physical blocks allocated per layer), ``vocab_size`` (logits width), ``hidden_state_layers`` (the
-    tapped layer boundaries, or None) and ``hidden_state_width`` (width of a tapped row, 0 untapped).
+    (physical blocks allocated per layer), ``cache_bytes`` (the blocks' size, resident once
+    written; the tensors hold one scratch block more), ``vocab_size`` (logits width),
+    ``hidden_state_layers`` (the tapped layer boundaries, or None) and ``hidden_state_width`` (width
+    of a tapped row, 0 untapped).
 
     ``hidden_state_layers`` (an EAGLE-3 target): the compiled graph gets one more output, the residual
     stream entering each of these layers for every scheduled token (:mod:`xpuspec.executor.hidden_taps`),
@@ -188,6 +190,8 @@ class PagedModelRunner:
         for name, port in cache_ports.items():
             shape = [num_blocks + 1] + [dim.get_length() for dim in list(port.get_partial_shape())[1:]]
             self.cache_tensors[name] = _zeroed_tensor(port.get_element_type(), shape)
+        allocated = sum(tensor.byte_size for tensor in self.cache_tensors.values())
+        self.cache_bytes: int = allocated * num_blocks // (num_blocks + 1)  # the scratch block aside
         logger.debug(
             "%s: KV cache %s, block %d tokens, %d blocks (%.1f MiB)",
             where,

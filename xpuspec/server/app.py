@@ -19,6 +19,7 @@ from xpuspec.server.metrics import ServerMetrics
 from xpuspec.server.ollama_routes import ollama_api
 from xpuspec.server.openai_routes import openai_api
 from xpuspec.server.ops_routes import operations
+from xpuspec.server.origins import AccessPolicy, cors_headers
 from xpuspec.server.state import EXTENSION_KEY, ServerState, server_state
 
 if TYPE_CHECKING:
@@ -61,11 +62,14 @@ def create_app(
         on_finish=metrics.record_finished,
         on_cancel=metrics.cancelled_requests.inc,
     )
-    app.extensions[EXTENSION_KEY] = ServerState(config=config, loop=loop, metrics=metrics)
+    access = AccessPolicy(config.allowed_hosts, config.allowed_origins)
+    app.extensions[EXTENSION_KEY] = ServerState(config=config, loop=loop, metrics=metrics, access=access)
 
     register_error_handlers(app)
+    app.before_request(_check_access)  # before authentication: a preflight carries no key
     app.before_request(_authenticate)
     app.after_request(_count_request)
+    app.after_request(_allow_listed_origin)
     app.register_blueprint(openai_api)
     app.register_blueprint(ollama_api)
     app.register_blueprint(operations)
@@ -101,6 +105,40 @@ def unauthenticated_request(config: ServerConfig) -> Callable[[str, Mapping[str,
         return authentication_error(path, headers.get("AUTHORIZATION", ""), api_key) is not None
 
     return refused
+
+
+def _check_access() -> Response | None:
+    """403 for a foreign Host or Origin; a listed origin's CORS preflight is answered here."""
+    access = server_state().access
+    host, origin = request.headers.get("Host"), request.headers.get("Origin")
+    error = access.refusal(host, origin)
+    if error is not None:
+        return error_response(error)
+    if (
+        origin is not None
+        and request.method == "OPTIONS"
+        and "Access-Control-Request-Method" in request.headers
+    ):
+        response = Response(status=204)
+        if not access.is_same_origin(origin, host):
+            requested = request.headers.get("Access-Control-Request-Headers")
+            response.headers.update(cors_headers(origin, requested, preflight=True))
+        return response
+    return None
+
+
+def _allow_listed_origin(response: Response) -> Response:
+    """Lets a page of a listed origin read the answer (a same-origin page needs no header)."""
+    origin = request.headers.get("Origin")
+    access = server_state().access
+    if (
+        origin is not None
+        and response.status_code != 403
+        and "Access-Control-Allow-Origin" not in response.headers
+    ):
+        if access.origin_listed(origin) and not access.is_same_origin(origin, request.headers.get("Host")):
+            response.headers.update(cors_headers(origin, None, preflight=False))
+    return response
 
 
 def _authenticate() -> Response | None:

@@ -37,6 +37,9 @@ class ServerConfig:
     frame each; a choice's last frame is never held back, and 0 sends every step's tokens at once.
     ``stream_interval_per_stream_s`` lengthens it with the number of streams open, up to
     :data:`MAX_STREAM_INTERVAL_S` (0: a fixed interval; see :meth:`stream_interval_for`).
+    ``allowed_hosts`` are ``Host`` names answered beside loopback names and IP addresses (``*``: any;
+    ``xpuspec serve`` adds its ``--host``), ``allowed_origins`` browser origins answered beside the
+    server's own (``scheme://host[:port]``, ``*`` a wildcard): see ``xpuspec.server.origins``.
     """
 
     served_model_name: str = DEMO_MODEL_NAME
@@ -48,6 +51,8 @@ class ServerConfig:
     retry_after_s: int = 1
     stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S
     stream_interval_per_stream_s: float = DEFAULT_STREAM_INTERVAL_PER_STREAM_S
+    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)
+    allowed_origins: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -61,6 +66,13 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.allowed_hosts = tuple(self.allowed_hosts)
+        self.allowed_origins = tuple(self.allowed_origins)
+        for origin in self.allowed_origins:
+            if not isinstance(origin, str) or (origin != "*" and "://" not in origin):
+                raise ValueError(f"an allowed origin is scheme://host[:port] or *, got {origin!r}")
+        if not all(isinstance(host, str) and host for host in self.allowed_hosts):
+            raise ValueError(f"allowed_hosts must be non-empty strings, got {self.allowed_hosts!r}")
         for name in ("stream_interval_s", "stream_interval_per_stream_s"):
             interval = getattr(self, name)
             if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval <= 1:

@@ -23,6 +23,10 @@ MAX_JSON_DEPTH = 32
 # Most digits of an integer literal: 2**64 has 20, and no field takes a larger number.
 MAX_INTEGER_DIGITS = 20
 
+JSON_MEDIA_TYPE = "application/json"
+# What `curl -d` sends unless told otherwise, as Ollama's own documentation's examples do.
+CURL_FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
+
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_ARRAY, _CLOSE_OBJECT = b"[{]}"
 
@@ -77,6 +81,27 @@ def _parse_float(literal: str) -> float:
 
 def _parse_constant(name: str) -> float:
     raise _RejectedLiteral(f"{name} is not a JSON number; only finite numbers are allowed")
+
+
+def require_json_content_type(content_type: str | None, *, curl_form_allowed: bool = False) -> None:
+    """A 415 unless ``content_type`` is JSON (``application/json`` or ``*/*+json``).
+
+    A browser page may post ``text/plain`` or a form across origins without asking first (a CORS
+    preflight); a JSON body makes it ask, and the server says no. ``curl_form_allowed``: a request
+    that is not from a page (no ``Origin``) may also send no type or ``curl -d``'s form type.
+    """
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    if media_type == JSON_MEDIA_TYPE or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        return
+    if curl_form_allowed and media_type in ("", CURL_FORM_MEDIA_TYPE):
+        return
+    raise APIError(
+        415,
+        f"the request body must be sent as Content-Type: {JSON_MEDIA_TYPE}, got {content_type or 'none'}",
+        code="unsupported_media_type",
+    )
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from xpuspec.server import ollama_models
 from xpuspec.server.choices import PreparedRequest, prepare_chat, prepare_completion
 from xpuspec.server.errors import APIError
-from xpuspec.server.json_body import parse_json_object
+from xpuspec.server.json_body import parse_json_object, require_json_content_type
 from xpuspec.server.ollama_requests import (
     GENERATE,
     SHARED,
@@ -71,6 +71,9 @@ def _ollama_error_shape(response: Response) -> Response:
 
 def _parse(schema: type[Body], checks: dict[str, Check], generates: bool = True) -> Body:
     """The body as ``schema``; a request that generates has every field known (a 400 names one not)."""
+    # Ollama's documentation posts with a bare `curl -d`: allowed where no page can be the sender.
+    content_type, origin = request.headers.get("Content-Type"), request.headers.get("Origin")
+    require_json_content_type(content_type, curl_form_allowed=origin is None)
     data = parse_json_object(request.get_data(cache=False))  # raises 413 beyond MAX_CONTENT_LENGTH
     check_supported(data, checks)
     if generates:

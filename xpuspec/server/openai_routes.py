@@ -16,7 +16,7 @@ from xpuspec.server import tools, unsupported
 from xpuspec.server.access_log import TOKENS_KEY, request_id
 from xpuspec.server.choices import PreparedRequest, check_model, prepare_chat, prepare_completion
 from xpuspec.server.errors import APIError
-from xpuspec.server.json_body import parse_json_object
+from xpuspec.server.json_body import parse_json_object, require_json_content_type
 from xpuspec.server.provenance import Speculation, speculation_of
 from xpuspec.server.responses import ClientGone, Kind, ResponseContext, collect, stream
 from xpuspec.server.schemas import ChatCompletionRequest, CompletionRequest, first_error
@@ -30,6 +30,7 @@ CLIENT_CLOSED_REQUEST = 499
 
 
 def parse_body(schema: type[Body], checks: Mapping[str, unsupported.Check]) -> Body:
+    require_json_content_type(request.headers.get("Content-Type"))
     raw = request.get_data(cache=False)  # raises 413 beyond MAX_CONTENT_LENGTH
     data = parse_json_object(raw)
     unsupported.check_supported(data, checks)

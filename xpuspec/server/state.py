@@ -11,6 +11,7 @@ from flask import Flask, current_app
 from xpuspec.api.engine_loop import EngineLoop
 from xpuspec.server.config import ServerConfig
 from xpuspec.server.metrics import ServerMetrics
+from xpuspec.server.origins import AccessPolicy
 
 EXTENSION_KEY = "xpuspec"
 
@@ -20,6 +21,7 @@ class ServerState:
     config: ServerConfig
     loop: EngineLoop
     metrics: ServerMetrics
+    access: AccessPolicy = field(default_factory=AccessPolicy)
     started: int = field(default_factory=lambda: int(time.time()))
     _open_responses: int = 0
     _open_streams: int = 0
