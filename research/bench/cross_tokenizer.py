@@ -61,7 +61,7 @@ def run_round(pipe: Pipeline, prompts: list[str], params: SamplingParams) -> dic
 
 def cost_terms(pipe: Pipeline, gamma: int) -> dict[str, float]:
     """The cost model's terms at one sequence: c_verify(1), c_verify(1 + γ), c_drafting(γ)."""
-    cost = pipe.engine.cost_model
+    cost = pipe.cost_model
     return {
         "verify_1": cost.target_cost(1, 1),
         "verify_gamma": cost.target_cost(1 + gamma, 1),
