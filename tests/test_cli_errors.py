@@ -303,7 +303,8 @@ def test_every_command_module_registers_its_subcommands_in_order() -> None:
     parser = build_parser()
     action = next(a for a in parser._actions if a.dest == "command")
     assert list(action.choices) == [
-        "prepare", "inspect", "generate", "devices", "plan", "serve", "bench", "bundle", "verify", "cluster",
+        "prepare", "inspect", "generate", "devices", "plan", "quality", "serve", "bench", "bundle", "verify",
+        "cluster",
     ]  # fmt: skip
     assert all(module.__name__.startswith("xpuspec.cli.") for module in COMMANDS)
 

@@ -120,6 +120,8 @@ def test_required_tool_choice_gives_valid_calls(client: openai.OpenAI, gguf_serv
         tools=TOOLS,  # type: ignore[arg-type]
         tool_choice="required",
         temperature=1.0,
+        top_p=1.0,
+        extra_body={"top_k": 0, "min_p": 0.0},  # the whole distribution, whatever the model's defaults
         n=3,
         seed=1,
         max_tokens=210,

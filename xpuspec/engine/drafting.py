@@ -20,6 +20,7 @@ import numpy as np
 from xpuspec.core.interfaces import ConstraintAwareDrafter, TreeDrafting
 from xpuspec.core.proposal import Proposal
 from xpuspec.core.scheduler import ScheduledChunk
+from xpuspec.core.sequence import Sequence
 from xpuspec.engine import constraints as structured
 from xpuspec.engine.outputs import StepOutput
 from xpuspec.sample.penalties import penalize
@@ -40,6 +41,8 @@ class Drafting:
         self.timings: list[tuple[int, float]] = []  # the drafting passes of this step
         # Requests whose grammar failed while the drafter masked their rows (this step's drafting).
         self._mask_failures: set[str] = set()
+        # The sequences drafting this step, by request id: whose rows the draft-row hook penalises.
+        self._drafting: dict[str, Sequence] = {}
         proposer = engine.proposer
         if proposer is not None and proposer.caps.constraint_aware:
             cast(ConstraintAwareDrafter, proposer).set_draft_mask(self.constrain_draft_logits)
@@ -106,6 +109,7 @@ class Drafting:
         assert proposer is not None
         self.timings = []
         self._mask_failures = set()
+        self._drafting = {c.sequence.request_id: c.sequence for c in chains + trees}
         started = engine.clock()
         try:
             if chains:
@@ -143,7 +147,7 @@ class Drafting:
         position will be (its repetition controls: a draft proposed from unpenalised rows is rejected
         wherever the penalty moves the target's choice) and masked by the request's grammar."""
         state = self.engine.states.get(request_id)
-        sequence = self.engine.sequences.get(request_id)
+        sequence = self._drafting.get(request_id)
         if state is None or sequence is None:
             return logits
         if sequence.params.penalized:

@@ -41,7 +41,6 @@ class EngineView(Protocol):
     policy: SpeculationPolicy
 
     # The requests in flight, and the scheduler and KV blocks (rebuilt after a failed step).
-    sequences: dict[str, Sequence]
     states: dict[str, RequestState]
     scheduler: Scheduler
     block_manager: BlockManager | PrefixCachingBlockManager
