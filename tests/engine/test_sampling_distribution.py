@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 
 from tests.conftest import F32
-from tests.support.statistics import goodness_of_fit, sampling_engine_config
+from tests.support.statistics import goodness_of_fit, sampling_engine_config, target_joint
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine import drafting, verification
-from xpuspec.sample.penalties import penalize
-from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 
 PROMPT = "def add(a, b):"
@@ -43,29 +39,8 @@ PENALIZED = dict(PARAMS, presence_penalty=2.0, frequency_penalty=2.0, repeat_pen
 
 
 def joint_of(pair_bundle, fields: dict) -> dict[tuple[int, int, int], float]:
-    """p(t1, t2, t3) of the target under the transform of ``fields``: penalties (each position's
-    row penalised with the prompt and the tokens before it), then top-k and temperature."""
-    pipe = Pipeline(pair_bundle, drafter="none", properties=F32)
-    runner, params = pipe.target_runner, SamplingParams(**fields)
-    prompt_ids = pipe.tokenizer.encode(PROMPT)
-    blocks = list(range(runner.num_blocks))
-
-    def next_probs(prefix: list[int]) -> np.ndarray:  # [vocab]
-        logits = np.array(runner.forward([SequenceChunk(prefix, 0, blocks, 1)]))
-        if params.penalized:
-            output = len(prefix) - len(prompt_ids)
-            logits = penalize(logits, prefix, output, [[]], params)
-        return probabilities(logits, params)[0]
-
-    joint = {}
-    first = next_probs(prompt_ids)
-    for t1 in np.flatnonzero(first):
-        second = next_probs(prompt_ids + [int(t1)])
-        for t2 in np.flatnonzero(second):
-            third = next_probs(prompt_ids + [int(t1), int(t2)])
-            for t3 in np.flatnonzero(third):
-                joint[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
-    return joint
+    """p(t1, t2, t3) of the target under the transform of ``fields`` (``target_joint``)."""
+    return target_joint(pair_bundle, PROMPT, fields)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from tests.server.conftest import LiveServer, start_server, stop_server
+from tests.server.test_ollama_routes import ITEM, WEATHER  # the same schemas as the Ollama route tests
 from tests.support.tiny_checkpoints import make_tiny_checkpoint
 from tests.support.tiny_gguf import with_tokenizer, write_gguf_from_checkpoint
 from tests.support.tokenizer_families import make_family, sentencepiece_scores, special_tokens
@@ -24,22 +25,6 @@ from xpuspec.models.bundle import ModelBundle
 from xpuspec.prepare.config import PrepareConfig
 from xpuspec.prepare.gguf import prepare_gguf_bundle
 
-ITEM = {
-    "type": "object",
-    "properties": {
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
-        "count": {"type": "integer", "minimum": 1, "maximum": 9},
-        "express": {"type": "boolean"},
-    },
-    "required": ["sku", "count", "express"],
-    "additionalProperties": False,
-}
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "schema": ITEM, "strict": True}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 

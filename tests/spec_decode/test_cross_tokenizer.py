@@ -11,16 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.conftest import F32
-from tests.support.statistics import goodness_of_fit, sampling_engine_config
+from tests.support.statistics import goodness_of_fit, sampling_engine_config, target_joint
 from xpuspec import Pipeline, SamplingParams
-from xpuspec.core.chunks import SequenceChunk
 from xpuspec.engine.engine import EngineConfig
 from xpuspec.models.bundle import ModelBundle
-from xpuspec.sample.sampler import probabilities
 from xpuspec.spec_decode.cross_tokenizer import CrossTokenizerDrafter
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler
 
@@ -85,23 +82,7 @@ SAMPLED = dict(max_tokens=4, temperature=1.5, top_k=3, ignore_eos=True, num_draf
 @pytest.fixture(scope="module")
 def exact_joint(translating_bundle: Path) -> dict[tuple[int, int, int], float]:
     """p(t1, t2, t3) of the target alone under the same top-k/temperature transform."""
-    pipe = Pipeline(translating_bundle, drafter="none", properties=F32)
-    runner, params = pipe.target_runner, SamplingParams(**SAMPLED)
-    prompt_ids = pipe.tokenizer.encode(SAMPLING_PROMPT)
-    blocks = list(range(runner.num_blocks))
-
-    def next_probs(prefix: list[int]) -> np.ndarray:  # [vocab]
-        return probabilities(np.array(runner.forward([SequenceChunk(prefix, 0, blocks, 1)])), params)[0]
-
-    joint = {}
-    first = next_probs(prompt_ids)
-    for t1 in np.flatnonzero(first):
-        second = next_probs(prompt_ids + [int(t1)])
-        for t2 in np.flatnonzero(second):
-            third = next_probs(prompt_ids + [int(t1), int(t2)])
-            for t3 in np.flatnonzero(third):
-                joint[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
-    return joint
+    return target_joint(translating_bundle, SAMPLING_PROMPT, SAMPLED)
 
 
 def sample_triples(translating_bundle: Path, seeded: bool) -> list[tuple[int, ...]]:

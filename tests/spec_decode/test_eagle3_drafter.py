@@ -19,13 +19,12 @@ from research.training.eagle3_torch import random_head, save_head  # noqa: E402
 from tests.conftest import EXACT_PRESET, F32  # noqa: E402
 from tests.engine.test_exactness import PROMPTS, _make_drafting_hopeless, _mismatches  # noqa: E402
 from tests.support.engine_runs import draft_whenever_the_cost_model_says  # noqa: E402
-from tests.support.statistics import goodness_of_fit, sampling_engine_config  # noqa: E402
+from tests.support.statistics import goodness_of_fit, sampling_engine_config, target_joint  # noqa: E402
 from xpuspec import Pipeline, SamplingParams  # noqa: E402
 from xpuspec.core.chunks import SequenceChunk  # noqa: E402
 from xpuspec.executor.eagle3_head import Eagle3Head  # noqa: E402
 from xpuspec.executor.paged_runner import PagedModelRunner  # noqa: E402
 from xpuspec.models.bundle import ModelBundle  # noqa: E402
-from xpuspec.sample.sampler import probabilities  # noqa: E402
 from xpuspec.spec_decode.eagle3.head_state import HeadStates  # noqa: E402
 from xpuspec.spec_decode.eagle3.proposer import Eagle3Proposer  # noqa: E402
 from xpuspec.spec_decode.rejection_sampler import RejectionSampler  # noqa: E402
@@ -332,23 +331,7 @@ PROMPT = "def add(a, b):"
 @pytest.fixture(scope="module")
 def exact_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
     """p(t1, t2, t3) of the target under the same top-k/temperature transform."""
-    pipe = Pipeline(pair_bundle, drafter="none", properties=F32)
-    runner, params = pipe.target_runner, SamplingParams(**SAMPLED)
-    prompt_ids = pipe.tokenizer.encode(PROMPT)
-    blocks = list(range(runner.num_blocks))
-
-    def next_probs(prefix: list[int]) -> np.ndarray:  # [vocab]
-        return probabilities(np.array(runner.forward([SequenceChunk(prefix, 0, blocks, 1)])), params)[0]
-
-    joint = {}
-    first = next_probs(prompt_ids)
-    for t1 in np.flatnonzero(first):
-        second = next_probs(prompt_ids + [int(t1)])
-        for t2 in np.flatnonzero(second):
-            third = next_probs(prompt_ids + [int(t1), int(t2)])
-            for t3 in np.flatnonzero(third):
-                joint[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
-    return joint
+    return target_joint(pair_bundle, PROMPT, SAMPLED)
 
 
 def _sample_triples(pair_bundle, head_dir: Path, seeded: bool) -> list[tuple[int, ...]]:

@@ -45,3 +45,37 @@ def goodness_of_fit(samples: Iterable[Hashable], joint: Mapping[Hashable, float]
         expected = np.append(expected[~small], expected[small].sum())
         observed = np.append(observed[~small], observed[small].sum())
     return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+def target_joint(
+    bundle: Path, prompt: str, fields: Mapping[str, object]
+) -> dict[tuple[int, int, int], float]:
+    """p(t1, t2, t3) of ``bundle``'s target alone after ``prompt``, under the transform of the sampling
+    ``fields``: penalties (each position's row penalised with the prompt and the tokens before it), then
+    top-k, top-p, min-p and temperature; exact compute (f32)."""
+    from xpuspec import Pipeline, SamplingParams
+    from xpuspec.core.chunks import SequenceChunk
+    from xpuspec.executor.properties import EXACT_PROPERTIES
+    from xpuspec.sample.penalties import penalize
+    from xpuspec.sample.sampler import probabilities
+
+    pipe = Pipeline(bundle, drafter="none", properties=dict(EXACT_PROPERTIES))
+    runner, params = pipe.target_runner, SamplingParams(**fields)  # type: ignore[arg-type]
+    prompt_ids = pipe.tokenizer.encode(prompt)
+    blocks = list(range(runner.num_blocks))
+
+    def next_probs(prefix: list[int]) -> np.ndarray:  # [vocab]
+        logits = np.array(runner.forward([SequenceChunk(prefix, 0, blocks, 1)]))
+        if params.penalized:
+            logits = penalize(logits, prefix, len(prefix) - len(prompt_ids), [[]], params)
+        return probabilities(logits, params)[0]
+
+    joint = {}
+    first = next_probs(prompt_ids)
+    for t1 in np.flatnonzero(first):
+        second = next_probs(prompt_ids + [int(t1)])
+        for t2 in np.flatnonzero(second):
+            third = next_probs(prompt_ids + [int(t1), int(t2)])
+            for t3 in np.flatnonzero(third):
+                joint[(int(t1), int(t2), int(t3))] = first[t1] * second[t2] * third[t3]
+    return joint
