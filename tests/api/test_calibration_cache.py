@@ -10,7 +10,7 @@ import numpy as np
 from tests.conftest import EXACT_PRESET
 from xpuspec.api import calibration_cache
 from xpuspec.api.pipeline import Pipeline
-from xpuspec.engine.calibration import CalibrationTimings
+from xpuspec.engine.calibration import CalibrationTimings, batch_calibration_sizes
 from xpuspec.sample.sampling_params import SamplingParams
 
 
@@ -48,9 +48,10 @@ def test_a_second_start_replays_the_first_starts_timings(pair_bundle, monkeypatc
     second = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     # Timed figures are never equal twice; replayed ones are.
     np.testing.assert_array_equal(_cost_figures(second), _cost_figures(first))
-    # Only the warm-up passes ran: the target's one per verification size and the draft's two
-    # (PagedModelRunner runs both), none of the timed rounds.
-    assert calls[0] == (second.engine.config.max_draft_tokens + 1) + 2
+    # Only the warm-up passes ran: the target's one per verification size, one per size timed at the
+    # largest batch, and the draft's two (PagedModelRunner runs both), none of the timed rounds.
+    largest = second.engine.config.max_draft_tokens + 1
+    assert calls[0] == largest + len(batch_calibration_sizes(second.engine.config, largest)) + 2
     params = SamplingParams(max_tokens=12, temperature=0)
     prompt = "def add(a, b):"
     assert second.generate(prompt, params)[0].text == first.generate(prompt, params)[0].text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from xpuspec.api.pipeline import Pipeline
+from xpuspec.engine.calibration import batch_calibration_sizes
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.policy.cost_model import MAX_TOKENS_PER_SEQUENCE
 
@@ -18,6 +19,12 @@ def test_the_engine_calibrates_and_refreshes_the_verification_curve_by_tokens_pe
     assert all(table[n]["calibrated"] > 0 for n in range(1, max_gamma + 2))
     assert all(table[n]["steps"] == 0 for n in table)
     assert engine.cost_model.draft_passes.table(1)[1]["calibrated"] > 0
+    # The largest batch is timed at a few sizes of its own: one sequence's curve does not say what a
+    # full batch's extra tokens cost.
+    batch = engine.cost_model.verify.table(engine.config.max_num_seqs)
+    sizes = batch_calibration_sizes(engine.config, max_gamma + 1)
+    assert sizes and sizes[0] == 1
+    assert all((batch[n]["calibrated"] is not None) == (n in sizes) for n in batch)
 
     result = pipe.generate("def main(", SamplingParams(max_tokens=40, temperature=0.0, num_draft_tokens=3))[0]
     table = engine.cost_model.verify.table(1)
@@ -36,3 +43,5 @@ def test_a_target_only_engine_calibrates_single_token_steps_only():
     pipe = Pipeline("demo", drafter="none", properties=EXACT)
     table = pipe.engine.cost_model.verify.table(1)
     assert table[1]["calibrated"] > 0 and all(table[n]["calibrated"] is None for n in range(2, 10))
+    batch = pipe.engine.cost_model.verify.table(pipe.engine.config.max_num_seqs)
+    assert all(cell["calibrated"] is None for cell in batch.values())

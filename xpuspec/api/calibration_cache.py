@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FOLDER = "calibration"
-FORMAT = 1
+FORMAT = 2  # 2: the largest batch is timed too
 
 
 def machine_facts() -> dict[str, Any]:

@@ -13,6 +13,12 @@ from xpuspec.engine.outputs import EngineConfig
 from xpuspec.spec_decode.policy import CostModel
 
 CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the target
+# Tokens per sequence timed at the largest batch (and 1 + the largest γ): the cost between them is
+# interpolated. One sequence's curve says little about a full batch's: on 2 cores a step of 16 sequences
+# is compute-bound, each verified token costing about as much as a sequence's one token, where one
+# sequence's extra tokens are nearly free; extrapolated from one sequence, a full batch's drafts looked
+# 2-3 times cheaper than they were until the batch had measured them (issue 53's profile).
+BATCH_CALIBRATION_SIZES = (1, 3)
 
 
 @dataclass
@@ -88,6 +94,7 @@ def calibrate(
     # small models, and adaptive γ reads it per γ (spec_decode.verify_costs). Sizes are
     # interleaved, so a busy moment of the machine does not land on one size alone.
     sizes = range(1, 2 + config.max_draft_tokens if engine.proposer is not None else 2)
+    batch = _batch_chunks(engine, sizes[-1]) if engine.proposer is not None else {}
     # At a typical context: verifying several tokens runs the plugin's multi-query attention,
     # whose cost grows with the context (timed at an empty context, several tokens looked far
     # cheaper than they are; docs/experiments/code-comment-figures.md). Every position maps to block 0: the
@@ -107,6 +114,8 @@ def calibrate(
         engine.proposer.warm_up(config.max_model_len)
     for chunk in chunks.values():
         engine.target.forward([chunk])  # the first inference of a shape compiles kernels: not timed
+    for batch_chunks in batch.values():
+        engine.target.forward(batch_chunks)
     if engine.proposer is not None:
         for tokens in (1, 2):
             engine.proposer.measure_step_seconds(past + 1, tokens=tokens)  # warm-up, not timed
@@ -115,6 +124,7 @@ def calibrate(
         timings = CalibrationTimings()
         for _ in range(repeats):
             _time_each_size(engine, chunks, past, timings)
+            _time_batch(engine, batch, timings)
     replay(engine.cost_model, timings)
     return timings
 
@@ -143,6 +153,46 @@ def _time_each_size(
         timings.target.append((1, n, steady))
         if len(chunks) > 1:
             timings.shape_change.append(changed - steady)
+
+
+def batch_calibration_sizes(config: EngineConfig, largest: int) -> list[int]:
+    """Tokens per sequence timed at the largest batch (``config.max_num_seqs``, none at a batch of
+    one): :data:`BATCH_CALIBRATION_SIZES` and ``largest``, within the step's token budget."""
+    if config.max_num_seqs < 2:
+        return []
+    wanted = {*BATCH_CALIBRATION_SIZES, largest}
+    return sorted(n for n in wanted if n * config.max_num_seqs <= config.max_num_batched_tokens)
+
+
+def _batch_chunks(engine: CalibratedModels, largest: int) -> dict[int, list[SequenceChunk]]:
+    """Decode steps of the largest batch, by tokens per sequence (:func:`batch_calibration_sizes`).
+    Every sequence writes block 0, as the one-sequence timings do."""
+    config = engine.config
+    past = max(0, min(CALIBRATION_CONTEXT, config.max_model_len) - largest)
+    return {
+        n: [
+            SequenceChunk(
+                token_ids=[0] * n,
+                past_length=past,
+                block_table=[0] * engine.block_manager.blocks_needed(past + n),
+                num_logits=n,
+            )
+            for _ in range(config.max_num_seqs)
+        ]
+        for n in batch_calibration_sizes(config, largest)
+    }
+
+
+def _time_batch(
+    engine: CalibratedModels, batch: dict[int, list[SequenceChunk]], timings: CalibrationTimings
+) -> None:
+    """One round over the batch sizes, each twice in a row and the second timed (the steady cost)."""
+    clock = engine.clock
+    for n, chunks in batch.items():
+        engine.target.forward(chunks)
+        started = clock()
+        engine.target.forward(chunks)
+        timings.target.append((len(chunks), n, clock() - started))
 
 
 def _time_drafting(proposer: Drafter, gamma: int, past: int, timings: CalibrationTimings) -> None:

@@ -45,6 +45,20 @@ def test_drafts_within_the_padding_of_the_last_shape_cost_nothing() -> None:
     assert drafts_pay(model, (16, 8), 8, 8, lone)
 
 
+def test_a_compute_bound_batch_that_drafted_once_does_not_draft_on_for_its_padding() -> None:
+    # 16 sequences where each verified token costs as much as a sequence's one token (a CPU's full
+    # batch): the step that drafted ran 32 tokens. Priced against plain steps padded to 32 tokens, any
+    # draft looked free and the batch drafted on at any acceptance; plain steps shrink to 16 instead.
+    model = CostModel()
+    for tokens in range(1, 5):
+        model.calibrate_target(16, tokens, STEP * tokens)
+    model.calibrate_shape_change(STEP / 2)
+    weak = [AdaptiveDraft(tokens=1, expected_tokens=1.6, from_model=False)] * 16
+    assert not drafts_pay(model, (32, 16), 16, 16, weak)
+    # Drafts nearly always accepted still pay there.
+    assert drafts_pay(model, (32, 16), 16, 16, [AdaptiveDraft(1, 1.97, from_model=False)] * 16)
+
+
 def test_a_draft_models_phase_counts_against_its_drafts() -> None:
     model = _costs(shape_change=0.0)
     model.record_drafting([(1, STEP)], STEP, 1)  # a one-token draft pass as costly as a target step

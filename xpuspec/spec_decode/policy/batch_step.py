@@ -17,8 +17,10 @@ So, after the per-sequence choices, a step of several decoding sequences is pric
 N sequences, T the step's tokens without the adaptive drafts, E_i the tokens sequence i is
 predicted to emit with its γ_i drafts, c a target step's cost over that many tokens, with a change
 of shape where the count differs from the last step's (and none where padding holds the last
-step's larger shape: drafts then fill tokens the step runs anyway). Where plain decoding predicts
-more, the step drafts nothing adaptive. Fixed γ, seeded requests, trees and the draft model's
+step's larger shape: drafts then fill tokens the step runs anyway). The plain step is priced at the
+cheaper of its padded shape and its own, smaller shape with the change back spread over the steps it
+starts (:data:`SHRINK_HORIZON_STEPS`). Where plain decoding predicts more, the step drafts nothing
+adaptive. Fixed γ, seeded requests, trees and the draft model's
 probes are left as chosen.
 """
 
@@ -28,6 +30,12 @@ from dataclasses import dataclass
 
 from xpuspec.spec_decode.policy.cost_model import CostModel
 from xpuspec.spec_decode.policy.step_shape import Shape
+
+# Steps without drafts are priced as though they ran this many steps at their own shape, once they
+# shrank to it: padded up to a drafting step's shape they cost nearly as much as that step, and
+# priced so every step, a batch that drafted once drafts on for as long as padding holds its shape,
+# at any acceptance (on 2 cores at batch 16 a target step's cost grows about linearly in its tokens).
+SHRINK_HORIZON_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,15 @@ def step_seconds(cost_model: CostModel, last: Shape | None, num_tokens: int, num
     return cost_model.target_cost(num_tokens, num_sequences) + change
 
 
+def shrunk_step_seconds(
+    cost_model: CostModel, last: Shape | None, num_tokens: int, num_sequences: int
+) -> float:
+    """Predicted seconds of a decode step of exactly ``num_tokens``, its change of shape from ``last``
+    spread over the :data:`SHRINK_HORIZON_STEPS` steps of the smaller shape it starts."""
+    change = cost_model.shape_change if last is not None and last[0] != num_tokens else 0.0
+    return cost_model.target_cost(num_tokens, num_sequences) + change / SHRINK_HORIZON_STEPS
+
+
 def drafts_pay(
     cost_model: CostModel,
     last: Shape | None,
@@ -64,7 +81,10 @@ def drafts_pay(
         return True
     drafted = sum(draft.tokens for draft in drafts)
     gain = sum(draft.expected_tokens - 1.0 for draft in drafts)
-    plain = step_seconds(cost_model, last, other_tokens, num_sequences)
+    plain = min(
+        step_seconds(cost_model, last, other_tokens, num_sequences),
+        shrunk_step_seconds(cost_model, last, other_tokens, num_sequences),
+    )
     speculative = step_seconds(cost_model, last, other_tokens + drafted, num_sequences)
     model_drafts = [draft.tokens for draft in drafts if draft.from_model]
     if model_drafts:
