@@ -253,8 +253,9 @@ def _serve(
 ) -> None:
     """Load the model and answer requests until ``stop`` (or a failed load); print the one 'ready' line
     once the model is loaded."""
-    from xpuspec.server.allocator import IdleTrimmer
+    from xpuspec.server.allocator import IdleTrimmer, limit_arenas
 
+    limit_arenas()  # before the engine loop and the plugin start their threads
     announced = False
     trimmer = IdleTrimmer(busy=lambda: state.loop.num_in_flight > 0)
 
