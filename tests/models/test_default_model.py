@@ -273,7 +273,18 @@ def test_no_bundle_means_smollm2_with_its_draft(smollm2_gguf, tmp_path, monkeypa
         pytest.skip("no shipped draft in xpuspec/models/default_draft")
     env = {**os.environ, CACHE_ENV: str(tmp_path / "cache")}
     question = "What is the capital of France?"
-    command = [sys.executable, "-m", "xpuspec.cli", "generate", question, "--max-tokens", "32"]
+    # Greedy: at the model's sampling defaults a 135M model names Paris most of the time, not always.
+    command = [
+        sys.executable,
+        "-m",
+        "xpuspec.cli",
+        "generate",
+        question,
+        "--max-tokens",
+        "32",
+        "--temperature",
+        "0",
+    ]
     run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
     assert "Paris" in run.stdout
@@ -321,3 +332,23 @@ def test_the_shipped_head_drafts_for_the_default_model(smollm2_gguf):
     assert result.stats["accepted"] > result.stats["drafted"] / 10, result.stats
     metrics = json.loads((EAGLE3_DIR / "training_metrics.json").read_text(encoding="utf-8"))
     assert metrics["tap_layers"] == [2, 15, 27] and metrics["heldout"]["greedy_acceptance"] > 0.4
+
+
+@pytest.mark.parametrize(
+    ("recorded", "expected_temperature"),
+    [
+        (None, 0.2),  # a bundle built before sampling was recorded
+        ({"repetition_penalty": 1.1, "source": "xpuspec's default model SmolLM2-135M-Instruct"}, 0.2),
+        ({"temperature": 0.5, "source": "a user's edit"}, 0.5),  # not ours: left alone
+    ],
+)
+def test_the_default_models_recommended_sampling_reaches_older_bundles(recorded, expected_temperature):
+    from types import SimpleNamespace
+    from typing import cast
+
+    manifest = {} if recorded is None else {"sampling": dict(recorded)}
+    bundle = cast(ModelBundle, SimpleNamespace(manifest=manifest))
+    default_model.SMOLLM2.recommend_sampling(bundle)
+    assert manifest["sampling"]["temperature"] == expected_temperature
+    if expected_temperature == 0.2:
+        assert manifest["sampling"]["top_p"] == 0.9 and manifest["sampling"]["repetition_penalty"] == 1.1

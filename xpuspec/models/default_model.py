@@ -30,6 +30,10 @@ from pathlib import Path
 
 from xpuspec.models.bundle import FORMAT_VERSION, MANIFEST_NAME, BundleError, ModelBundle, sha256_file
 
+# What prepare makes of the GGUF, in the cache key: a cache built by an older conversion is built again.
+# 2: Q4_1 weights keep their block minima (xpuspec.prepare.gguf_minima).
+CONVERSION = 2
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "XPUSPEC_CACHE"
@@ -59,9 +63,12 @@ class DefaultModel:
 
     def recommend_sampling(self, bundle: ModelBundle) -> ModelBundle:
         """``bundle`` (this model's) with :attr:`sampling` recorded in its manifest where it is not yet
-        (bundles built before it was): ``ModelBundle.sampling_defaults`` reads it first."""
-        if self.sampling and "sampling" not in bundle.manifest:
-            bundle.manifest["sampling"] = {**self.sampling, "source": f"xpuspec's default model {self.name}"}
+        (bundles built before it was) or where an older xpuspec recorded other values:
+        ``ModelBundle.sampling_defaults`` reads it first."""
+        ours = {**self.sampling, "source": f"xpuspec's default model {self.name}"}
+        recorded = bundle.manifest.get("sampling")
+        if self.sampling and (recorded is None or recorded.get("source") == ours["source"]):
+            bundle.manifest["sampling"] = ours
         return bundle
 
     def __post_init__(self) -> None:
@@ -95,6 +102,7 @@ class DefaultModel:
     def cache_key(self) -> str:
         """Short digest of what the cached bundle is made of: GGUF, drafters' files, bundle format."""
         digest = hashlib.sha256(f"{self.gguf_sha256} format {FORMAT_VERSION}".encode())
+        digest.update(f"conversion {CONVERSION}".encode())
         if self.draft_vocab is not None:
             digest.update(f"draft_vocab {self.draft_vocab}".encode())
         if self.draft_dir is not None:
@@ -166,10 +174,11 @@ SMOLLM2 = DefaultModel(
     # Trained here (python -m xpuspec.models.demo.train_eagle3; its training_metrics.json says how); f16.
     # Its size and training: docs/experiments/2026-12-01-eagle3-training.md.
     eagle3_dir=EAGLE3_DIR,
-    # Its GGUF and its Hugging Face generation_config.json recommend no sampling, and at llama.cpp's
+    # Its GGUF and its Hugging Face generation_config.json recommend no sampling. At llama.cpp's
     # defaults alone this 135M model loops until the reply cap on some everyday prompts; with llama.cpp's
-    # repeat penalty at 1.1 (Ollama's default) they end (measured: docs/examples.md).
-    sampling={"repetition_penalty": 1.1},
+    # repeat penalty at 1.1 (Ollama's default) they end, and at its model card's temperature 0.2 and
+    # top-p 0.9 (the card's own generate example) they stay on the question (docs/examples.md).
+    sampling={"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1},
 )
 
 

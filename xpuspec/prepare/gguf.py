@@ -24,6 +24,7 @@ from xpuspec.prepare.config import PrepareConfig, PrepareError, record_draft_voc
 from xpuspec.prepare.eagle3 import check_head_fits, write_head
 from xpuspec.prepare.gguf_copy import copy_for_genai
 from xpuspec.prepare.gguf_formats import AS_IS, GgufWeightFormat
+from xpuspec.prepare.gguf_minima import keep_q4_1_minima
 from xpuspec.prepare.gguf_model import GgufModel, is_gguf_source
 from xpuspec.prepare.gguf_tokenizer import write_tokenizer
 from xpuspec.prepare.gguf_weights import recompress_ir
@@ -53,7 +54,7 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> dict[
     parent first (the source may sit in read-only site-packages); the scratch folder is always removed.
     The tokenizer.json is built from the GGUF's metadata (:mod:`xpuspec.prepare.gguf_tokenizer`) and the
     tokenizer IRs converted from it, replacing GenAI's, which split text by architecture, not by the
-    GGUF's pre-tokenizer.
+    GGUF's pre-tokenizer. Q4_1 weights keep their block minima (:mod:`xpuspec.prepare.gguf_minima`).
     """
     try:
         import openvino_genai
@@ -82,6 +83,7 @@ def convert_gguf(model: GgufModel, out_dir: Path, role: str = "target") -> dict[
             shutil.move(str(scratch / name), out_dir / name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    keep_q4_1_minima(model.path, out_dir / IR_FILES[0])  # the reader rounds them (gguf_minima)
     (out_dir / "config.json").write_text(json.dumps(model.hf_config(), indent=2) + "\n", encoding="utf-8")
     generation = {
         "bos_token_id": model.special_ids.get("bos"),
