@@ -17,7 +17,8 @@ CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the ta
 # interpolated. One sequence's curve says little about a full batch's: on 2 cores a step of 16 sequences
 # is compute-bound, each verified token costing about as much as a sequence's one token, where one
 # sequence's extra tokens are nearly free; extrapolated from one sequence, a full batch's drafts looked
-# 2-3 times cheaper than they were until the batch had measured them (issue 53's profile).
+# far cheaper than they were until the batch had measured them (docs/benchmarks.md, "A full batch
+# priced as it runs").
 BATCH_CALIBRATION_SIZES = (1, 3)
 
 

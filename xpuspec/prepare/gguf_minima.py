@@ -2,10 +2,9 @@
 
 A Q4_1 block of 32 weights holds u4 values q, an f16 scale d and an f16 minimum m: each weight is
 ``d * q + m``. OpenVINO GenAI's GGUF reader writes it as ``u4 q -> Convert -> Subtract(u4 zero point) ->
-Multiply(f16 scale d)``, with the zero point -m/d rounded to an integer: the weights it computes differ
-from the file's by about 9% of their mean magnitude. On the default model (SmolLM2-135M-Instruct, Q4_1)
-that made a model of perplexity 22.8 out of a file of 17.5, which llama.cpp computes
-(docs/benchmarks.md, "Quality against exact mode").
+Multiply(f16 scale d)``, with the zero point -m/d rounded to an integer: the weights it computes are
+not the file's, and on the default model (SmolLM2-135M-Instruct, Q4_1) neither is the model's
+perplexity, which llama.cpp computes from the file (docs/benchmarks.md, "Quality against exact mode").
 
 Here each rounded zero point is replaced by an f16 constant holding -m/d, read from the GGUF block whose q
 values the IR's equal (matched row by row: the reader reorders the rows of Q and K for the rotary

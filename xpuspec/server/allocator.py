@@ -3,8 +3,8 @@
 glibc's malloc gives each thread that allocates at once with another an arena of its own (up to 8 per
 core), and keeps freed memory in every arena for reuse: after a burst of requests (their token lists,
 responses, the plugin's step buffers) the process stays at its peak RSS though nothing uses those
-pages. In a 30-minute soak the threads' arenas grew about threefold and were the largest part of the
-growth after the KV cache (docs/benchmarks.md, "A 30-minute soak of the server"). So the server
+pages. In a 30-minute soak the threads' arenas were the largest part of the growth after the KV cache
+(docs/benchmarks.md, "A 30-minute soak of the server"). So the server
 - caps the arenas at :data:`MAX_ARENAS` (``mallopt(M_ARENA_MAX)``) before its threads start, as
   ``MALLOC_ARENA_MAX`` would (a variable the user sets wins: :func:`limit_arenas`);
 - trims the heap (``malloc_trim(0)``) once per idle spell, where it costs no request any time, and
