@@ -95,21 +95,20 @@ def calibrate(
     # small models, and adaptive γ reads it per γ (spec_decode.verify_costs). Sizes are
     # interleaved, so a busy moment of the machine does not land on one size alone.
     sizes = range(1, 2 + config.max_draft_tokens if engine.proposer is not None else 2)
-    batch = _batch_chunks(engine, sizes[-1]) if engine.proposer is not None else {}
     # At a typical context: verifying several tokens runs the plugin's multi-query attention,
     # whose cost grows with the context (timed at an empty context, several tokens looked far
     # cheaper than they are; docs/experiments/code-comment-figures.md). Every position maps to block 0: the
     # timing needs no cache of that size, and block 0 is rewritten by the first request.
     past = max(0, min(CALIBRATION_CONTEXT, config.max_model_len) - len(sizes))
-    chunks = {
-        n: SequenceChunk(
-            token_ids=[0] * n,
-            past_length=past,
-            block_table=[0] * engine.block_manager.blocks_needed(past + n),
-            num_logits=n,
-        )
-        for n in sizes
-    }
+    chunks = {n: _dummy_chunk(engine, n, past) for n in sizes}
+    batch = (
+        {
+            n: [_dummy_chunk(engine, n, past) for _ in range(config.max_num_seqs)]
+            for n in batch_calibration_sizes(config, sizes[-1])
+        }
+        if engine.proposer is not None
+        else {}
+    )
     engine.target.warm_up(config.max_model_len)
     if engine.proposer is not None:
         engine.proposer.warm_up(config.max_model_len)
@@ -165,23 +164,15 @@ def batch_calibration_sizes(config: EngineConfig, largest: int) -> list[int]:
     return sorted(n for n in wanted if n * config.max_num_seqs <= config.max_num_batched_tokens)
 
 
-def _batch_chunks(engine: CalibratedModels, largest: int) -> dict[int, list[SequenceChunk]]:
-    """Decode steps of the largest batch, by tokens per sequence (:func:`batch_calibration_sizes`).
-    Every sequence writes block 0, as the one-sequence timings do."""
-    config = engine.config
-    past = max(0, min(CALIBRATION_CONTEXT, config.max_model_len) - largest)
-    return {
-        n: [
-            SequenceChunk(
-                token_ids=[0] * n,
-                past_length=past,
-                block_table=[0] * engine.block_manager.blocks_needed(past + n),
-                num_logits=n,
-            )
-            for _ in range(config.max_num_seqs)
-        ]
-        for n in batch_calibration_sizes(config, largest)
-    }
+def _dummy_chunk(engine: CalibratedModels, num_tokens: int, past: int) -> SequenceChunk:
+    """A decode chunk of ``num_tokens`` after ``past`` tokens, every position in block 0 (the timing
+    needs no cache of that size, and block 0 is rewritten by the first request)."""
+    return SequenceChunk(
+        token_ids=[0] * num_tokens,
+        past_length=past,
+        block_table=[0] * engine.block_manager.blocks_needed(past + num_tokens),
+        num_logits=num_tokens,
+    )
 
 
 def _time_batch(
