@@ -2,10 +2,18 @@
 a chat user message, as `xpuspec generate` sends it. Prints the page's answer section as Markdown.
 
     python scripts/doc_examples.py > /tmp/answers.md
+
+``--runaways ROUNDS`` counts instead how many replies run to the cap (finish_reason "length") over
+ROUNDS other seeds of every prompt (round r gives prompt i the seed i + 23 r, r = 1..ROUNDS: none is
+the page's own), with ``--max-tokens`` as the cap and ``--dry-multiplier`` in place of the model's
+default (0: DRY off). It prints one line per reply that ran on, then the count:
+
+    python scripts/doc_examples.py --runaways 4 --max-tokens 512 --dry-multiplier 0
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from xpuspec import Pipeline, SamplingParams
@@ -35,9 +43,33 @@ EVERYDAY_PROMPTS = [
 ]
 
 
+def runaways(pipe: Pipeline, prompts: list[str], args: argparse.Namespace) -> int:
+    """How many replies over ``args.runaways`` rounds of other seeds run to the cap."""
+    fields = {"max_tokens": args.max_tokens, "dry_multiplier": args.dry_multiplier}
+    fields = {name: value for name, value in fields.items() if value is not None}
+    seeds = [index + len(prompts) * r for r in range(1, args.runaways + 1) for index in range(len(prompts))]
+    requests = [prompts[seed % len(prompts)] for seed in seeds]
+    params = [SamplingParams(seed=seed, **fields) for seed in seeds]
+    results = pipe.generate([[{"role": "user", "content": p}] for p in requests], params)
+    ran_on = 0
+    for seed, prompt, result in zip(seeds, requests, results, strict=True):
+        if result.finish_reason == "length":
+            ran_on += 1
+            print(f"seed {seed}: {prompt!r} ran to the cap ({len(result.token_ids)} tokens)")
+    print(f"{ran_on} of {len(results)} replies ran to the cap; settings {fields or 'the defaults'}")
+    return 0
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runaways", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--dry-multiplier", type=float, default=None)
+    args = parser.parse_args()
     pipe = Pipeline(None)
     prompts = README_PROMPTS + EVERYDAY_PROMPTS
+    if args.runaways:
+        return runaways(pipe, prompts, args)
     # Seeds only make the page reproducible; every other field is the model's default.
     params = [SamplingParams(seed=index) for index in range(len(prompts))]
     results = pipe.generate([[{"role": "user", "content": p}] for p in prompts], params)

@@ -60,3 +60,17 @@ def test_params_left_unset_take_the_defaults_and_set_ones_stay():
     assert (params.temperature, params.top_k, params.max_tokens) == (0.3, 5, 77)
     assert params.resolved and not SamplingParams().resolved
     assert defaults.source("max_tokens") == "--max-tokens"
+
+
+def test_dry_is_off_by_default_and_a_recommendation_turns_it_on():
+    defaults = from_generation_config({})
+    assert defaults.dry_multiplier == 0.0 and not SamplingParams().with_defaults(defaults).penalized
+    assert (defaults.dry_base, defaults.dry_allowed_length, defaults.dry_penalty_last_n) == (1.75, 2, -1)
+    assert defaults.dry_sequence_breakers == ("\n", ":", '"', "*")
+    recommended = from_generation_config({}, {"dry_multiplier": 0.8, "dry_allowed_length": 3}, "us")
+    assert (recommended.dry_multiplier, recommended.dry_allowed_length) == (0.8, 3)
+    assert recommended.source("dry_multiplier") == "us"
+    params = SamplingParams().with_defaults(recommended)
+    assert params.dry and params.dry_sequence_breakers == ["\n", ":", '"', "*"]
+    # Out of range: ignored, the next source's value stands.
+    assert from_generation_config({}, {"dry_multiplier": -1, "dry_base": 0.5}, "us") == SamplingDefaults()

@@ -59,6 +59,16 @@ def test_options_become_sampling_fields_unset_ones_left_to_the_models_defaults()
     assert chat_request(chat(options={"seed": -1}), "m").seed is None  # Ollama's "random"
 
 
+def test_llama_cpps_dry_options_pass_through_under_llama_servers_names() -> None:
+    assert chat_request(chat(), "m").dry_multiplier is None  # unset: the model's default
+    dry = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 3, "dry_penalty_last_n": 256}
+    request = chat_request(chat(options={**dry, "dry_sequence_breakers": ["\n"]}), "m")
+    assert request.model_dump(include=set(dry)) == dry
+    assert request.dry_sequence_breakers == ["\n"]
+    with pytest.raises(ValidationError, match="dry_base"):
+        chat(options={"dry_base": 0.5})
+
+
 def test_format_json_and_a_schema_are_response_formats() -> None:
     assert chat_request(chat(format="json"), "m").response_format.as_dict() == {"type": "json_object"}  # type: ignore[union-attr]
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}

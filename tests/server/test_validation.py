@@ -77,6 +77,20 @@ CASES = [
     BadRequest("top_p zero", COMPLETIONS, completion(top_p=0), 400, "top_p"),
     BadRequest("top_p above one", COMPLETIONS, completion(top_p=1.5), 400, "top_p"),
     BadRequest("top_k negative", COMPLETIONS, completion(top_k=-1), 400, "top_k"),
+    BadRequest("dry_multiplier negative", CHAT, chat(dry_multiplier=-0.5), 400, "dry_multiplier"),
+    BadRequest("dry_base below one", CHAT, chat(dry_base=0.5), 400, "dry_base"),
+    BadRequest("dry_allowed_length zero", CHAT, chat(dry_allowed_length=0), 400, "dry_allowed_length"),
+    BadRequest("dry_penalty_last_n -2", CHAT, chat(dry_penalty_last_n=-2), 400, "dry_penalty_last_n"),
+    BadRequest(
+        "dry_sequence_breakers a string", CHAT, chat(dry_sequence_breakers="\n"), 400, "dry_sequence_breakers"
+    ),
+    BadRequest(
+        "dry_sequence_breakers empty string",
+        CHAT,
+        chat(dry_sequence_breakers=["\n", ""]),
+        400,
+        "dry_sequence_breakers.1",
+    ),
     # Found by the schema fuzzer: an empty pattern passed the schema and failed in SamplingParams (500).
     BadRequest("guided_regex empty", COMPLETIONS, completion(guided_regex=""), 400, "guided_regex"),
     BadRequest("guided_grammar empty", CHAT, chat(guided_grammar=""), 400, "guided_grammar"),
@@ -247,6 +261,14 @@ def test_valid_requests_succeed_after_every_bad_one(client: FlaskClient) -> None
     response = client.post(CHAT, json=chat(temperature=0))
     assert response.status_code == 200
     assert response.get_json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_dry_under_llama_servers_names_is_accepted(client: FlaskClient) -> None:
+    dry = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1}
+    for breakers in (["\n", ":", '"', "*"], []):
+        response = client.post(CHAT, json=chat(temperature=0, dry_sequence_breakers=breakers, **dry))
+        assert response.status_code == 200, response.get_data(as_text=True)
+        assert response.get_json()["usage"]["completion_tokens"] >= 1
 
 
 def test_embeddings_say_they_are_not_served(client: FlaskClient) -> None:

@@ -42,6 +42,7 @@ from xpuspec.executor.properties import PropertiesArg, resolve_properties
 from xpuspec.models.bundle import ModelBundle
 from xpuspec.models.resolve import resolve_bundle
 from xpuspec.sample.draft_tree import parse_draft_tree
+from xpuspec.sample.dry import SequenceBreakers
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.proposal import DraftModelProposer, NgramDraftProposer
 from xpuspec.structured.matcher import GrammarLimits
@@ -315,6 +316,10 @@ class Pipeline:
             overlap=self.overlap,
             grammar=grammar,
             phase_hooks=phase_hooks,
+            # DRY's breakers are the tokens whose text holds one: the texts are read on first use.
+            sequence_breakers=SequenceBreakers(
+                lambda: [tokenizer.token_to_text(token) for token in range(self.vocab_size)]
+            ),
         )
         limits = RequestLimits(
             config.max_model_len, self.vocab_size, self.engine.block_manager.num_token_slots

@@ -164,6 +164,10 @@ SAMPLING_FLAGS = {
     "repeat_last_n": (int, "tokens the repeat penalty looks back over, -1 all, 0 off (default 64)"),
     "presence_penalty": (float, "OpenAI's presence penalty in [-2, 2] (default 0)"),
     "frequency_penalty": (float, "OpenAI's frequency penalty in [-2, 2] (default 0)"),
+    "dry_multiplier": (float, "llama.cpp's DRY repeat penalty, 0 off (default: the model's, else 0)"),
+    "dry_base": (float, "DRY's base: a repeat n tokens long costs multiplier * base^(n - allowed) (1.75)"),
+    "dry_allowed_length": (int, "the longest repeat DRY lets pass free (default 2)"),
+    "dry_penalty_last_n": (int, "tokens DRY looks back over, -1 all, 0 off (default -1)"),
 }
 
 

@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from xpuspec.sample.dry import SequenceBreakers
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.structured.matcher import GrammarCompiler, GuidedRequest
 
@@ -43,3 +44,16 @@ def compile_constraint(grammar: GrammarCompiler | None, params: SamplingParams) 
     except Exception as error:  # the grammar engine failing on this request's grammar is still its own
         logger.warning("compiling an output constraint failed", exc_info=error)
         raise ValueError(f"the output constraint could not be compiled: {error}") from error
+
+
+def breaker_token_ids(breakers: SequenceBreakers | None, params: SamplingParams) -> np.ndarray:
+    """The token ids of the request's DRY sequence breakers (none where DRY is off), or ValueError
+    where the engine has no token texts to find them in."""
+    if not params.dry or not params.dry_sequence_breakers:
+        return np.empty(0, dtype=np.int64)
+    if breakers is None:
+        raise ValueError(
+            "this engine has no token texts, so it cannot find DRY's sequence breakers; send "
+            "dry_sequence_breakers: [] or dry_multiplier: 0"
+        )
+    return breakers.token_ids(params.dry_sequence_breakers)

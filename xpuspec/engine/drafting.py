@@ -153,7 +153,13 @@ class Drafting:
         if sequence.params.penalized:
             outputs = len(sequence.output_token_ids)
             logits = penalize(
-                logits, sequence.token_ids, outputs, [drafted], sequence.params, state.eos_token_ids
+                logits,
+                sequence.token_ids,
+                outputs,
+                [drafted],
+                sequence.params,
+                state.eos_token_ids,
+                state.breaker_ids,
             )
         if state.guide is None:
             return logits

@@ -68,7 +68,7 @@ from xpuspec.core.request_stats import RequestStats
 from xpuspec.core.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from xpuspec.core.sequence import Sequence, SequenceStatus
 from xpuspec.engine import calibration, recovery
-from xpuspec.engine.admission import check_prompt, compile_constraint
+from xpuspec.engine.admission import breaker_token_ids, check_prompt, compile_constraint
 from xpuspec.engine.bursts import Interrupt
 from xpuspec.engine.drafting import Drafting
 from xpuspec.engine.outputs import (
@@ -81,6 +81,7 @@ from xpuspec.engine.outputs import (
 from xpuspec.engine.overlap import OverlappedSteps
 from xpuspec.engine.strategy import PhaseHooks, SequentialSteps, StepStrategy
 from xpuspec.engine.verification import Verifier
+from xpuspec.sample.dry import SequenceBreakers
 from xpuspec.sample.sampler import make_generator
 from xpuspec.sample.sampling_params import SamplingParams
 from xpuspec.spec_decode.policy import (
@@ -108,7 +109,8 @@ class LLMEngine:
     ``overlap``: overlap the drafter with the target (``xpuspec.engine.overlap``); it needs a drafter
     that does not read the target's states, and drafts chains only. ``grammar``: compiles output
     constraints (response_format, guided_regex, guided_grammar); None: constrained requests are
-    refused.
+    refused. ``sequence_breakers``: the token ids of DRY's sequence breakers (built from the
+    tokenizer's token texts); None: requests with DRY on and breakers are refused.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class LLMEngine:
         overlap: bool = False,
         grammar: GrammarCompiler | None = None,
         phase_hooks: PhaseHooks | None = None,
+        sequence_breakers: SequenceBreakers | None = None,
     ):
         self.target = target
         self.proposer = proposer
@@ -128,6 +131,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
         self.grammar = grammar
+        self.sequence_breakers = sequence_breakers
         max_sequences = target.caps.max_sequences
         if max_sequences is not None and config.max_num_seqs > max_sequences:
             raise ValueError(
@@ -292,6 +296,7 @@ class LLMEngine:
                 "shorten the prompt or lower max_tokens"
             )
         guide = compile_constraint(self.grammar, params)
+        breaker_ids = breaker_token_ids(self.sequence_breakers, params)
         sequence = Sequence(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params)
         state = RequestState(
             rng=make_generator(params.seed),
@@ -299,6 +304,7 @@ class LLMEngine:
             eos_token_ids=frozenset() if params.ignore_eos else self.eos_token_ids,
             seed=params.seed if not params.greedy else None,
             guide=guide,
+            breaker_ids=breaker_ids,
         )
         self.scheduler.add(sequence)  # the last check (the KV cache), and the first insertion
         self.sequences[request_id] = sequence

@@ -99,3 +99,5 @@ class RequestState:
     eos_token_ids: frozenset[int]
     seed: int | None
     guide: GuidedRequest | None = None  # the output constraint's matcher (xpuspec.structured)
+    # DRY's sequence breakers as token ids (xpuspec.sample.dry); empty where DRY is off.
+    breaker_ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))

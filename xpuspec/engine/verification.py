@@ -150,7 +150,7 @@ class Verifier:
         params = sequence.params
         if params.penalized:
             # Each row penalised with the history before its position, the drafts before it included.
-            rows = _penalized_rows(sequence, rows, proposal, state.eos_token_ids)
+            rows = _penalized_rows(sequence, rows, proposal, state)
         if proposal is None and params.greedy and state.guide is None:
             # The commonest row (a greedy step without drafts, every pass of a decode burst) goes
             # straight to its token: right after an inference each extra call costs several µs.
@@ -271,17 +271,24 @@ class Verifier:
 
 
 def _penalized_rows(
-    sequence: Sequence, rows: np.ndarray, proposal: Proposal | None, eos_token_ids: frozenset[int]
+    sequence: Sequence, rows: np.ndarray, proposal: Proposal | None, state: RequestState
 ) -> np.ndarray:
     """``rows`` ([1 + γ or 1 + nodes, vocab]) after the request's repetition penalties (the
-    end-of-sequence tokens exempt, unless the request ignores them)."""
+    end-of-sequence tokens exempt, unless the request ignores them; DRY's breakers the request's)."""
     drafts = proposal.token_ids if proposal is not None else []
     if proposal is not None and proposal.tree_parents is not None and drafts:
         prefixes = tree_prefixes(drafts, proposal.tree_parents)
     else:
         prefixes = chain_prefixes(drafts)
+    num_outputs = len(sequence.output_token_ids)
     return penalize(
-        rows, sequence.token_ids, len(sequence.output_token_ids), prefixes, sequence.params, eos_token_ids
+        rows,
+        sequence.token_ids,
+        num_outputs,
+        prefixes,
+        sequence.params,
+        state.eos_token_ids,
+        state.breaker_ids,
     )
 
 

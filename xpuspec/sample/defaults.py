@@ -16,6 +16,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from xpuspec.sample.dry import (
+    DEFAULT_DRY_ALLOWED_LENGTH,
+    DEFAULT_DRY_BASE,
+    DEFAULT_DRY_MULTIPLIER,
+    DEFAULT_DRY_PENALTY_LAST_N,
+    DEFAULT_SEQUENCE_BREAKERS,
+    MAX_DRY_BASE,
+)
+
 # The reply cap of requests that name no limit (max_tokens, num_predict, --max-tokens absent).
 DEFAULT_MAX_TOKENS = 1024
 
@@ -37,7 +46,13 @@ GENERATION_CONFIG_KEYS = {
     "min_p": "min_p",
     "repetition_penalty": "repeat_penalty",
     "repeat_last_n": "repeat_last_n",  # not a Hugging Face key: written by prepare from a GGUF
+    # Nor these: llama.cpp's DRY, which a bundle's manifest may recommend (the default model's does).
+    "dry_multiplier": "dry_multiplier",
+    "dry_base": "dry_base",
+    "dry_allowed_length": "dry_allowed_length",
+    "dry_penalty_last_n": "dry_penalty_last_n",
 }
+INTEGER_KEYS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
 # A GGUF's recommended sampling (llama.cpp's general.sampling.* keys) -> generation_config.json key.
 GGUF_SAMPLING_KEYS = {
     "general.sampling.temp": "temperature",
@@ -62,6 +77,11 @@ class SamplingDefaults:
     repeat_last_n: int = LLAMA_CPP_REPEAT_LAST_N
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    dry_multiplier: float = DEFAULT_DRY_MULTIPLIER
+    dry_base: float = DEFAULT_DRY_BASE
+    dry_allowed_length: int = DEFAULT_DRY_ALLOWED_LENGTH
+    dry_penalty_last_n: int = DEFAULT_DRY_PENALTY_LAST_N
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_SEQUENCE_BREAKERS
     max_tokens: int = DEFAULT_MAX_TOKENS
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -79,8 +99,9 @@ class SamplingDefaults:
         )
 
     def as_dict(self) -> dict[str, object]:
-        """The values by field name (without the sources)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sources"}
+        """The values by field name (without the sources; the breakers as a list, as JSON has them)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sources"}
+        return {**values, "dry_sequence_breakers": list(self.dry_sequence_breakers)}
 
 
 def from_generation_config(
@@ -102,7 +123,7 @@ def from_generation_config(
             value = layer.get(key)
             if _acceptable(name, value):
                 number = float(value)  # type: ignore[arg-type]  # _acceptable: a finite int or float
-                values[name] = int(number) if name in ("top_k", "repeat_last_n") else number
+                values[name] = int(number) if name in INTEGER_KEYS else number
                 sources[name] = source
         if layer.get("do_sample") is False:
             values["temperature"] = 0.0
@@ -113,12 +134,17 @@ def from_generation_config(
 def _acceptable(name: str, value: object) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
-    if name in ("top_k", "repeat_last_n"):
-        return float(value).is_integer() and (value >= 0 if name == "top_k" else value >= -1)
+    if name in INTEGER_KEYS:
+        lowest = {"top_k": 0, "dry_allowed_length": 1}.get(name, -1)
+        return float(value).is_integer() and value >= lowest
     if name == "temperature":
         return 0 <= value <= 100
     if name == "top_p":
         return 0 < value <= 1
     if name == "min_p":
         return 0 <= value <= 1
+    if name == "dry_multiplier":
+        return value >= 0
+    if name == "dry_base":
+        return 1 <= value <= MAX_DRY_BASE
     return value > 0  # repeat_penalty

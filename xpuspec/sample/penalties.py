@@ -5,7 +5,10 @@ penalties, applied before temperature, top-k, top-p and min-p (:func:`xpuspec.sa
   ``repeat_last_n`` tokens of the sequence, prompt included (-1: the whole sequence; 0: off), has its
   logit divided by the penalty if positive and multiplied by it otherwise;
 - ``frequency_penalty`` and ``presence_penalty`` (OpenAI): each token the output holds ``c > 0`` times
-  has ``c * frequency_penalty + presence_penalty`` subtracted from its logit.
+  has ``c * frequency_penalty + presence_penalty`` subtracted from its logit;
+- DRY (llama.cpp's ``dry_*`` fields, :mod:`xpuspec.sample.dry`): a token that would extend a repeat of
+  the sequence's text has an amount growing with the repeat's length subtracted, after the others (the
+  order of llama.cpp's sampler chain).
 
 End-of-sequence tokens are never penalised: a chat prompt ends each turn with one, and a penalised
 end keeps a small model's reply from ending at all.
@@ -22,6 +25,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from xpuspec.sample.dry import dry_penalties
 from xpuspec.sample.sampling_params import SamplingParams
 
 
@@ -32,12 +36,14 @@ def penalize(
     prefixes: Sequence[Sequence[int]],
     params: SamplingParams,
     exempt: Collection[int] = (),
+    breaker_ids: np.ndarray | None = None,
 ) -> np.ndarray:
     """``logits`` ([num_rows, vocab]) penalised row by row: row i follows ``token_ids`` (the sequence
     so far: prompt, then its last ``num_output_tokens`` output tokens) and then ``prefixes[i]`` (the
     drafted tokens before row i's position; they count as output). ``exempt`` tokens keep their
     logits (the end-of-sequence tokens: a chat prompt holds them, and penalising them would keep a
-    reply from ending). Returns a new array."""
+    reply from ending). ``breaker_ids``: DRY's sequence breakers (the ids of
+    ``params.dry_sequence_breakers``; None: none). Returns a new array."""
     if len(prefixes) != logits.shape[0]:
         raise ValueError(f"one prefix per row: {logits.shape[0]} rows, {len(prefixes)} prefixes")
     penalized = np.array(logits, copy=True)  # [num_rows, vocab]
@@ -61,7 +67,38 @@ def penalize(
             tokens, counts = tokens[kept], counts[kept]
             if tokens.size:
                 penalized[row, tokens] -= counts * frequency + presence
+    if params.dry:
+        _penalize_dry(penalized, token_ids, prefixes, params, exempt_ids, breaker_ids)
     return penalized
+
+
+def _penalize_dry(
+    penalized: np.ndarray,
+    token_ids: Sequence[int],
+    prefixes: Sequence[Sequence[int]],
+    params: SamplingParams,
+    exempt_ids: np.ndarray,
+    breaker_ids: np.ndarray | None,
+) -> None:
+    """DRY on each row of ``penalized`` in place, its history the sequence and the row's prefix."""
+    last_n = params.dry_penalty_last_n if params.dry_penalty_last_n is not None else -1
+    # The longest prefix is as long as the rows are many: the sequence's tail that any row can see.
+    tail = token_ids if last_n < 0 else token_ids[max(0, len(token_ids) - last_n) :]
+    sequence = np.asarray(tail, dtype=np.int64)
+    breakers = breaker_ids if breaker_ids is not None else np.empty(0, dtype=np.int64)
+    for row, prefix in enumerate(prefixes):
+        history = np.concatenate([sequence, np.asarray(prefix, dtype=np.int64)]) if prefix else sequence
+        if last_n > 0:
+            history = history[-last_n:]
+        tokens, amounts = dry_penalties(
+            history,
+            params.dry_multiplier or 0.0,
+            params.dry_base if params.dry_base is not None else 1.0,
+            params.dry_allowed_length if params.dry_allowed_length is not None else 1,
+            breakers,
+        )
+        kept = ~np.isin(tokens, exempt_ids) & (tokens < penalized.shape[1])
+        penalized[row, tokens[kept]] -= amounts[kept]
 
 
 def chain_prefixes(draft_token_ids: Sequence[int]) -> list[list[int]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from xpuspec.sample.defaults import SamplingDefaults
 from xpuspec.sample.draft_tree import TreeShape, parse_draft_tree
+from xpuspec.sample.dry import MAX_DRY_BASE
 
 MAX_DRAFT_TOKENS = 16
 # The smallest non-zero temperature. Below it 1 / temperature overflows float64 for ordinary logit
@@ -18,6 +19,9 @@ MAX_TEMPERATURE = 100.0
 SEED_LIMIT = 2**64
 # OpenAI's range for presence_penalty and frequency_penalty.
 MAX_ADDITIVE_PENALTY = 2.0
+# DRY's sequence breakers: llama.cpp truncates a breaker to 40 characters; xpuspec refuses longer ones.
+MAX_SEQUENCE_BREAKERS = 32
+MAX_BREAKER_LENGTH = 40
 # The fields whose None means "the model's default" (xpuspec.sample.defaults).
 DEFAULTED_FIELDS = (
     "max_tokens",
@@ -29,6 +33,11 @@ DEFAULTED_FIELDS = (
     "repeat_last_n",
     "presence_penalty",
     "frequency_penalty",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
 )
 
 
@@ -59,7 +68,11 @@ class SamplingParams:
     temperature: ``repeat_penalty`` (llama.cpp's: a logit of a token among the last ``repeat_last_n``
     tokens of prompt and output is divided by it if positive, multiplied if not; 1 is off;
     ``repeat_last_n`` -1 is the whole sequence, 0 off), ``presence_penalty`` and ``frequency_penalty``
-    (OpenAI's, in [-2, 2]: minus ``presence`` once and ``frequency`` per occurrence in the output).
+    (OpenAI's, in [-2, 2]: minus ``presence`` once and ``frequency`` per occurrence in the output),
+    and llama.cpp's DRY (:mod:`xpuspec.sample.dry`): a token that would extend a repeat of ``n >=
+    dry_allowed_length`` tokens of the sequence loses ``dry_multiplier * dry_base ** (n -
+    dry_allowed_length)`` (``dry_multiplier`` 0 is off; ``dry_penalty_last_n`` tokens looked back over,
+    -1 the whole sequence, 0 off; a token holding one of ``dry_sequence_breakers`` ends a repeat).
     """
 
     max_tokens: int | None = None
@@ -71,6 +84,11 @@ class SamplingParams:
     repeat_last_n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    dry_multiplier: float | None = None  # 0: off
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None  # -1: the whole sequence; 0: off
+    dry_sequence_breakers: list[str] | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
@@ -88,11 +106,15 @@ class SamplingParams:
             self.stop = [self.stop]
         elif isinstance(self.stop, tuple):
             self.stop = list(self.stop)
+        if isinstance(self.dry_sequence_breakers, tuple):
+            self.dry_sequence_breakers = list(self.dry_sequence_breakers)
         self.validate()
 
     def with_defaults(self, defaults: SamplingDefaults) -> SamplingParams:
         """These params with every unset field (None) at ``defaults``; self if none is unset."""
         missing = {name: getattr(defaults, name) for name in DEFAULTED_FIELDS if getattr(self, name) is None}
+        if "dry_sequence_breakers" in missing:
+            missing["dry_sequence_breakers"] = list(missing["dry_sequence_breakers"])
         return dataclasses.replace(self, **missing) if missing else self
 
     @property
@@ -111,7 +133,12 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether a repetition control changes the logits."""
         repeat = self.repeat_penalty not in (None, 1.0) and self.repeat_last_n != 0
-        return repeat or bool(self.presence_penalty) or bool(self.frequency_penalty)
+        return repeat or bool(self.presence_penalty) or bool(self.frequency_penalty) or self.dry
+
+    @property
+    def dry(self) -> bool:
+        """Whether DRY changes the logits: a multiplier, and a history to look back over."""
+        return bool(self.dry_multiplier) and self.dry_penalty_last_n != 0
 
     @property
     def greedy(self) -> bool:
@@ -180,6 +207,41 @@ class SamplingParams:
                     f"{name} must be a number in [-{MAX_ADDITIVE_PENALTY:g}, {MAX_ADDITIVE_PENALTY:g}] "
                     f"(0 disables it), got {value!r}"
                 )
+        self._validate_dry()
+
+    def _validate_dry(self) -> None:
+        """llama.cpp's DRY fields: None (the model's default) or a value in range."""
+        if self.dry_multiplier is not None and (
+            not _is_finite_number(self.dry_multiplier) or self.dry_multiplier < 0
+        ):
+            raise ValueError(
+                f"dry_multiplier must be a number >= 0 (0 disables it), got {self.dry_multiplier!r}"
+            )
+        if self.dry_base is not None and (
+            not _is_finite_number(self.dry_base) or not 1.0 <= self.dry_base <= MAX_DRY_BASE
+        ):
+            raise ValueError(f"dry_base must be a number in [1, {MAX_DRY_BASE:g}], got {self.dry_base!r}")
+        if self.dry_allowed_length is not None and (
+            not _is_int(self.dry_allowed_length) or self.dry_allowed_length < 1
+        ):
+            raise ValueError(f"dry_allowed_length must be an integer >= 1, got {self.dry_allowed_length!r}")
+        if self.dry_penalty_last_n is not None and (
+            not _is_int(self.dry_penalty_last_n) or self.dry_penalty_last_n < -1
+        ):
+            raise ValueError(
+                f"dry_penalty_last_n must be an integer >= -1 (-1: the whole sequence, 0: off), "
+                f"got {self.dry_penalty_last_n!r}"
+            )
+        breakers = self.dry_sequence_breakers
+        if breakers is not None and (
+            not isinstance(breakers, list)
+            or len(breakers) > MAX_SEQUENCE_BREAKERS
+            or not all(isinstance(b, str) and 0 < len(b) <= MAX_BREAKER_LENGTH for b in breakers)
+        ):
+            raise ValueError(
+                f"dry_sequence_breakers must be a list of at most {MAX_SEQUENCE_BREAKERS} strings of 1 to "
+                f"{MAX_BREAKER_LENGTH} characters, got {breakers!r}"
+            )
 
     @property
     def constrained(self) -> bool:

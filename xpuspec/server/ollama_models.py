@@ -95,6 +95,7 @@ def show(name: str, requests: RequestPreparer) -> dict[str, Any]:
         "min_p": defaults.min_p,
         "repeat_penalty": defaults.repeat_penalty,
         "repeat_last_n": defaults.repeat_last_n,
+        "dry_multiplier": defaults.dry_multiplier,
     }
     info = {
         "general.architecture": family,

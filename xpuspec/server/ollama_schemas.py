@@ -13,8 +13,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
-from xpuspec.server.schemas import MAX_REPEAT_PENALTY, MAX_STOP_STRINGS, REQUEST_CONFIG, SEED_LIMIT, ToolSpec
+from xpuspec.sample.dry import MAX_DRY_BASE
+from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS, MAX_SEQUENCE_BREAKERS
+from xpuspec.server.schemas import (
+    MAX_REPEAT_PENALTY,
+    MAX_STOP_STRINGS,
+    REQUEST_CONFIG,
+    SEED_LIMIT,
+    SequenceBreaker,
+    ToolSpec,
+)
 
 # num_predict values that mean "no limit but the context" in Ollama (-1: infinite, -2: fill the context).
 UNLIMITED_PREDICT = (-1, -2)
@@ -42,6 +50,12 @@ class OllamaOptions(BaseModel):
     repeat_last_n: int | None = Field(None, ge=-1, description="-1: the whole sequence; 0: off")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    # llama.cpp's DRY (Ollama has none): its llama-server names, as on /v1/*.
+    dry_multiplier: float | None = Field(None, ge=0.0, description="llama.cpp's DRY; 0: off")
+    dry_base: float | None = Field(None, ge=1.0, le=MAX_DRY_BASE)
+    dry_allowed_length: int | None = Field(None, ge=1)
+    dry_penalty_last_n: int | None = Field(None, ge=-1, description="-1: the whole sequence; 0: off")
+    dry_sequence_breakers: list[SequenceBreaker] | None = Field(None, max_length=MAX_SEQUENCE_BREAKERS)
     seed: int | None = Field(None, lt=SEED_LIMIT, description="a negative seed (Ollama's -1) means random")
     stop: list[NonEmptyString] | None = Field(
         None, max_length=MAX_STOP_STRINGS, description=f"up to {MAX_STOP_STRINGS} stop strings"

@@ -64,6 +64,11 @@ DEFAULTS_SCHEMA: dict[str, Any] = {
         "repeat_last_n": {"type": ["integer", "null"]},
         "presence_penalty": {"type": ["number", "null"]},
         "frequency_penalty": {"type": ["number", "null"]},
+        "dry_multiplier": {"type": ["number", "null"]},
+        "dry_base": {"type": ["number", "null"]},
+        "dry_allowed_length": {"type": ["integer", "null"]},
+        "dry_penalty_last_n": {"type": ["integer", "null"]},
+        "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string"}},
         "seed": {"type": ["integer", "null"]},
         "max_tokens": {
             "type": ["integer", "null"],

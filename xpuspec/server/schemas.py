@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xpuspec.sample.draft_tree import parse_draft_tree
-from xpuspec.sample.sampling_params import MAX_DRAFT_TOKENS
+from xpuspec.sample.dry import MAX_DRY_BASE
+from xpuspec.sample.sampling_params import MAX_BREAKER_LENGTH, MAX_DRAFT_TOKENS, MAX_SEQUENCE_BREAKERS
 from xpuspec.structured.gbnf import is_gbnf
 
 MAX_STOP_STRINGS = 16
@@ -27,6 +28,7 @@ MIN_TEMPERATURE = 1e-4
 MAX_REPEAT_PENALTY = 100.0
 
 NonEmptyString = Annotated[str, Field(min_length=1)]
+SequenceBreaker = Annotated[str, Field(min_length=1, max_length=MAX_BREAKER_LENGTH)]
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -146,6 +148,24 @@ class GenerationFields(BaseModel):
     )
     repeat_last_n: int | None = Field(
         None, ge=-1, description="tokens repeat_penalty looks back over (-1: all, 0: off; default 64)"
+    )
+    dry_multiplier: float | None = Field(
+        None,
+        ge=0.0,
+        description="llama.cpp's DRY: a token extending a repeat of n tokens loses "
+        "dry_multiplier * dry_base ** (n - dry_allowed_length) (0: off; default: the model's)",
+    )
+    dry_base: float | None = Field(None, ge=1.0, le=MAX_DRY_BASE, description="DRY's base (default 1.75)")
+    dry_allowed_length: int | None = Field(
+        None, ge=1, description="the longest repeat DRY lets pass free (default 2)"
+    )
+    dry_penalty_last_n: int | None = Field(
+        None, ge=-1, description="tokens DRY looks back over (-1: all, the default; 0: off)"
+    )
+    dry_sequence_breakers: list[SequenceBreaker] | None = Field(
+        None,
+        max_length=MAX_SEQUENCE_BREAKERS,
+        description='tokens holding one of these end a repeat (default ["\\n", ":", "\\"", "*"])',
     )
     num_draft_tokens: int | None = Field(
         None, ge=0, le=MAX_DRAFT_TOKENS, description="xpuspec: fixed speculation length (default adaptive)"
