@@ -5,8 +5,8 @@ a chat user message, as `xpuspec generate` sends it. Prints the page's answer se
 
 ``--runaways ROUNDS`` counts instead how many replies run to the cap (finish_reason "length") over
 ROUNDS other seeds of every prompt (round r gives prompt i the seed i + 23 r, r = 1..ROUNDS: none is
-the page's own), with ``--max-tokens`` as the cap and ``--dry-multiplier`` in place of the model's
-default (0: DRY off). It prints one line per reply that ran on, then the count:
+the page's own). ``--max-tokens`` and ``--dry-multiplier`` (0: DRY off) replace the model's defaults,
+on the page too. It prints one line per reply that ran on, then the count:
 
     python scripts/doc_examples.py --runaways 4 --max-tokens 512 --dry-multiplier 0
 """
@@ -43,10 +43,15 @@ EVERYDAY_PROMPTS = [
 ]
 
 
+def overrides(args: argparse.Namespace) -> dict[str, float | int]:
+    """The fields the options set in place of the model's defaults."""
+    fields = {"max_tokens": args.max_tokens, "dry_multiplier": args.dry_multiplier}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def runaways(pipe: Pipeline, prompts: list[str], args: argparse.Namespace) -> int:
     """How many replies over ``args.runaways`` rounds of other seeds run to the cap."""
-    fields = {"max_tokens": args.max_tokens, "dry_multiplier": args.dry_multiplier}
-    fields = {name: value for name, value in fields.items() if value is not None}
+    fields = overrides(args)
     seeds = [index + len(prompts) * r for r in range(1, args.runaways + 1) for index in range(len(prompts))]
     requests = [prompts[seed % len(prompts)] for seed in seeds]
     params = [SamplingParams(seed=seed, **fields) for seed in seeds]
@@ -71,7 +76,7 @@ def main() -> int:
     if args.runaways:
         return runaways(pipe, prompts, args)
     # Seeds only make the page reproducible; every other field is the model's default.
-    params = [SamplingParams(seed=index) for index in range(len(prompts))]
+    params = [SamplingParams(seed=index, **overrides(args)) for index in range(len(prompts))]
     results = pipe.generate([[{"role": "user", "content": p}] for p in prompts], params)
     for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
         print(f"### {index + 1}. {prompt}\n")

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from xpuspec.sample.dry import dry_penalties
+from xpuspec.sample.dry import dry_penalties, members
 from xpuspec.sample.sampling_params import SamplingParams
 
 
@@ -42,7 +42,7 @@ def penalize(
     so far: prompt, then its last ``num_output_tokens`` output tokens) and then ``prefixes[i]`` (the
     drafted tokens before row i's position; they count as output). ``exempt`` tokens keep their
     logits (the end-of-sequence tokens: a chat prompt holds them, and penalising them would keep a
-    reply from ending). ``breaker_ids``: DRY's sequence breakers (the ids of
+    reply from ending). ``breaker_ids``: DRY's sequence breakers (the sorted ids of
     ``params.dry_sequence_breakers``; None: none). Returns a new array."""
     if len(prefixes) != logits.shape[0]:
         raise ValueError(f"one prefix per row: {logits.shape[0]} rows, {len(prefixes)} prefixes")
@@ -63,7 +63,7 @@ def penalize(
             penalized[row, window] = np.where(values > 0, values / repeat, values * repeat)
         if presence or frequency:
             tokens, counts = np.unique(np.asarray(output + list(prefix), dtype=np.int64), return_counts=True)
-            kept = ~np.isin(tokens, exempt_ids) & (tokens < penalized.shape[1])
+            kept = ~members(tokens, exempt_ids) & (tokens < penalized.shape[1])
             tokens, counts = tokens[kept], counts[kept]
             if tokens.size:
                 penalized[row, tokens] -= counts * frequency + presence
@@ -86,6 +86,7 @@ def _penalize_dry(
     tail = token_ids if last_n < 0 else token_ids[max(0, len(token_ids) - last_n) :]
     sequence = np.asarray(tail, dtype=np.int64)
     breakers = breaker_ids if breaker_ids is not None else np.empty(0, dtype=np.int64)
+    exempt_ids = np.sort(exempt_ids)
     for row, prefix in enumerate(prefixes):
         history = np.concatenate([sequence, np.asarray(prefix, dtype=np.int64)]) if prefix else sequence
         if last_n > 0:
@@ -97,7 +98,7 @@ def _penalize_dry(
             params.dry_allowed_length if params.dry_allowed_length is not None else 1,
             breakers,
         )
-        kept = ~np.isin(tokens, exempt_ids) & (tokens < penalized.shape[1])
+        kept = ~members(tokens, exempt_ids) & (tokens < penalized.shape[1])
         penalized[row, tokens[kept]] -= amounts[kept]
 
 
