@@ -38,9 +38,16 @@ PARAMS = dict(
 PENALIZED = dict(PARAMS, presence_penalty=2.0, frequency_penalty=2.0, repeat_penalty=1.5, repeat_last_n=4)
 
 
-def joint_of(pair_bundle, fields: dict) -> dict[tuple[int, int, int], float]:
+# llama.cpp's DRY, strong and without breakers (the exact joint has no tokenizer to find them in): a
+# token that repeats one before it makes the token that followed it there unlikely. It moves the
+# third token's row, through the second while that is a draft, after a prompt whose tokens come back.
+DRY = dict(PARAMS, dry_multiplier=3.0, dry_base=1.75, dry_allowed_length=1, dry_sequence_breakers=[])
+DRY_PROMPT = "for i in range(10):\n    if i % 2 == 0:"
+
+
+def joint_of(pair_bundle, fields: dict, prompt: str = PROMPT) -> dict[tuple[int, int, int], float]:
     """p(t1, t2, t3) of the target under the transform of ``fields`` (``target_joint``)."""
-    return target_joint(pair_bundle, PROMPT, fields)
+    return target_joint(pair_bundle, prompt, fields)
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +61,14 @@ def penalized_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
     return joint_of(pair_bundle, PENALIZED)
 
 
-def sample_triples(pair_bundle, seeded: bool, fields: dict = PARAMS) -> list[tuple[int, ...]]:
+def sample_triples(
+    pair_bundle, seeded: bool, fields: dict = PARAMS, prompt: str = PROMPT
+) -> list[tuple[int, ...]]:
     pipe = Pipeline(
         pair_bundle, drafter="draft", properties=F32, engine_config=sampling_engine_config(pair_bundle)
     )
     params = [SamplingParams(seed=seed if seeded else None, **fields) for seed in range(NUM_SAMPLES)]
-    results = pipe.generate([PROMPT] * NUM_SAMPLES, params)
+    results = pipe.generate([prompt] * NUM_SAMPLES, params)
     # Every request's first speculative step drafted both t2 and t3.
     assert all(r.stats["per_position_acceptance"][1] is not None for r in results)
     return [tuple(r.token_ids[:3]) for r in results]
@@ -82,6 +91,28 @@ def test_penalties_that_forget_the_drafts_are_caught(pair_bundle, penalized_join
     t2 while t2 is still a draft."""
     monkeypatch.setattr(verification, "chain_prefixes", lambda drafts: [[] for _ in range(len(drafts) + 1)])
     p_value = goodness_of_fit(sample_triples(pair_bundle, False, PENALIZED), penalized_joint)
+    assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
+
+
+@pytest.fixture(scope="module")
+def dry_joint(pair_bundle) -> dict[tuple[int, int, int], float]:
+    joint = joint_of(pair_bundle, DRY, DRY_PROMPT)
+    # DRY moves this distribution: a test against it could tell a rule that ignored DRY.
+    plain = joint_of(pair_bundle, PARAMS, DRY_PROMPT)
+    cells = set(joint) | set(plain)
+    assert sum(abs(joint.get(c, 0.0) - plain.get(c, 0.0)) for c in cells) / 2 > 0.05
+    return joint
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["rejection", "coupled"])
+def test_speculative_sampling_with_dry_follows_target(pair_bundle, dry_joint, seeded):
+    p_value = goodness_of_fit(sample_triples(pair_bundle, seeded, DRY, DRY_PROMPT), dry_joint)
+    assert p_value > SIGNIFICANCE, f"chi-square p = {p_value:.2e}"
+
+
+def test_dry_that_forgets_the_drafts_is_caught(pair_bundle, dry_joint, monkeypatch):
+    monkeypatch.setattr(verification, "chain_prefixes", lambda drafts: [[] for _ in range(len(drafts) + 1)])
+    p_value = goodness_of_fit(sample_triples(pair_bundle, False, DRY, DRY_PROMPT), dry_joint)
     assert p_value < SIGNIFICANCE, f"a broken rule passed: chi-square p = {p_value:.2e}"
 
 
