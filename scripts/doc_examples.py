@@ -5,8 +5,8 @@ a chat user message, as `xpuspec generate` sends it. Prints the page's answer se
 
 ``--runaways ROUNDS`` counts instead how many replies run to the cap (finish_reason "length") over
 ROUNDS other seeds of every prompt (round r gives prompt i the seed i + 23 r, r = 1..ROUNDS: none is
-the page's own). ``--max-tokens`` and ``--dry-multiplier`` (0: DRY off) replace the model's defaults,
-on the page too. It prints one line per reply that ran on, then the count:
+the page's own): one line per reply that ran on, then the count. ``--max-tokens`` and
+``--dry-multiplier`` (0: DRY off) replace the model's defaults, on the page too:
 
     python scripts/doc_examples.py --runaways 4 --max-tokens 512 --dry-multiplier 0
 """
