@@ -352,4 +352,3 @@ def test_the_default_models_recommended_sampling_reaches_older_bundles(recorded,
     assert manifest["sampling"]["temperature"] == expected_temperature
     if expected_temperature == 0.2:
         assert manifest["sampling"]["top_p"] == 0.9 and manifest["sampling"]["repetition_penalty"] == 1.1
-        assert manifest["sampling"]["dry_multiplier"] == 0.8

@@ -177,10 +177,8 @@ SMOLLM2 = DefaultModel(
     # Its GGUF and its Hugging Face generation_config.json recommend no sampling. At llama.cpp's
     # defaults alone this 135M model loops until the reply cap on some everyday prompts; with llama.cpp's
     # repeat penalty at 1.1 (Ollama's default) they end, and at its model card's temperature 0.2 and
-    # top-p 0.9 (the card's own generate example) they stay on the question (docs/examples.md). Lists it
-    # still repeated until the cap (ingredients) end with llama.cpp's DRY at the llama.cpp community's
-    # usual multiplier 0.8, its base, allowed length and breakers llama.cpp's (docs/sampling.md).
-    sampling={"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1, "dry_multiplier": 0.8},
+    # top-p 0.9 (the card's own generate example) they stay on the question (docs/examples.md).
+    sampling={"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1},
 )
 
 
