@@ -91,3 +91,18 @@ def test_exempt_tokens_keep_their_logits():
     params = SamplingParams(repeat_penalty=2.0, repeat_last_n=-1, presence_penalty=1.0)
     out = penalize(_logits(1), [3, 7, 7], 2, [[]], params, exempt={7})[0]
     assert out[7] == 4.0 and out[3] == 1.5
+
+
+def test_every_exempt_token_keeps_its_logit_in_any_order():
+    """Several end-of-sequence ids, given unsorted (a chat model's list): each keeps its logit under
+    every penalty, DRY included."""
+    params = SamplingParams(
+        repeat_penalty=2.0,
+        repeat_last_n=-1,
+        frequency_penalty=1.0,
+        dry_multiplier=1.0,
+        dry_sequence_breakers=[],
+    )
+    out = penalize(_logits(1), [7, 2, 7, 2, 5], 5, [[]], params, exempt=[7, 2])[0]
+    assert out[7] == 4.0 and out[2] == 0.5
+    assert out[5] < 1.0  # a penalised token that is not exempt

@@ -46,7 +46,7 @@ GENERATION_CONFIG_KEYS = {
     "min_p": "min_p",
     "repetition_penalty": "repeat_penalty",
     "repeat_last_n": "repeat_last_n",  # not a Hugging Face key: written by prepare from a GGUF
-    # Nor these: llama.cpp's DRY, which a bundle's manifest may recommend (the default model's does).
+    # Nor these: llama.cpp's DRY, which a bundle's manifest may recommend.
     "dry_multiplier": "dry_multiplier",
     "dry_base": "dry_base",
     "dry_allowed_length": "dry_allowed_length",

@@ -52,13 +52,13 @@ def penalize(
     presence = params.presence_penalty or 0.0
     frequency = params.frequency_penalty or 0.0
     output = list(token_ids[len(token_ids) - num_output_tokens :]) if num_output_tokens else []
-    exempt_ids = np.fromiter(exempt, dtype=np.int64)
+    exempt_ids = np.sort(np.fromiter(exempt, dtype=np.int64))  # sorted: members() binary-searches it
     for row, prefix in enumerate(prefixes):
         if repeat != 1.0 and last_n != 0:
             history = list(token_ids) + list(prefix)
             window = np.unique(np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64))
             # A draft's row may be narrower than the vocabulary (a cut draft vocabulary).
-            window = window[~np.isin(window, exempt_ids) & (window < penalized.shape[1])]
+            window = window[~members(window, exempt_ids) & (window < penalized.shape[1])]
             values = penalized[row, window]
             penalized[row, window] = np.where(values > 0, values / repeat, values * repeat)
         if presence or frequency:
@@ -77,7 +77,7 @@ def _penalize_dry(
     token_ids: Sequence[int],
     prefixes: Sequence[Sequence[int]],
     params: SamplingParams,
-    exempt_ids: np.ndarray,
+    exempt_ids: np.ndarray,  # sorted
     breaker_ids: np.ndarray | None,
 ) -> None:
     """DRY on each row of ``penalized`` in place, its history the sequence and the row's prefix."""
@@ -86,7 +86,6 @@ def _penalize_dry(
     tail = token_ids if last_n < 0 else token_ids[max(0, len(token_ids) - last_n) :]
     sequence = np.asarray(tail, dtype=np.int64)
     breakers = breaker_ids if breaker_ids is not None else np.empty(0, dtype=np.int64)
-    exempt_ids = np.sort(exempt_ids)
     for row, prefix in enumerate(prefixes):
         history = np.concatenate([sequence, np.asarray(prefix, dtype=np.int64)]) if prefix else sequence
         if last_n > 0:
