@@ -48,6 +48,11 @@ SHORT_REPLY_TOKENS = 16
 # While adaptive γ is 0, every this many steps one step drafts a single token to re-measure.
 PROBE_INTERVAL_STEPS = 64
 MAX_PROBE_INTERVAL_STEPS = 1024
+# A step is text being copied (WorkKind.COPY) where at least this share of its adaptive sequences have
+# a long lookup match. One is not enough in a large batch: every sequence's step then grows for its
+# few drafts, and a batch where most answer freely (question answering, with now and then a quoted
+# name) was measured as copying, under the payoff of batches that copy throughout.
+COPY_SHARE = 0.25
 
 
 class DraftChoice:
@@ -102,20 +107,22 @@ class DraftChoice:
 
     def work_kind(self, sequences: list[Sequence]) -> WorkKind:
         """The step's kind of work, from the prompt lookups of its adaptive ``sequences`` (unseeded, γ
-        not fixed): COPY where one has a long match, SHORT_MATCH where one has any, FREE otherwise."""
+        not fixed): COPY where at least :data:`COPY_SHARE` of them have a long match, SHORT_MATCH where
+        any has a match, FREE otherwise."""
         lookup = self.prompt_lookup
         if lookup is None:
             return WorkKind.FREE
-        kind = WorkKind.FREE
+        adaptive = long = matched = 0
         for sequence in sequences:
             if sequence.params.num_draft_tokens is not None or sequence.params.seeded:
                 continue
-            long = lookup.has_long_match(sequence, self.max_draft_tokens)
-            if long:
-                return WorkKind.COPY
-            if long is not None:
-                kind = WorkKind.SHORT_MATCH
-        return kind
+            adaptive += 1
+            match = lookup.has_long_match(sequence, self.max_draft_tokens)
+            long += bool(match)
+            matched += match is not None
+        if long and long >= COPY_SHARE * adaptive:
+            return WorkKind.COPY
+        return WorkKind.SHORT_MATCH if matched else WorkKind.FREE
 
     def num_draft_tokens(self, sequence: Sequence, num_running: int, guided: bool) -> int:
         """Drafts wanted for ``sequence`` this step: a chain's γ, or a tree's node budget.

@@ -12,11 +12,11 @@ fall outside any one step's model, and they can outweigh the gain:
 
 On the default model at one request, the cost model alone predicted gains the steps did not get
 (issue 53). So every batch shape is measured, and apart for three kinds of work (:class:`WorkKind`):
-steps where a prompt lookup finds a long match, text being copied (summaries, retrieval answers, code
-edits, quoted turns, a small model's loops); steps where it finds only a short one; and steps where it
-finds none, which only the draft model can draft. Drafting often pays on the first kind and loses on
-the others; measured together, one would hide the other, and a stretch of weak matches early in a
-reply would keep drafting off through the copying after it.
+steps where a prompt lookup finds a long match (for a good share of a batch's sequences), text being
+copied (summaries, retrieval answers, code edits, quoted turns, a small model's loops); steps where it
+finds only short ones; and steps where it finds none, which only the draft model can draft. Drafting
+often pays on the first kind and loses on the others; measured together, one would hide the other,
+and a stretch of weak matches early in a reply would keep drafting off through the copying after it.
 
 :class:`DraftingPayoff` compares, per (batch bucket, kind), two ways of running: adaptive drafting
 allowed ("on"), and not ("off"). For each it keeps the tokens and wall seconds of whole engine steps
@@ -69,7 +69,8 @@ CLEAR_WIN = 2.0
 
 class WorkKind(Enum):
     """What a step's adaptive sequences can draft from: text being copied (a prompt lookup found a
-    long match for one of them), a short match, or only the draft model."""
+    long match for a good share of them: ``draft_choice.COPY_SHARE``), a short match, or only the
+    draft model."""
 
     COPY = "copy"
     SHORT_MATCH = "short match"
