@@ -6,7 +6,8 @@ a chat user message, as `xpuspec generate` sends it. Prints the page's answer se
 ``--runaways ROUNDS`` counts instead how many replies run to the cap (finish_reason "length") over
 ROUNDS other seeds of every prompt (round r gives prompt i the seed i + 23 r, r = 1..ROUNDS: none is
 the page's own): one line per reply that ran on, then the count. ``--max-tokens`` and
-``--dry-multiplier`` (0: DRY off) replace the model's defaults, on the page too:
+``--dry-multiplier`` (0: DRY off) and ``--dry-include-prompt true|false`` replace the model's
+defaults, on the page too:
 
     python scripts/doc_examples.py --runaways 4 --max-tokens 512 --dry-multiplier 0
 """
@@ -17,6 +18,7 @@ import argparse
 import sys
 
 from xpuspec import Pipeline, SamplingParams
+from xpuspec.cli.generate import boolean
 
 README_PROMPTS = ["Write a haiku about caches", "Name three colors.", "Hi"]
 EVERYDAY_PROMPTS = [
@@ -43,9 +45,13 @@ EVERYDAY_PROMPTS = [
 ]
 
 
-def overrides(args: argparse.Namespace) -> dict[str, float | int]:
+def overrides(args: argparse.Namespace) -> dict[str, float | int | bool]:
     """The fields the options set in place of the model's defaults."""
-    fields = {"max_tokens": args.max_tokens, "dry_multiplier": args.dry_multiplier}
+    fields = {
+        "max_tokens": args.max_tokens,
+        "dry_multiplier": args.dry_multiplier,
+        "dry_include_prompt": args.dry_include_prompt,
+    }
     return {name: value for name, value in fields.items() if value is not None}
 
 
@@ -70,6 +76,7 @@ def main() -> int:
     parser.add_argument("--runaways", type=int, default=0, metavar="ROUNDS")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--dry-multiplier", type=float, default=None)
+    parser.add_argument("--dry-include-prompt", type=boolean, default=None, metavar="true|false")
     args = parser.parse_args()
     pipe = Pipeline(None)
     prompts = README_PROMPTS + EVERYDAY_PROMPTS

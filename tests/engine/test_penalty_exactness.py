@@ -23,7 +23,7 @@ PENALTIES = dict(repeat_penalty=1.6, repeat_last_n=16, presence_penalty=0.7, fre
 # DRY alone, strong enough to turn the tiny target's greedy loops; the newline breaks a repeat.
 DRY = dict(dry_multiplier=2.0, dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=-1,
            dry_sequence_breakers=["\n"])  # fmt: skip
-CONTROLS = {"penalties": PENALTIES, "dry": DRY}
+CONTROLS = {"penalties": PENALTIES, "dry": DRY, "dry over the reply": {**DRY, "dry_include_prompt": False}}
 MAX_TOKENS = 32
 
 

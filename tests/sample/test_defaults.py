@@ -74,3 +74,11 @@ def test_dry_is_off_by_default_and_a_recommendation_turns_it_on():
     assert params.dry and params.dry_sequence_breakers == ["\n", ":", '"', "*"]
     # Out of range: ignored, the next source's value stands.
     assert from_generation_config({}, {"dry_multiplier": -1, "dry_base": 0.5}, "us") == SamplingDefaults()
+
+
+def test_dry_looks_back_over_the_prompt_unless_a_recommendation_says_otherwise():
+    assert SamplingDefaults().dry_include_prompt is True  # llama-server's sampler sees the prompt
+    recommended = from_generation_config({}, {"dry_include_prompt": False}, "us")
+    assert recommended.dry_include_prompt is False and recommended.source("dry_include_prompt") == "us"
+    assert SamplingParams().with_defaults(recommended).dry_include_prompt is False
+    assert from_generation_config({}, {"dry_include_prompt": 0}, "us").dry_include_prompt is True

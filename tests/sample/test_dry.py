@@ -117,6 +117,22 @@ def test_penalize_applies_dry_per_row_with_the_drafts_before_it():
     np.testing.assert_allclose(out, expected, rtol=1e-6)
 
 
+def test_dry_over_the_reply_alone_lets_the_reply_quote_its_prompt():
+    whole, reply_only = SamplingParams(**DRY), SamplingParams(**DRY, dry_include_prompt=False)
+    quoting = [A, B, C, D, A, B]  # the prompt "a b c d", the reply "a b"
+    out = penalize(_logits(1), quoting, 2, [[]], whole, breaker_ids=NO_BREAKERS)
+    assert out[0, C] == pytest.approx(_logits(1)[0, C] - 0.8)
+    out = penalize(_logits(1), quoting, 2, [[]], reply_only, breaker_ids=NO_BREAKERS)
+    np.testing.assert_array_equal(out, _logits(1))
+    # A repeat inside the reply is penalised as before, row by row with the drafts before each row.
+    looping = [E, A, B, C, D, A, B]  # the prompt "e", the reply "a b c d a b"
+    out = penalize(_logits(2), looping, 6, chain_prefixes([C]), reply_only, breaker_ids=NO_BREAKERS)
+    expected = _logits(2)
+    expected[0, C] -= 0.8
+    expected[1, D] -= 0.8 * 1.75
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
 def test_end_of_sequence_tokens_are_exempt():
     params = SamplingParams(**DRY)
     out = penalize(_logits(1), [A, B, C, D, A, B, C], 7, [[]], params, exempt=[D], breaker_ids=NO_BREAKERS)
@@ -158,6 +174,7 @@ def test_breaker_tokens_are_those_whose_text_holds_a_breaker():
         ("dry_penalty_last_n", -2),
         ("dry_sequence_breakers", ["\n", ""]),
         ("dry_sequence_breakers", "\n"),
+        ("dry_include_prompt", 0),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(field, value):

@@ -65,6 +65,7 @@ def test_llama_cpps_dry_options_pass_through_under_llama_servers_names() -> None
     request = chat_request(chat(options={**dry, "dry_sequence_breakers": ["\n"]}), "m")
     assert request.model_dump(include=set(dry)) == dry
     assert request.dry_sequence_breakers == ["\n"]
+    assert chat_request(chat(options={"dry_include_prompt": False}), "m").dry_include_prompt is False
     with pytest.raises(ValidationError, match="dry_base"):
         chat(options={"dry_base": 0.5})
 

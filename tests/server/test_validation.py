@@ -79,6 +79,7 @@ CASES = [
     BadRequest("top_k negative", COMPLETIONS, completion(top_k=-1), 400, "top_k"),
     BadRequest("dry_multiplier negative", CHAT, chat(dry_multiplier=-0.5), 400, "dry_multiplier"),
     BadRequest("dry_base below one", CHAT, chat(dry_base=0.5), 400, "dry_base"),
+    BadRequest("dry_include_prompt a word", CHAT, chat(dry_include_prompt="no?"), 400, "dry_include_prompt"),
     BadRequest("dry_allowed_length zero", CHAT, chat(dry_allowed_length=0), 400, "dry_allowed_length"),
     BadRequest("dry_penalty_last_n -2", CHAT, chat(dry_penalty_last_n=-2), 400, "dry_penalty_last_n"),
     BadRequest(

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from xpuspec.api.errors import CommandError, warn_if_draft_is_target
@@ -153,8 +154,16 @@ def run(args: argparse.Namespace) -> int:
     return stream(pipe, request, prompt if not chat else None, params)
 
 
+def boolean(text: str) -> bool:
+    """A flag's true or false (argparse's ``type``)."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 # --flag -> SamplingParams field; each left out takes the model's default (xpuspec.sample.defaults).
-SAMPLING_FLAGS = {
+SAMPLING_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "max_tokens": (int, f"the reply cap (default {DEFAULT_MAX_TOKENS}; the context bounds it)"),
     "temperature": (float, "0 is greedy (default: the model's generation config, else llama.cpp's 0.8)"),
     "top_p": (float, "nucleus cut (default: the model's, else 0.95)"),
@@ -168,12 +177,16 @@ SAMPLING_FLAGS = {
     "dry_base": (float, "DRY's base: a repeat n tokens long costs multiplier * base^(n - allowed) (1.75)"),
     "dry_allowed_length": (int, "the longest repeat DRY lets pass free (default 2)"),
     "dry_penalty_last_n": (int, "tokens DRY looks back over, -1 all, 0 off (default -1)"),
+    "dry_include_prompt": (boolean, "false: DRY looks back over the reply alone (default: the model's)"),
 }
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     for name, (kind, help_text) in SAMPLING_FLAGS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+        metavar = "true|false" if kind is boolean else None
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=kind, default=None, help=help_text, metavar=metavar
+        )
 
 
 def sampling_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -52,6 +52,8 @@ GENERATION_CONFIG_KEYS = {
     "dry_allowed_length": "dry_allowed_length",
     "dry_penalty_last_n": "dry_penalty_last_n",
 }
+# A bundle's manifest may also recommend this xpuspec switch (a bool: DRY without the prompt).
+BOOLEAN_KEYS = {"dry_include_prompt": "dry_include_prompt"}
 INTEGER_KEYS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n")
 # A GGUF's recommended sampling (llama.cpp's general.sampling.* keys) -> generation_config.json key.
 GGUF_SAMPLING_KEYS = {
@@ -82,6 +84,7 @@ class SamplingDefaults:
     dry_allowed_length: int = DEFAULT_DRY_ALLOWED_LENGTH
     dry_penalty_last_n: int = DEFAULT_DRY_PENALTY_LAST_N
     dry_sequence_breakers: tuple[str, ...] = DEFAULT_SEQUENCE_BREAKERS
+    dry_include_prompt: bool = True
     max_tokens: int = DEFAULT_MAX_TOKENS
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -124,6 +127,10 @@ def from_generation_config(
             if _acceptable(name, value):
                 number = float(value)  # type: ignore[arg-type]  # _acceptable: a finite int or float
                 values[name] = int(number) if name in INTEGER_KEYS else number
+                sources[name] = source
+        for key, name in BOOLEAN_KEYS.items():
+            if isinstance(layer.get(key), bool):
+                values[name] = layer[key]
                 sources[name] = source
         if layer.get("do_sample") is False:
             values["temperature"] = 0.0

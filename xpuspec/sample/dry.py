@@ -2,12 +2,16 @@
 sequence's own text has its logit lowered, by more the longer the repeat.
 
 The history is the last ``dry_penalty_last_n`` tokens of the sequence, prompt included (-1: the whole
-sequence; 0: off), as llama-server feeds its sampler the prompt before the reply. Its end is a suffix;
-wherever that suffix, ``n`` tokens long, also ends earlier in the history, the token that came next
-there would repeat the text once more, and gets ``dry_multiplier * dry_base ** (n -
-dry_allowed_length)`` subtracted from its logit when ``n >= dry_allowed_length`` (the longest such
-``n`` for each token; the exponent is capped where the power would overflow a float32, as in
-llama.cpp). ``dry_multiplier`` 0 is off (llama.cpp's default).
+sequence; 0: off), as llama-server feeds its sampler the prompt before the reply. With
+``dry_include_prompt`` False (an xpuspec field; llama.cpp has none) it is the reply's tokens alone: a
+reply that quotes its prompt (a summary, an answer from a document, an edit of code) is then not
+penalised for it, and speculation keeps the prompt lookups such quotes are drafted from.
+
+The history's end is a suffix; wherever that suffix, ``n`` tokens long, also ends earlier in the
+history, the token that came next there would repeat the text once more, and gets ``dry_multiplier *
+dry_base ** (n - dry_allowed_length)`` subtracted from its logit when ``n >= dry_allowed_length``
+(the longest such ``n`` for each token; the exponent is capped where the power would overflow a
+float32, as in llama.cpp). ``dry_multiplier`` 0 is off (llama.cpp's default).
 
 Sequence breakers end a match: a repeat never reaches back across the latest breaker token of the
 history, and a breaker token is never penalised. llama.cpp maps each breaker string to the tokens

@@ -7,8 +7,8 @@ penalties, applied before temperature, top-k, top-p and min-p (:func:`xpuspec.sa
 - ``frequency_penalty`` and ``presence_penalty`` (OpenAI): each token the output holds ``c > 0`` times
   has ``c * frequency_penalty + presence_penalty`` subtracted from its logit;
 - DRY (llama.cpp's ``dry_*`` fields, :mod:`xpuspec.sample.dry`): a token that would extend a repeat of
-  the sequence's text has an amount growing with the repeat's length subtracted, after the others (the
-  order of llama.cpp's sampler chain).
+  the sequence's text (or with ``dry_include_prompt`` False, of the reply's) has an amount growing with
+  the repeat's length subtracted, after the others (the order of llama.cpp's sampler chain).
 
 End-of-sequence tokens are never penalised: a chat prompt ends each turn with one, and a penalised
 end keeps a small model's reply from ending at all.
@@ -68,7 +68,9 @@ def penalize(
             if tokens.size:
                 penalized[row, tokens] -= counts * frequency + presence
     if params.dry:
-        _penalize_dry(penalized, token_ids, prefixes, params, exempt_ids, breaker_ids)
+        # DRY over the reply alone: the sequence's output, the drafts after it.
+        dry_history: Sequence[int] = token_ids if params.dry_include_prompt is not False else output
+        _penalize_dry(penalized, dry_history, prefixes, params, exempt_ids, breaker_ids)
     return penalized
 
 
@@ -80,7 +82,8 @@ def _penalize_dry(
     exempt_ids: np.ndarray,  # sorted
     breaker_ids: np.ndarray | None,
 ) -> None:
-    """DRY on each row of ``penalized`` in place, its history the sequence and the row's prefix."""
+    """DRY on each row of ``penalized`` in place, its history ``token_ids`` (the sequence, or its reply
+    alone) and the row's prefix."""
     last_n = params.dry_penalty_last_n if params.dry_penalty_last_n is not None else -1
     # The longest prefix is as long as the rows are many: the sequence's tail that any row can see.
     tail = token_ids if last_n < 0 else token_ids[max(0, len(token_ids) - last_n) :]

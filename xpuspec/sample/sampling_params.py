@@ -38,6 +38,7 @@ DEFAULTED_FIELDS = (
     "dry_allowed_length",
     "dry_penalty_last_n",
     "dry_sequence_breakers",
+    "dry_include_prompt",
 )
 
 
@@ -72,7 +73,9 @@ class SamplingParams:
     and llama.cpp's DRY (:mod:`xpuspec.sample.dry`): a token that would extend a repeat of ``n >=
     dry_allowed_length`` tokens of the sequence loses ``dry_multiplier * dry_base ** (n -
     dry_allowed_length)`` (``dry_multiplier`` 0 is off; ``dry_penalty_last_n`` tokens looked back over,
-    -1 the whole sequence, 0 off; a token holding one of ``dry_sequence_breakers`` ends a repeat).
+    -1 the whole sequence, 0 off; a token holding one of ``dry_sequence_breakers`` ends a repeat;
+    ``dry_include_prompt`` False, an xpuspec field: DRY looks back over the reply alone, so that
+    quoting the prompt is not a repeat).
     """
 
     max_tokens: int | None = None
@@ -89,6 +92,7 @@ class SamplingParams:
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None  # -1: the whole sequence; 0: off
     dry_sequence_breakers: list[str] | None = None
+    dry_include_prompt: bool | None = None  # False: DRY's history is the reply alone (llama.cpp: True)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
@@ -232,6 +236,8 @@ class SamplingParams:
                 f"dry_penalty_last_n must be an integer >= -1 (-1: the whole sequence, 0: off), "
                 f"got {self.dry_penalty_last_n!r}"
             )
+        if self.dry_include_prompt is not None and not isinstance(self.dry_include_prompt, bool):
+            raise ValueError(f"dry_include_prompt must be a bool, got {self.dry_include_prompt!r}")
         breakers = self.dry_sequence_breakers
         if breakers is not None and (
             not isinstance(breakers, list)

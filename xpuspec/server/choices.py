@@ -95,6 +95,7 @@ def _sampling_params(
         dry_allowed_length=body.dry_allowed_length,
         dry_penalty_last_n=body.dry_penalty_last_n,
         dry_sequence_breakers=body.dry_sequence_breakers,
+        dry_include_prompt=body.dry_include_prompt,
         seed=seed,
         stop=body.stop_list,
         ignore_eos=bool(body.ignore_eos),

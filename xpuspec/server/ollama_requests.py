@@ -145,6 +145,7 @@ def _common(body: OllamaGenerationFields, served: str) -> dict[str, Any]:
         "dry_allowed_length": options.dry_allowed_length,
         "dry_penalty_last_n": options.dry_penalty_last_n,
         "dry_sequence_breakers": options.dry_sequence_breakers,
+        "dry_include_prompt": options.dry_include_prompt,
         "seed": seed,
         "stop": options.stop or None,
         "response_format": _response_format(body.format),

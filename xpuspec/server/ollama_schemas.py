@@ -56,6 +56,7 @@ class OllamaOptions(BaseModel):
     dry_allowed_length: int | None = Field(None, ge=1)
     dry_penalty_last_n: int | None = Field(None, ge=-1, description="-1: the whole sequence; 0: off")
     dry_sequence_breakers: list[SequenceBreaker] | None = Field(None, max_length=MAX_SEQUENCE_BREAKERS)
+    dry_include_prompt: bool | None = Field(None, description="xpuspec: false, DRY over the reply alone")
     seed: int | None = Field(None, lt=SEED_LIMIT, description="a negative seed (Ollama's -1) means random")
     stop: list[NonEmptyString] | None = Field(
         None, max_length=MAX_STOP_STRINGS, description=f"up to {MAX_STOP_STRINGS} stop strings"

@@ -69,6 +69,7 @@ DEFAULTS_SCHEMA: dict[str, Any] = {
         "dry_allowed_length": {"type": ["integer", "null"]},
         "dry_penalty_last_n": {"type": ["integer", "null"]},
         "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string"}},
+        "dry_include_prompt": {"type": ["boolean", "null"]},
         "seed": {"type": ["integer", "null"]},
         "max_tokens": {
             "type": ["integer", "null"],

@@ -167,6 +167,9 @@ class GenerationFields(BaseModel):
         max_length=MAX_SEQUENCE_BREAKERS,
         description='tokens holding one of these end a repeat (default ["\\n", ":", "\\"", "*"])',
     )
+    dry_include_prompt: bool | None = Field(
+        None, description="xpuspec: false, DRY looks back over the reply alone (default: the model's)"
+    )
     num_draft_tokens: int | None = Field(
         None, ge=0, le=MAX_DRAFT_TOKENS, description="xpuspec: fixed speculation length (default adaptive)"
     )
