@@ -66,6 +66,20 @@ def test_a_chat_stream_keeps_llama_servers_draft_timings():
     assert result.draft_n is None and result.tokens == 2
 
 
+def test_every_server_gets_plain_greedy_requests_without_repetition_controls():
+    bodies: list[dict[str, Any]] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=_sse([{"choices": [{"delta": {"content": "x"}}]}]))
+
+    with httpx.Client(transport=httpx.MockTransport(respond)) as client:
+        stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 3)
+    plain = {"temperature": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert {key: bodies[0][key] for key in plain} == plain
+    assert bodies[0]["dry_multiplier"] == 0.0  # the default model's DRY, where it recommends one, is off
+
+
 def test_without_cycling_each_prompt_is_sent_once_whatever_the_client_count(monkeypatch):
     sent: list[str] = []
 

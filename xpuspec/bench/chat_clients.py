@@ -61,8 +61,8 @@ def stream_chat(
     """One streamed greedy /v1/chat/completions; the text, the completion tokens (usage, else one per
     chunk with content), the wall time, the time to the first content, and llama-server's draft counts
     where its ``timings`` carry them. Every server gets the same plain greedy request: no repetition
-    penalty, whatever a server's or a model's own default (the default model's penalises repeats, llama.cpp's
-    does not)."""
+    penalty, DRY included, whatever a server's or a model's own default (the default model's penalises
+    repeats, llama.cpp's does not)."""
     payload = {
         "model": model,
         "messages": messages,
@@ -71,6 +71,7 @@ def stream_chat(
         "repeat_penalty": 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0,
         "seed": 0,
         "stream": True,
         "stream_options": {"include_usage": True},

@@ -36,9 +36,12 @@ class XpuspecLatencyRunner:
     def generate(
         self, token_ids: list[int], max_tokens: int, draft_length: int | str | None
     ) -> RequestTiming:
+        # Plain greedy, as GenAI's rows decode: no repetition control, whatever the model's defaults.
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0,
+            repeat_penalty=1.0,
+            dry_multiplier=0.0,
             ignore_eos=True,
             num_draft_tokens=draft_length if isinstance(draft_length, int) else None,
             draft_tree="auto" if draft_length == TREE_AUTO else None,
