@@ -207,3 +207,15 @@ def test_a_draft_that_is_the_target_is_warned_of(pair_bundle: Path, tmp_path: Pa
     assert f"xpuspec: warning: {DRAFT_IS_TARGET}" in capsys.readouterr().err
     assert main(["generate", "hi", "--bundle", str(pair_bundle), "--max-tokens", "2"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_boolean_sampling_flag_takes_true_or_false_and_refuses_anything_else(capsys) -> None:
+    from xpuspec.cli.generate import sampling_fields
+
+    generate = _subparsers()["generate"]
+    args = generate.parse_args(["hi", "--dry-include-prompt", "false"])
+    assert sampling_fields(args) == {"dry_include_prompt": False}
+    assert "dry_include_prompt" not in sampling_fields(generate.parse_args(["hi"]))
+    with pytest.raises(SystemExit):
+        generate.parse_args(["hi", "--dry-include-prompt", "maybe"])
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
