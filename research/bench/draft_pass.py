@@ -71,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = runner_timer.parser(__doc__, steps=40, rounds=6)
     parser.add_argument("--vocab", default="0,16384,8192", help="draft vocabularies; 0 is the whole LM head")
     args = parser.parse_args(argv)
-    try:
-        vocabs = [int(part) for part in args.vocab.split(",") if part.strip()]
-    except ValueError:
-        parser.error(f"--vocab must list integers, got {args.vocab!r}")
+    vocabs = runner_timer.integers(parser, args.vocab, "--vocab")
     if not vocabs or min(vocabs) < 0 or args.steps < 1 or args.rounds < 1:
         parser.error("--vocab needs integers >= 0, --steps and --rounds at least 1")
     properties = runner_timer.properties(parser, args)

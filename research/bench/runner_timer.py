@@ -28,6 +28,14 @@ def parser(description: str | None, steps: int, rounds: int) -> argparse.Argumen
     return parser
 
 
+def integers(parser: argparse.ArgumentParser, text: str, option: str) -> list[int]:
+    """The comma-separated integers of ``option``'s ``text``, or a usage error (exit 2) naming it."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        parser.error(f"{option} must list integers, got {text!r}")
+
+
 def properties(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """The compile properties: GenAI's CPU defaults on this CPU (bf16 compute and KV where the CPU has
     bf16, else f32 with an f16 cache) under the user's ``--property`` settings."""

@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = runner_timer.parser(__doc__, steps=12, rounds=10)
     parser.add_argument("--tokens", default="1,5", help="the two token counts a,b (a < b)")
     args = parser.parse_args(argv)
-    try:
-        small, large = (int(part) for part in args.tokens.split(","))
-    except ValueError:
+    counts = runner_timer.integers(parser, args.tokens, "--tokens")
+    if len(counts) != 2:
         parser.error(f"--tokens must be two integers a,b, got {args.tokens!r}")
+    small, large = counts
     if not 1 <= small < large or args.steps < 2 or args.rounds < 1:
         parser.error("--tokens needs 1 <= a < b, --steps at least 2, --rounds at least 1")
     properties = runner_timer.properties(parser, args)

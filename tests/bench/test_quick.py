@@ -4,13 +4,13 @@ resident memory of the whole run (measured on the demo pair: the default model t
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.peak_memory import run_with_peak_rss
 from xpuspec.bench.config import QUICK, BenchConfig
 from xpuspec.bench.latency_labels import GENAI, XPUSPEC
 from xpuspec.bench.latency_rows import configurations
@@ -36,13 +36,6 @@ QUICK_LOAD_NAMES = [
 # Every engine of a round held at once took the bench past 900 MB on the demo pair; a pair at a time
 # stays far below (figures: docs/bench-cost.md).
 PEAK_RSS_BOUND_MB = 512
-# Runs the bench as a child and prints the largest resident set of its waited-for processes (KiB).
-MEASURE = (
-    "import resource, subprocess, sys; "
-    "rc = subprocess.run(sys.argv[1:]).returncode; "
-    "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
-    "sys.exit(rc)"
-)
 
 
 def test_a_quick_look_keeps_the_same_properties_rows_and_pairs_each_engine_with_its_peer(
@@ -68,11 +61,11 @@ def test_a_quick_look_keeps_the_same_properties_rows_and_pairs_each_engine_with_
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     out = tmp_path_factory.mktemp("quick")
-    command = [sys.executable, "-c", MEASURE, sys.executable, "-m", "xpuspec.cli", "bench"]
-    command += ["--bundle", "demo", "--quick", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "xpuspec.cli", "bench", "--bundle", "demo", "--quick", "--out", str(out)]
+    done, maxrss_kib = run_with_peak_rss(
+        command, out.parent / "peak-rss", capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-4000:]
-    maxrss_kib = int(done.stdout.rsplit("MAXRSS_KIB", 1)[1].split()[0])
     return out, maxrss_kib, done.stderr
 
 

@@ -284,20 +284,19 @@ def test_quick_plan_on_the_default_model_is_small_and_says_each_candidate_once(s
     """`xpuspec plan --quick` on the default model: peak RSS within 4 GB, no raw exception, a refused
     candidate skipped in one line, and the agreement columns explained under their tables."""
     import os
-    import resource
-    import subprocess
     import sys
 
-    done = subprocess.run(
+    from tests.support.peak_memory import run_with_peak_rss
+
+    done, peak_kib = run_with_peak_rss(
         [sys.executable, "-m", "xpuspec.cli", "plan", "--quick", "--devices", "CPU"],
+        tmp_path / "peak-rss",
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    # The largest RSS of any child so far: this run, or an earlier one (then the bound is stricter).
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert peak_kib < 4 * 1024 * 1024, f"peak RSS {peak_kib / 1024 / 1024:.1f} GB"
     output = done.stdout + done.stderr
     assert "Traceback" not in output and "Exception from" not in output

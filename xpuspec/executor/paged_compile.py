@@ -18,6 +18,7 @@ from pathlib import Path
 
 import openvino as ov
 
+from xpuspec.executor.fused_projections import fuse_shared_input_projections
 from xpuspec.executor.graph_edits import cut_logits_vocab, make_paged_model
 from xpuspec.executor.hidden_taps import Projection, add_hidden_state_taps
 
@@ -49,8 +50,12 @@ def compile_paged(
     hidden_state_layers: Sequence[int] | None = None,
     logits_vocab: int | None = None,
     hidden_state_projection: Projection | None = None,
+    fuse_projections: bool = True,
 ) -> PagedCompile:
-    """Read ``model_dir``'s stateful export, make it paged (taps and a cut LM head as asked), compile it."""
+    """Read ``model_dir``'s stateful export, make it paged (taps and a cut LM head as asked), compile it.
+
+    On the CPU, products that share an input are fused first unless ``fuse_projections`` is false
+    (:mod:`xpuspec.executor.fused_projections`; GPU plugins fuse these themselves)."""
     model_path = Path(model_dir) / MODEL_FILE
     if not model_path.is_file():
         raise ValueError(f"no {MODEL_FILE} in {model_dir}: expected an optimum-intel stateful export")
@@ -62,6 +67,8 @@ def compile_paged(
     if hidden_state_layers is not None:
         layers = tuple(int(layer) for layer in hidden_state_layers)
         tapped_name = add_hidden_state_taps(model, layers, hidden_state_projection)
+    if fuse_projections and device == "CPU":
+        fuse_shared_input_projections(model)
     main = core.compile_model(model, device, dict(properties or {}))
     lane = core.compile_model(model, device, dict(properties or {})) if decode_lane else None
     return PagedCompile(Path(model_dir), device, main, lane, tapped_name, layers)
