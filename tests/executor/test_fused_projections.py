@@ -41,6 +41,8 @@ def _u4_weight(rng: np.random.Generator, rows: int, zero_point: ov.Output | None
 def _model(weights: list[ov.Output]) -> ov.Model:
     hidden = opset.parameter([-1, HIDDEN], ov.Type.f32, name="hidden")
     products = [opset.matmul(hidden, weight, False, True) for weight in weights]
+    for index, product in enumerate(products):
+        product.output(0).get_tensor().set_names({f"projection.{index}"})
     return ov.Model([opset.result(product) for product in products], [hidden])
 
 
@@ -67,6 +69,11 @@ def test_a_u4_q_k_v_group_fuses_into_one_product_with_the_same_outputs() -> None
     assert _matmuls(fused) == 1
     after = _outputs(fused, hidden)
     assert [a.shape for a in after] == [(5, 64), (5, 32), (5, 32)]
+    assert [output.get_any_name() for output in fused.outputs] == [
+        "projection.0",
+        "projection.1",
+        "projection.2",
+    ]
     for a, b in zip(after, before, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 

@@ -96,6 +96,8 @@ def _fuse(members: Sequence[ov.Node]) -> int:
     product.set_friendly_name(members[0].get_friendly_name() + "/fused")
     split = opset.variadic_split(product, np.int64(-1), np.array(rows, dtype=np.int64))
     for index, member in enumerate(members):
+        # The split's output takes the product's tensor names too: a model output found by name stays.
+        split.output(index).get_tensor().set_names(member.output(0).get_names())
         for target in member.output(0).get_target_inputs():
             target.replace_source_output(split.output(index))
     return len(members)
