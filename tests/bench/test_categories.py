@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from xpuspec.bench import categories, chat_clients
 from xpuspec.bench.categories import Speculation, llama_speculation, metrics_delta, settled_metrics
@@ -83,7 +84,9 @@ def test_every_server_gets_plain_greedy_requests_without_repetition_controls():
 def test_without_cycling_each_prompt_is_sent_once_whatever_the_client_count(monkeypatch):
     sent: list[str] = []
 
-    def fake_chat(client: Any, base_url: str, model: str, messages: Any, max_tokens: int) -> ChatResult:
+    def fake_chat(
+        client: Any, base_url: str, model: str, messages: Any, max_tokens: int, ignore_eos: bool
+    ) -> ChatResult:
         sent.append(messages[0]["content"])
         return ChatResult("", 1, 0.0, 0.0)
 
@@ -94,6 +97,37 @@ def test_without_cycling_each_prompt_is_sent_once_whatever_the_client_count(monk
     sent.clear()
     run_clients("http://x", "m", prompts, 8, 4)  # --mode serve's: every client gets one
     assert len(sent) == 8
+
+
+def test_each_prompt_can_have_its_own_length_past_the_end_of_sequence(monkeypatch):
+    sent: dict[str, tuple[int, bool]] = {}
+
+    def fake_chat(
+        client: Any, base_url: str, model: str, messages: Any, max_tokens: int, ignore_eos: bool
+    ) -> ChatResult:
+        sent[messages[0]["content"]] = (max_tokens, ignore_eos)
+        return ChatResult("", max_tokens, 0.0, 0.0)
+
+    monkeypatch.setattr(chat_clients, "stream_chat", fake_chat)
+    prompts = [[{"role": "user", "content": str(i)}] for i in range(3)]
+    run_clients("http://x", "m", prompts, 2, [5, 7, 9], cycle=False, ignore_eos=True)
+    assert sent == {"0": (5, True), "1": (7, True), "2": (9, True)}
+    with pytest.raises(ValueError, match="3 prompts but 2 token limits"):
+        run_clients("http://x", "m", prompts, 2, [5, 7], cycle=False)
+
+
+def test_ignore_eos_is_sent_only_when_asked():
+    bodies: list[dict[str, Any]] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=_sse([{"choices": [{"delta": {"content": "x"}}]}]))
+
+    with httpx.Client(transport=httpx.MockTransport(respond)) as client:
+        stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 3)
+        stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 5, ignore_eos=True)
+    assert "ignore_eos" not in bodies[0]
+    assert (bodies[1]["ignore_eos"], bodies[1]["max_tokens"]) == (True, 5)
 
 
 def test_the_scrape_after_a_category_waits_for_the_server_to_count_its_requests(monkeypatch):
@@ -142,3 +176,55 @@ def test_a_run_on_the_demo_pair_reports_every_category_and_both_xpuspec_rows(tmp
     assert all(name in markdown for name in CATEGORIES.values())
     assert "llama.cpp: not run: no llama-server" in markdown and markdown in capfd.readouterr().out
     assert (out / CATEGORY_PLOT).is_file() or "reason" in summary["plot"]
+
+
+def test_with_same_lengths_every_row_generates_target_onlys_answer_lengths(tmp_path: Path):
+    """Two prompts a category on the demo pair, 6 tokens, one round, two clients: the lengths come from a
+    target-only session first, and both xpuspec rows then generate exactly those (past any end)."""
+    from xpuspec.cli import main
+
+    out = tmp_path / "report"
+    args = ["bench", "--mode", "categories", "--bundle", "demo", "--prompts", "2", "--max-tokens", "6"]
+    args += ["--rounds", "1", "--concurrency", "2", "--same-lengths", "--out", str(out)]
+    assert main([*args, "--llama-server", str(tmp_path / "no-llama-server")]) == 0
+    summary = json.loads((out / "categories.json").read_text())
+    lengths = summary["settings"]["same_lengths"]["2"]
+    (level,) = summary["levels"]
+    for entry in level["categories"]:
+        expected = sum(lengths[entry["category"]])
+        assert 1 <= expected <= 6 * entry["prompts"]
+        assert {row["completion_tokens"] for row in entry["rows"].values()} == {expected}
+    assert "Same lengths: every row generated" in (out / "categories.md").read_text()
+    assert any(path.name.endswith("-lengths.log") for path in out.rglob("*.log"))
+
+
+def test_a_session_with_lengths_asks_each_prompt_for_its_own_past_the_end(monkeypatch):
+    """The lengths a target-only session gave (answer_lengths) are what the next session asks for."""
+    asked: list[tuple[Any, bool]] = []
+
+    def fake_clients(base_url, model, prompts, clients, max_tokens, *, cycle, ignore_eos=False):
+        asked.append((max_tokens, ignore_eos))
+        limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+        results = [
+            ChatResult("", n - index % 2, 0.1, 0.01, prompt_index=index) for index, n in enumerate(limits)
+        ]
+        return chat_clients.ClientsRound(clients, results[::-1], 1.0)
+
+    class Opened:
+        base_url, model, process = "http://x", "m", type("P", (), {"pid": 0})()
+
+        def __enter__(self) -> Opened:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(categories, "run_clients", fake_clients)
+    monkeypatch.setattr(categories, "peak_rss_mb", lambda pid: None)
+    row = categories.Row("llama.cpp", "peer")  # a row whose counters come from its responses
+    groups = {"qa": [[{"role": "user", "content": "a"}]] * 3, "math": [[{"role": "user", "content": "b"}]]}
+    first = categories._session(row, Opened(), 2, groups, 8)  # type: ignore[arg-type]  # a stand-in
+    lengths = categories.answer_lengths(first, groups)
+    assert lengths == {"qa": [8, 7, 8], "math": [8]}  # in prompt order, whatever the completion order
+    categories._session(row, Opened(), 2, groups, 8, lengths)  # type: ignore[arg-type]
+    assert asked == [(8, False), (8, False), ([8, 7, 8], True), ([8], True)]

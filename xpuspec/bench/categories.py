@@ -13,10 +13,18 @@ For xpuspec's rows, /metrics is read before and after each category: draft token
 accepted, the target passes that verified drafts, and every target pass that gave a request tokens.
 For llama.cpp's rows, the draft counts its responses' ``timings`` carry (``draft_n``,
 ``draft_n_accepted``), where they do. The summary is in xpuspec.bench.category_summary.
+
+With ``same_lengths``, every row generates the same number of tokens for each prompt: target-only's own
+greedy answer's length at that client count, measured in a session before the rounds, sent as
+``max_tokens`` with ``ignore_eos``. Outside exact mode a row's answers part from target-only's after a
+few dozen tokens (a batch's shape changes the rounding) and end at other lengths; with several clients a
+category's wall time is its longest answers', so fewer tokens in all read as fewer tokens per second.
+The same lengths compare equal work.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -27,7 +35,15 @@ from typing import Any
 from xpuspec.bench.category_prompts import by_category, fitting, load_category_prompts
 from xpuspec.bench.chat_clients import ChatResult, ClientsRound, Messages, run_clients
 from xpuspec.bench.environment import environment, load_average
-from xpuspec.bench.llama_cpp import Row, peak_rss_mb, run_rounds, server_rows
+from xpuspec.bench.llama_cpp import (
+    TARGET_ONLY_ROW,
+    Row,
+    ServerRows,
+    not_run_key,
+    peak_rss_mb,
+    run_rounds,
+    server_rows,
+)
 from xpuspec.bench.server_process import ServerProcess
 from xpuspec.bench.workloads import PromptEncoder
 from xpuspec.models.bundle import ModelBundle
@@ -104,6 +120,8 @@ class CategoriesRun:
     left_out: dict[str, int] = field(default_factory=dict)  # prompts too long for the context
     environment: dict[str, Any] = field(default_factory=dict)
     bundle: str = ""
+    # With same_lengths: per client count, each category's answer lengths every row generated.
+    lengths: dict[int, dict[str, list[int]]] = field(default_factory=dict)
 
 
 def category_groups(
@@ -133,9 +151,24 @@ def settled_metrics(server: ServerProcess, before: dict[str, float], requests: i
         time.sleep(0.05)
 
 
+def answer_lengths(session: Session, groups: dict[str, list[Messages]]) -> dict[str, list[int]]:
+    """Each category's answer lengths in prompt order, from a session that sent every prompt once."""
+    lengths: dict[str, list[int]] = {}
+    for category, prompts in groups.items():
+        by_prompt = {r.prompt_index: r.tokens for r in session.categories[category].clients_round.results}
+        lengths[category] = [max(by_prompt.get(index, 1), 1) for index in range(len(prompts))]
+    return lengths
+
+
 def _session(
-    row: Row, opened: ServerProcess, clients: int, groups: dict[str, list[Messages]], max_tokens: int
+    row: Row,
+    opened: ServerProcess,
+    clients: int,
+    groups: dict[str, list[Messages]],
+    max_tokens: int,
+    lengths: dict[str, list[int]] | None = None,
 ) -> Session:
+    """Every category's prompts through ``opened``; with ``lengths``, each answer exactly that long."""
     started = time.perf_counter()
     results: dict[str, CategoryResult] = {}
     with opened as server:
@@ -143,8 +176,15 @@ def _session(
         for category, prompts in groups.items():
             scraped = row.engine == "xpuspec"
             before = server.metrics() if scraped else {}
+            limits = max_tokens if lengths is None else lengths[category]
             clients_round = run_clients(
-                server.base_url, server.model, prompts, clients, max_tokens, cycle=False
+                server.base_url,
+                server.model,
+                prompts,
+                clients,
+                limits,
+                cycle=False,
+                ignore_eos=lengths is not None,
             )
             if scraped:
                 speculation = metrics_delta(before, settled_metrics(server, before, len(prompts)))
@@ -175,20 +215,29 @@ def run_categories(
     threads: Sequence[int] = (2,),
     clients: Sequence[int] = (1,),
     left_out: dict[str, int] | None = None,
+    same_lengths: bool = False,
 ) -> CategoriesRun:
     """Every row's server at each client count, fresh each round in a rotating order, each session
-    sending every category's prompts once; the machine and its load average first."""
+    sending every category's prompts once; the machine and its load average first. ``same_lengths``:
+    first a target-only session at each count gives every answer's length, which every row then
+    generates (see the module's docstring)."""
     env = environment()
     env["load_average_at_start"] = load_average()
     plan = server_rows(
         bundle_path, bundle, max_tokens=max_tokens, out=out, llama_server=llama_server, threads=threads
     )
-    sessions = run_rounds(
-        plan,
-        rounds,
-        clients,
-        lambda row, opened, count: _session(row, opened, count, groups, max_tokens),
-    )
+    sessions: dict[tuple[str, int], list[Session]] = {}
+    lengths: dict[int, dict[str, list[int]]] = {}
+    for count in clients:
+        if same_lengths:
+            lengths[count] = _target_only_lengths(plan, count, groups, max_tokens)
+        per_count = lengths.get(count)
+        sessions |= run_rounds(
+            plan,
+            rounds,
+            [count],
+            functools.partial(_session, groups=groups, max_tokens=max_tokens, lengths=per_count),
+        )
     return CategoriesRun(
         rows=plan.rows,
         prompts={category: len(prompts) for category, prompts in groups.items()},
@@ -200,4 +249,15 @@ def run_categories(
         left_out=dict(left_out or {}),
         environment=env,
         bundle=str(bundle.root),
+        lengths=lengths,
     )
+
+
+def _target_only_lengths(
+    plan: ServerRows, clients: int, groups: dict[str, list[Messages]], max_tokens: int
+) -> dict[str, list[int]]:
+    """Target-only's greedy answer lengths at ``clients`` clients, from one session before the rounds."""
+    row = next(row for row in plan.rows if row.label == TARGET_ONLY_ROW.label)
+    log = plan.logs / f"{not_run_key(row.label, clients)}-lengths.log"
+    logger.info("answer lengths: %s, %d client(s)", row.label, clients)
+    return answer_lengths(_session(row, plan.open(row, clients, log), clients, groups, max_tokens), groups)

@@ -68,6 +68,9 @@ def row_figures(rounds: Sequence[Sequence[CategoryResult]]) -> dict[str, Any]:
         "tokens_per_s_by_round": [round(value, 2) for value in per_round],
         "ttft_p50_ms": percentile(ttfts, 50),
         "requests": sum(len(c.clients_round.results) for c in every),
+        # Outside exact mode rows answer at different lengths: tokens/s compare equal work only where
+        # these agree (``--same-lengths``).
+        "completion_tokens": sum(r.tokens for c in every for r in c.clients_round.results),
         **pooled([c.speculation for c in every]),
     }
 
@@ -122,6 +125,8 @@ def summarise(run: CategoriesRun) -> dict[str, Any]:
             "clients": list(run.clients),
             "prompts": run.prompts,
             "greedy": True,
+            # Per client count, each category's answer lengths every row generated (ignore_eos).
+            "same_lengths": {str(count): lengths for count, lengths in run.lengths.items()} or None,
         },
         "rows": [{"row": row.label, "engine": row.engine, "args": list(row.args)} for row in run.rows],
         "levels": [_level(run, clients, engines) for clients in run.clients],
@@ -193,6 +198,11 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Bundle: {summary['bundle']}; greedy, up to {settings['max_tokens']} new tokens a request; "
         f"{settings['rounds']} round(s), every server started afresh each round, rows in rotating order.",
     ]
+    if settings.get("same_lengths"):
+        lines.append(
+            "Same lengths: every row generated each prompt's target-only answer length at that client "
+            "count (measured before the rounds; `ignore_eos`), so every row did the same work."
+        )
     for level in summary["levels"]:
         labels = [label for label in engines if level["overall"]["rows"].get(label)]
         clients = level["clients"]

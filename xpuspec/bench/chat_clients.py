@@ -56,13 +56,19 @@ class ClientsRound:
 
 
 def stream_chat(
-    client: httpx.Client, base_url: str, model: str, messages: Messages, max_tokens: int
+    client: httpx.Client,
+    base_url: str,
+    model: str,
+    messages: Messages,
+    max_tokens: int,
+    ignore_eos: bool = False,
 ) -> ChatResult:
     """One streamed greedy /v1/chat/completions; the text, the completion tokens (usage, else one per
     chunk with content), the wall time, the time to the first content, and llama-server's draft counts
     where its ``timings`` carry them. Every server gets the same plain greedy request: no repetition
     penalty, DRY included, whatever a server's or a model's own default (the default model's penalises
-    repeats, llama.cpp's does not)."""
+    repeats, llama.cpp's does not). ``ignore_eos``: the answer is ``max_tokens`` long whatever the
+    model ends with (both servers read the field)."""
     payload = {
         "model": model,
         "messages": messages,
@@ -76,6 +82,8 @@ def stream_chat(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if ignore_eos:
+        payload["ignore_eos"] = True
     started = time.perf_counter()
     first = None
     pieces: list[str] = []
@@ -111,14 +119,20 @@ def run_clients(
     model: str,
     prompts: Sequence[Messages],
     clients: int,
-    max_tokens: int,
+    max_tokens: int | Sequence[int],
     *,
     cycle: bool = True,
+    ignore_eos: bool = False,
 ) -> ClientsRound:
     """``clients`` threads answering the round's requests back to back; the first failure is raised
     once every thread has stopped (the others stop taking new requests after it). With ``cycle`` the
     prompts repeat until every client has one; without, each prompt is sent once (a server that indexes
-    earlier requests would answer a repeat faster), so at most ``len(prompts)`` are in flight."""
+    earlier requests would answer a repeat faster), so at most ``len(prompts)`` are in flight.
+    ``max_tokens``: one limit for every request, or one a prompt (with ``ignore_eos``, each answer's
+    length)."""
+    limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(limits) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(limits)} token limits")
     queue = list(range(max(len(prompts), clients) if cycle else len(prompts)))
     lock = threading.Lock()
     results: list[ChatResult] = []
@@ -132,7 +146,7 @@ def run_clients(
                         return
                     index = queue.pop(0) % len(prompts)
                 try:
-                    result = stream_chat(http, base_url, model, prompts[index], max_tokens)
+                    result = stream_chat(http, base_url, model, prompts[index], limits[index], ignore_eos)
                 except (httpx.HTTPError, RuntimeError, ValueError) as error:
                     with lock:
                         failures.append(error)

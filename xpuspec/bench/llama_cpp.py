@@ -89,10 +89,8 @@ def llama_rows(threads: Sequence[int] = (1, 2)) -> list[Row]:
     return rows
 
 
-XPUSPEC_ROWS = [
-    Row("xpuspec", "xpuspec default", ()),
-    Row("xpuspec", "xpuspec target-only", ("--drafter", "none")),
-]
+TARGET_ONLY_ROW = Row("xpuspec", "xpuspec target-only", ("--drafter", "none"))
+XPUSPEC_ROWS = [Row("xpuspec", "xpuspec default", ()), TARGET_ONLY_ROW]
 EXACT_ROW = Row("xpuspec", "xpuspec exact", ("--exact", "--drafter", "none"))
 
 

@@ -120,9 +120,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--rounds", type=int, default=None, help=f"batch-1 rounds, interleaved and paired {default('rounds')}"
     )
+    _add_categories_arguments(parser)
     _add_transformers_arguments(parser)
     _add_precision_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def _add_categories_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``--mode categories`` alone."""
+    parser.add_argument(
+        "--same-lengths",
+        action="store_true",
+        help="categories: every row generates each prompt's target-only answer length (measured first at "
+        "each client count; ignore_eos), so that rows whose answers part compare the same work",
+    )
 
 
 def _add_precision_arguments(parser: argparse.ArgumentParser) -> None:
@@ -302,6 +313,7 @@ def _run_categories(args: argparse.Namespace) -> int:
         threads=args.llama_threads or (2,),
         clients=args.concurrency or (1,),
         left_out=left_out,
+        same_lengths=args.same_lengths,
     )
     summary = summarise(run)
     summary["plot"] = write_category_plot(summary, args.out)
