@@ -76,9 +76,12 @@ def test_every_server_gets_plain_greedy_requests_without_repetition_controls():
 
     with httpx.Client(transport=httpx.MockTransport(respond)) as client:
         stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 3)
+        stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 5, ignore_eos=True)
     plain = {"temperature": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert {key: bodies[0][key] for key in plain} == plain
     assert bodies[0]["dry_multiplier"] == 0.0  # the default model's DRY, where it recommends one, is off
+    assert "ignore_eos" not in bodies[0]  # sent only when asked (--same-lengths)
+    assert (bodies[1]["ignore_eos"], bodies[1]["max_tokens"]) == (True, 5)
 
 
 def test_without_cycling_each_prompt_is_sent_once_whatever_the_client_count(monkeypatch):
@@ -114,20 +117,6 @@ def test_each_prompt_can_have_its_own_length_past_the_end_of_sequence(monkeypatc
     assert sent == {"0": (5, True), "1": (7, True), "2": (9, True)}
     with pytest.raises(ValueError, match="3 prompts but 2 token limits"):
         run_clients("http://x", "m", prompts, 2, [5, 7], cycle=False)
-
-
-def test_ignore_eos_is_sent_only_when_asked():
-    bodies: list[dict[str, Any]] = []
-
-    def respond(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
-        return httpx.Response(200, content=_sse([{"choices": [{"delta": {"content": "x"}}]}]))
-
-    with httpx.Client(transport=httpx.MockTransport(respond)) as client:
-        stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 3)
-        stream_chat(client, "http://server", "m", [{"role": "user", "content": "hi"}], 5, ignore_eos=True)
-    assert "ignore_eos" not in bodies[0]
-    assert (bodies[1]["ignore_eos"], bodies[1]["max_tokens"]) == (True, 5)
 
 
 def test_the_scrape_after_a_category_waits_for_the_server_to_count_its_requests(monkeypatch):
