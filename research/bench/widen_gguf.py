@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-# Tensors by what they read and write: (input is the residual stream or a widened inner width, output is).
-_READ_STREAM = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up", "output")
-_WRITE_STREAM = ("attn_output", "ffn_down")
+# The products: each reads a widened input (the stream, the attention heads or the FFN units), so its
+# columns repeat divided by the factor; each but the LM head ("output") writes a widened output.
+_PRODUCTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "output")
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,7 @@ def widen_matrix(name: str, weights: np.ndarray, factor: int) -> np.ndarray:
         return weights
     if kind.endswith("norm") and weights.ndim == 1:  # a norm's weights over the stream
         return np.tile(weights, factor)
-    if kind in _READ_STREAM or kind in _WRITE_STREAM:
-        # Every product reads a widened input (the stream, the heads or the FFN units) and, but for the
-        # LM head, writes a widened output.
+    if kind in _PRODUCTS:
         columns = np.tile(weights, (1, factor)) / np.float32(factor)
         return columns if kind == "output" else np.tile(columns, (factor, 1))
     raise ValueError(f"{name}: no rule to widen a tensor of this kind")
