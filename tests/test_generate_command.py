@@ -105,6 +105,20 @@ def test_summary_says_why_adaptive_gamma_kept_drafting_off(pair_bundle):
     assert summary_line(alone, stats, SamplingParams(), 0.1, 0.02).startswith("[none drafter, target only]")
 
 
+def test_summary_names_the_decision_that_kept_drafting_off(pair_bundle):
+    """A short reply runs no draft model, and steps measured slower turn drafting off: the summary says
+    which, not a cost model's prediction that would have drafted."""
+    pipe = Pipeline(pair_bundle, drafter="draft", properties=F32, use_placement=False)
+    stats = {"num_output_tokens": 5, "tokens_per_s": 50.0, "ttft_s": 0.02, "drafted": 0, "accepted": 0}
+    short = {**stats, "drafting_decisions": {"off: short reply": 4, "off: predicted slower": 1}}
+    line = summary_line(pipe, short, SamplingParams(max_tokens=5), 0.1, 0.02)
+    assert "drafting off: a reply of at most 16 tokens runs no draft model" in line
+    assert "cost ratio" not in line
+    measured = {**stats, "drafting_decisions": {"off: measured slower": 9}}
+    line = summary_line(pipe, measured, SamplingParams(max_tokens=64), 0.1, 0.02)
+    assert "whole steps with drafts were measured slower" in line and "cost ratio" not in line
+
+
 def test_the_summary_reads_one_clock(pair_bundle):
     """Tokens/s is the tokens over the time shown beside them, not the engine's own figure."""
     pipe = Pipeline(pair_bundle, drafter="none", properties=F32, use_placement=False)

@@ -85,12 +85,13 @@ def store(key: str, timings: CalibrationTimings) -> None:
 
 def calibrate(engine: LLMEngine, setup: dict[str, Any] | None) -> None:
     """Calibrate ``engine``'s cost model, replaying the timings an earlier start with the same
-    ``setup`` on this machine stored (and storing them if there were none); None: time them."""
+    ``setup`` on this machine stored while they still hold (and storing new ones where there were none
+    or they no longer held); None: time them."""
     if setup is None:
         engine.calibrate()
         return
     key = calibration_key(setup)
     stored = load(key)
     timings = engine.calibrate(stored=stored)
-    if stored is None:
+    if timings is not stored:
         store(key, timings)

@@ -297,14 +297,25 @@ def summary_line(
             f"{stats['accepted_per_target_pass']:.2f} tokens per target pass"
         )
     if pipe.drafter != "none" and params.num_draft_tokens is None and not stats.get("drafted"):
-        line += " | " + drafting_off_reason(pipe, rate)
+        line += " | " + drafting_off_reason(pipe, rate, stats.get("drafting_decisions") or {})
     return line
 
 
-def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
-    """The cost model's case against drafting: measured step costs and the acceptance it used."""
-    from xpuspec.spec_decode.policy import AcceptanceTracker
+def drafting_off_reason(pipe: Pipeline, acceptance: float | None, decisions: dict[str, int]) -> str:
+    """Why nothing was drafted: the request's most frequent drafting decision (``decisions``, as its
+    stats count them) where it says, else the cost model's case: measured step costs and the acceptance
+    it used."""
+    from xpuspec.spec_decode.policy import AcceptanceTracker, DraftDecision
+    from xpuspec.spec_decode.policy.draft_choice import SHORT_REPLY_TOKENS
 
+    reason = max(decisions, key=decisions.__getitem__) if decisions else None
+    if reason == DraftDecision.OFF_SHORT.value:
+        return (
+            f"drafting off: a reply of at most {SHORT_REPLY_TOKENS} tokens runs no draft model "
+            "(prompt lookups only, and none matched)"
+        )
+    if reason == DraftDecision.OFF_MEASURED.value:
+        return "adaptive γ kept drafting off: whole steps with drafts were measured slower than without here"
     policy = pipe.length_policy
     costs = policy.cost_model
     target_s, draft_s = costs.target_cost(1, num_sequences=1), costs.draft_cost(1)
@@ -312,9 +323,15 @@ def drafting_off_reason(pipe: Pipeline, acceptance: float | None) -> str:
     gamma = max(range(1, policy.max_draft_tokens + 1), key=lambda g: costs.predicted_speedup(alpha, g))
     best = costs.predicted_speedup(alpha, gamma)
     verify_s = costs.target_cost(1 + gamma, num_sequences=1)
+    verdict = (
+        f"< {policy.min_speedup:.2f}x needed"
+        if best < policy.min_speedup
+        # Steady steps' prediction; each step's own also prices the change of its shape.
+        else "on steady steps, less once a change of the step's shape is priced"
+    )
     return (
         f"adaptive γ kept drafting off: draft step {draft_s * 1000:.2f} ms / target step "
         f"{target_s * 1000:.2f} ms = cost ratio {draft_s / max(target_s, 1e-12):.2f} "
         f"({verify_s * 1000:.2f} ms verifying {gamma + 1} tokens), acceptance {alpha:.2f}, best predicted "
-        f"speed-up {best:.2f}x < {policy.min_speedup:.2f}x needed"
+        f"speed-up {best:.2f}x {verdict}"
     )

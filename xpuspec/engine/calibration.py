@@ -3,6 +3,7 @@ measurements rather than priors."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +21,15 @@ CALIBRATION_CONTEXT = 256  # tokens of context at which calibration times the ta
 # far cheaper than they were until the batch had measured them (docs/benchmarks.md, "A full batch
 # priced as it runs").
 BATCH_CALIBRATION_SIZES = (1, 3)
+# Stored timings are replayed only while the target's cost curve keeps their shape: its largest size's
+# steady pass over a one-token pass, timed again at start, within this factor of the stored ratio. A
+# calibration stored while another process had the cores can price the larger sizes far above their
+# cost, and sizes the policy then never chooses are never measured again: lookups stopped at 4 tokens
+# for good (docs/benchmarks.md, "A stored calibration that no longer holds"). Load that slows every
+# size alike leaves the ratio alone, and the online scale absorbs it.
+STORED_SHAPE_TOLERANCE = 1.25
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,8 +97,10 @@ def calibrate(
     the first blocks and overwritten by the first real sequences, whose cached prefixes the caller
     then forgets. With ``stored`` timings (an earlier calibration of the same models on the same
     machine), the warm-up passes still run, since they are what compiles each shape's kernels and
-    sizes the buffers, but nothing is timed: the stored figures are replayed. Returns the timings
-    fed to the cost model.
+    sizes the buffers, and a few passes check that the stored figures still have the shape of this
+    machine's (:func:`stored_shape_holds`); the stored figures are then replayed, or timed afresh
+    where they no longer hold. Returns the timings fed to the cost model (``stored`` itself when
+    replayed).
     """
     config = engine.config
     # Verification by tokens per sequence, 1 .. 1 + γ_max: its cost is far from linear on
@@ -120,6 +132,9 @@ def calibrate(
         for tokens in (1, 2):
             engine.proposer.measure_step_seconds(past + 1, tokens=tokens)  # warm-up, not timed
     timings = stored
+    if timings is not None and not stored_shape_holds(engine, chunks, timings):
+        logger.info("the stored calibration no longer fits this machine's timings: timing the models again")
+        timings = None
     if timings is None:
         timings = CalibrationTimings()
         for _ in range(repeats):
@@ -127,6 +142,37 @@ def calibrate(
             _time_batch(engine, batch, timings)
     replay(engine.cost_model, timings)
     return timings
+
+
+def stored_shape_holds(
+    engine: CalibratedModels, chunks: dict[int, SequenceChunk], stored: CalibrationTimings
+) -> bool:
+    """Whether ``stored`` timings still have the shape the target's passes have now: the steady pass of
+    the largest size over a one-token pass, timed again, within :data:`STORED_SHAPE_TOLERANCE` of the
+    stored ratio (each size's fastest stored pass, as the cost model keeps it)."""
+    small, large = min(chunks), max(chunks)
+    then = {
+        n: [seconds for seqs, size, seconds in stored.target if seqs == 1 and size == n]
+        for n in (small, large)
+    }
+    if small == large or not then[small] or not then[large] or min(then[small]) <= 0:
+        return True
+    now = {n: _steady_seconds(engine, chunks[n]) for n in (small, large)}
+    if now[small] <= 0:
+        return True
+    ratio = (now[large] / now[small]) / (min(then[large]) / min(then[small]))
+    return 1 / STORED_SHAPE_TOLERANCE <= ratio <= STORED_SHAPE_TOLERANCE
+
+
+def _steady_seconds(engine: CalibratedModels, chunk: SequenceChunk, passes: int = 3) -> float:
+    """The fastest of ``passes`` timed passes over ``chunk``, after one untimed pass of its shape."""
+    engine.target.forward([chunk])
+    fastest = float("inf")
+    for _pass in range(passes):
+        started = engine.clock()
+        engine.target.forward([chunk])
+        fastest = min(fastest, engine.clock() - started)
+    return fastest
 
 
 def _time_each_size(
