@@ -305,8 +305,7 @@ def drafting_off_reason(pipe: Pipeline, acceptance: float | None, decisions: dic
     """Why nothing was drafted: the request's most frequent drafting decision (``decisions``, as its
     stats count them) where it says, else the cost model's case: measured step costs and the acceptance
     it used."""
-    from xpuspec.spec_decode.policy import AcceptanceTracker, DraftDecision
-    from xpuspec.spec_decode.policy.draft_choice import SHORT_REPLY_TOKENS
+    from xpuspec.spec_decode.policy import SHORT_REPLY_TOKENS, AcceptanceTracker, DraftDecision
 
     reason = max(decisions, key=decisions.__getitem__) if decisions else None
     if reason == DraftDecision.OFF_SHORT.value:

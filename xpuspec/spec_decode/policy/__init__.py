@@ -32,7 +32,7 @@ from xpuspec.sample.draft_tree import TreeShape
 from xpuspec.spec_decode.policy.acceptance import AcceptanceRates, AcceptanceTracker
 from xpuspec.spec_decode.policy.batch_step import drafts_pay
 from xpuspec.spec_decode.policy.cost_model import CostModel, expected_tokens_per_step
-from xpuspec.spec_decode.policy.draft_choice import DraftChoice, DraftDecision
+from xpuspec.spec_decode.policy.draft_choice import SHORT_REPLY_TOKENS, DraftChoice, DraftDecision
 from xpuspec.spec_decode.policy.prompt_lookup import MAX_NGRAM, LookupDraft, PromptLookup
 from xpuspec.spec_decode.policy.speculation_length import SpeculationLengthPolicy
 from xpuspec.spec_decode.policy.step_shape import StepShape, decode_sequences, step_tokens
@@ -42,6 +42,7 @@ from xpuspec.spec_decode.suffix_index import SharedSuffixIndex
 __all__ = [
     "MAX_NGRAM",
     "MAX_RANK",
+    "SHORT_REPLY_TOKENS",
     "AcceptanceTracker",
     "CostModel",
     "DraftDecision",
