@@ -173,6 +173,21 @@ def test_stable_keeps_the_target_at_f32_and_the_draft_at_its_defaults(monkeypatc
     assert seen["draft_properties"] == {}
 
 
+def test_one_reply_compiles_the_target_once(monkeypatch, capsys):
+    """A one-shot `generate` builds no decode lane for the target: its compile costs more than one
+    reply gains (a Pipeline kept for many requests, or a server, has one)."""
+    built: list[Pipeline] = []
+
+    def recording(*args, **kwargs):
+        built.append(Pipeline(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("xpuspec.api.pipeline.Pipeline", recording)
+    assert main(["generate", "--bundle", "demo", "--max-tokens", "6", "--json", "def add(a, b):"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"]
+    assert built[0].drafter != "none" and not built[0].target_runner.caps.decode_lane
+
+
 def test_exact_and_stable_exclude_each_other(capsys):
     import pytest
 

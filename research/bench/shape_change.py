@@ -11,8 +11,8 @@ each pattern's mean:
 - ``a padded to b``: ``a`` tokens and ``b - a`` padding tokens (``SequenceChunk.padding``), which is
   what the engine runs instead of changing the count (``StepShape.keep``);
 - ``1/b alternating, decode lane`` (when ``a`` is 1): the one-token passes run in a second compiled
-  copy (``PagedModelRunner(decode_lane=True)``), as a draft's do. A target with such a copy was
-  tried and dropped: the README's "second compiled copy" paragraph has the numbers.
+  copy (``PagedModelRunner(decode_lane=True)``), as a draft's and a speculating target's do
+  (docs/benchmarks.md, "A second compiled copy of the target for one-token steps").
 
 It prints each pattern's median over the rounds and the change's cost, the alternating pattern's
 mean minus the mean of the two steady ones.

@@ -106,3 +106,15 @@ def test_a_draft_cache_wider_than_its_share_leaves_blocks_unused_to_stay_within_
     assert used == sizes[0].num_blocks < pipe.target_runner.num_blocks
     result = pipe.generate("import os\n", SamplingParams(max_tokens=8, temperature=0))[0]
     assert result.token_ids
+
+
+def test_a_speculating_target_on_cpu_gets_a_decode_lane_and_a_target_alone_none(pair_bundle, pipe):
+    """Verifications alternate with one-token steps only where something drafts: the target's second
+    compiled copy is built for those, on the CPU alone, and the engine's policy knows it."""
+    from xpuspec.api.target_build import target_decode_lane
+
+    assert pipe.target_runner.caps.decode_lane and pipe.target_runner.has_decode_lane
+    assert pipe.engine.policy.step_shape.decode_lane and pipe.engine.cost_model.decode_lane
+    alone = Pipeline(pair_bundle, drafter="none", properties=F32)
+    assert not alone.target_runner.caps.decode_lane and not alone.target_runner.has_decode_lane
+    assert target_decode_lane("ngram", "CPU") and not target_decode_lane("draft", "GPU")

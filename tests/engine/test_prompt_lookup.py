@@ -162,8 +162,9 @@ def test_lookups_do_not_keep_the_draft_models_probe_from_coming(pair_bundle):
 
 @pytest.mark.parametrize("shrink", [False, True], ids=["padding kept", "shrinking at once"])
 def test_adaptive_decode_steps_keep_their_count_until_shrinking_pays(pair_bundle, target_only, shrink):
-    """A decode step that needs fewer tokens than the last (a shorter lookup or chain, γ = 0, a
-    burst pass) is padded up to the last step's count while ``shrink_pays`` says no. The choice is
+    """A decode step that needs fewer tokens than the last (a shorter lookup or chain) is padded up to
+    the last step's count while ``shrink_pays`` says no; one that needs one token (γ = 0, a burst
+    pass) runs on the target's decode lane unpadded. The choice is
     pinned here, so the test does not rest on this machine's timings."""
     pipe = Pipeline(pair_bundle, drafter="draft", properties=EXACT_PRESET)
     pipe.engine.cost_model.shrink_pays = lambda *args: shrink
@@ -189,6 +190,15 @@ def test_adaptive_decode_steps_keep_their_count_until_shrinking_pays(pair_bundle
         assert any(a > b for request in counts for (a, _), (b, _) in zip(request, request[1:], strict=False))
     else:
         assert padded, "no step needed fewer tokens than the last: nothing was padded"
-        for request in counts:  # after the prefill, a request's decode steps never shrink
-            tokens = [count for count, _ in request]
+        # After the prefill, a request's decode steps on the target's main copy never shrink; steps of
+        # one token run unpadded on its decode lane, which changes no shape (StepShape).
+        assert runner.caps.decode_lane
+        for request in counts:
+            tokens = [count for count, _ in request if count > 1]
             assert tokens == sorted(tokens)
+        assert any(
+            (a, b) == (1, 0) and request[index - 1][0] > 1
+            for request in counts
+            for index, (a, b) in enumerate(request)
+            if index
+        ), "no one-token step after a larger one: the decode lane was not exercised"

@@ -24,14 +24,14 @@ from xpuspec.api.engine_settings import engine_settings
 from xpuspec.api.memory_budget import KVCacheSize, kv_cache_sizes, target_share, usable_blocks
 from xpuspec.api.requests import Messages, RequestLimits, RequestPreparer, auto_drafter, load_grammar
 from xpuspec.api.results import GenerationError, GenerationResult
-from xpuspec.api.target_build import build_target, target_properties
+from xpuspec.api.target_build import build_target, target_decode_lane, target_properties
 from xpuspec.core.interfaces import Drafter
 from xpuspec.devices.executors import compile_ahead, create_runner
 from xpuspec.devices.placement import (
-    DRAFTERS,
     Placement,
     choose_placement,
     recorded_properties,
+    requested_drafter,
     resolve_device,
 )
 from xpuspec.devices.registry import default_registry
@@ -83,6 +83,7 @@ class Pipeline:
         grammar_limits: GrammarLimits | None = None,
         phase_hooks: PhaseHooks | None = None,
         max_tokens_default: int | None = None,
+        target_decode_lane: bool = True,
     ):
         """``startup_cache``: keep the cost model's calibration timings in the xpuspec cache for later
         starts of the same setup on this machine (:mod:`xpuspec.api.calibration_cache`). False: time them.
@@ -95,11 +96,10 @@ class Pipeline:
         (:func:`~xpuspec.api.engine_settings.engine_settings`).
         ``kv_cache_bytes``: without ``num_kv_blocks``, the KV cache of the target and of a draft model
         together take about this many bytes (:mod:`xpuspec.api.memory_budget`); default: the
-        executor's own budget for the target."""
-        if drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
-        if eagle3_head is not None and drafter == "auto":
-            drafter = "eagle3"  # a head given is the drafter asked for
+        executor's own budget for the target. ``target_decode_lane``: False keeps the target to one
+        compiled copy where it would get two (:func:`~xpuspec.api.target_build.target_decode_lane`)."""
+        drafter = requested_drafter(drafter, eagle3_head)
+        self._target_lane_wanted = target_decode_lane
         # "exact" (f32 compute, f32 KV cache, no activation quantisation) or a dict of OpenVINO properties.
         properties = resolve_properties(properties)
         # The tree shape of requests that leave SamplingParams.draft_tree unset (None: chains).
@@ -203,10 +203,9 @@ class Pipeline:
     ) -> HeadFolder | None:
         """The target's executor (``self.target_runner``); returns the EAGLE-3 head read for its taps."""
         device = self.target_device
-        options = dict(
-            tuned_properties=self.tuned_properties["target"], num_blocks=num_kv_blocks, **runner_limits
-        )
-        options["cache_bytes"] = kv_cache_bytes
+        options = dict(tuned_properties=self.tuned_properties["target"], num_blocks=num_kv_blocks)
+        lane = self._target_lane_wanted and target_decode_lane(self.drafter, device.device)
+        options |= dict(cache_bytes=kv_cache_bytes, decode_lane=lane, **runner_limits)
         chosen = target_properties(properties, self.drafter, device.device)
         self.target_runner, head = build_target(self.bundle, device, chosen, eagle3_head, options)
         return head
@@ -345,6 +344,7 @@ class Pipeline:
                 "devices": [self.target_device.device, self.draft_device and self.draft_device.device],
                 "drafter": self.drafter,
                 "overlap": self.overlap,
+                "target_decode_lane": self.target_runner.caps.decode_lane,  # changes of shape differ
             }
         calibration_cache.calibrate(self.engine, setup if cached else None)
 

@@ -26,6 +26,15 @@ def target_properties(properties: dict[str, Any] | None, drafter: str, device: s
     return properties
 
 
+def target_decode_lane(drafter: str, device: str) -> bool:
+    """Whether the target gets a second compiled copy for its steps of one token per sequence
+    (``ExecutorCaps.decode_lane``): where a drafter makes its steps alternate between verifications
+    and single tokens, on the CPU, whose plugin re-prepares the graph at every change of a step's
+    token count (what that costs, and what the copy gains and takes: docs/benchmarks.md, "A second
+    compiled copy of the target"). Target-only steps keep one count; other devices are not measured."""
+    return drafter != "none" and device == "CPU"
+
+
 def build_target(
     bundle: ModelBundle,
     placed: Any,

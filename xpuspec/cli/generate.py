@@ -123,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
             properties=properties,
             draft_properties=draft_precision(args),
             draft_tree=draft_tree,
+            # One reply: compiling the target's second copy for one-token steps takes longer than
+            # it saves (docs/benchmarks.md, "A second compiled copy of the target").
+            target_decode_lane=False,
         )
     except ValueError as error:
         raise CommandError(str(error).replace("\n", "; ")) from error

@@ -30,3 +30,11 @@ class SequenceChunk:
     # and beyond it into a scratch block that no sequence owns. In a tree chunk they are extra roots
     # (parent -1) that no node attends to.
     padding: int = 0
+
+
+def one_token_each(chunks: Sequence[SequenceChunk]) -> bool:
+    """Whether a step runs one token of each of its sequences, unpadded and without trees: the steps
+    an executor's decode lane runs (``ExecutorCaps.decode_lane``), which change no other step's shape."""
+    return bool(chunks) and all(
+        len(chunk.token_ids) == 1 and not chunk.padding and chunk.tree_parents is None for chunk in chunks
+    )

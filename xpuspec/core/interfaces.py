@@ -40,6 +40,10 @@ class ExecutorCaps:
     owns_sequence_kv: bool = False
     # Exposes the hidden states of tapped layers after each pass (hidden_states), for EAGLE-3.
     hidden_state_taps: bool = False
+    # Runs steps of one token per sequence (core.chunks.one_token_each) on a second compiled copy
+    # that shares the KV cache: a step between such steps and larger ones changes neither copy's
+    # shape, so the plugin's re-preparation after a change of token count is not paid there.
+    decode_lane: bool = False
 
 
 class TargetExecutor(Protocol):

@@ -33,6 +33,7 @@ def create_runner(
     logits_vocab: int | None = None,
     hidden_state_projection: Any = None,
     precompiled: Any = None,
+    decode_lane: bool = False,
 ) -> Any:
     """The runner for ``model`` on ``device`` with the plugin's compile properties for ``role``.
 
@@ -47,6 +48,8 @@ def create_runner(
     ``logits_vocab``: a draft proposing only the first ids of the shared
     vocabulary (:func:`xpuspec.executor.graph_edits.cut_logits_vocab`); the other executors keep the
     whole LM head and draft from every id (output is exact either way; only the cost differs).
+    ``decode_lane``: a paged target's second compiled copy for steps of one token per sequence
+    (a draft always has one); the other executors have none.
     ``precompiled``: what :func:`compile_ahead` returned for the same arguments (a paged executor's
     compiled models), so only the KV cache is left to build.
     """
@@ -71,8 +74,8 @@ def create_runner(
             capacity_tokens=max_sequences * (max_context + max_draft_tokens + 1),
             # A draft alternates catch-up passes with one-token passes every step; a second compiled
             # copy for the latter spares the plugin a change of shapes twice a step (see the runner).
-            # The draft is small; the target's weights are not doubled.
-            decode_lane=role == "draft",
+            # The draft is small; the target's copy is the caller's choice (target_build).
+            decode_lane=role == "draft" or decode_lane,
             hidden_state_layers=hidden_state_layers,
             hidden_state_projection=hidden_state_projection,
             logits_vocab=logits_vocab,

@@ -242,3 +242,10 @@ def add_drafter_argument(parser: argparse.ArgumentParser) -> None:
         help="auto: the bundle's draft model, else n-grams (or what `xpuspec plan --write` recorded); "
         "eagle3: the bundle's EAGLE-3 head (`xpuspec prepare --eagle3`)",
     )
+
+
+def requested_drafter(drafter: str, eagle3_head: object) -> str:
+    """The drafter asked for: one of :data:`DRAFTERS`, and EAGLE-3 where a head is given with "auto"."""
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
+    return "eagle3" if eagle3_head is not None and drafter == "auto" else drafter

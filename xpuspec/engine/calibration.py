@@ -181,9 +181,10 @@ def _time_each_size(
     """One round over the sizes.
 
     Each size twice in a row: the first pass after another size pays the plugin's change of
-    shapes (cost_model.shape_change), the second is the steady cost a fixed γ pays. As in a
-    real step, a pass over 1 + γ tokens follows the drafting that proposed them (a model
-    that just ran left the other's weights out of cache and its threads asleep).
+    shapes (cost_model.shape_change; not a one-token pass on a decode lane), the second is the
+    steady cost a fixed γ pays. As in a real step, a pass over 1 + γ tokens follows the drafting
+    that proposed them (a model that just ran left the other's weights out of cache and its threads
+    asleep).
     """
     clock = engine.clock
     for n, chunk in chunks.items():
@@ -197,7 +198,8 @@ def _time_each_size(
         engine.target.forward([chunk])
         steady = clock() - started
         timings.target.append((1, n, steady))
-        if len(chunks) > 1:
+        # A one-token pass on a decode lane follows the main copy's passes without a change.
+        if len(chunks) > 1 and not (n == 1 and engine.target.caps.decode_lane):
             timings.shape_change.append(changed - steady)
 
 

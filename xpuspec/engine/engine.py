@@ -217,6 +217,7 @@ class LLMEngine:
             # Padding tokens only where the target runs them, and not for a drafter that reads the
             # target's states of every token (EAGLE-3), which would get the padding's too.
             can_pad=self.target.caps.padding and not caps.needs_every_target_state,
+            decode_lane=self.target.caps.decode_lane,
             # Free drafts beside a draft model (not beside the n-gram drafter, which is one, nor an
             # EAGLE-3 head, which must see every target state in order).
             prompt_lookup=config.prompt_lookup and caps.is_draft_model and not caps.needs_every_target_state,

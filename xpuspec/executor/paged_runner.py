@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk, one_token_each
 from xpuspec.core.interfaces import ExecutorCaps
 from xpuspec.executor.hidden_taps import Projection
 from xpuspec.executor.paged_compile import MODEL_FILE as MODEL_FILE  # the runner's input file, named here too
@@ -136,15 +136,17 @@ class PagedModelRunner:
             trees=self.supports_tree_masks,
             kv_moves=self.supports_trees,
             hidden_state_taps=self._hidden_states_index is not None,
+            decode_lane=compiled.decode_lane is not None,
         )
         self._lane = Lane(self.compiled_model, self.cache_tensors, self.supports_tree_masks)
         # The CPU plugin re-prepares every node of the graph when an input's shape changes (a cost that
         # grows with the layers, on a 30-layer target more than a whole 1-token step of its small draft;
         # measured: docs/experiments/2026-12-02-cost-model.md), and one compiled model holds one graph
         # whatever its infer requests. A draft alternates a multi-token catch-up pass with one-token
-        # passes every step: a second compiled copy, sharing the KV-cache tensors, runs the steps of
-        # one token per sequence, so neither copy changes shape within a step. It costs a second copy
-        # of the weights.
+        # passes every step, and a speculating target alternates verifications with one-token steps
+        # wherever drafting pauses: a second compiled copy, sharing the KV-cache tensors, runs the
+        # steps of one token per sequence, so neither copy changes shape between the two. It costs a
+        # second copy of the weights.
         self._decode_lane = (
             Lane(compiled.decode_lane, self.cache_tensors, self.supports_tree_masks)
             if compiled.decode_lane is not None
@@ -279,9 +281,7 @@ class PagedModelRunner:
         if self._pending is not None:
             raise RuntimeError("an inference is still running: call wait() before starting another")
         lane = self._lane
-        if self._decode_lane is not None and all(
-            len(chunk.token_ids) == 1 and not chunk.padding and chunk.tree_parents is None for chunk in chunks
-        ):
+        if self._decode_lane is not None and one_token_each(chunks):
             lane = self._decode_lane
         self._fill_inputs(chunks, lane)
         self._pending = lane

@@ -99,3 +99,14 @@ def test_the_policy_drops_a_lone_lookup_of_a_batch_and_says_why() -> None:
     assert all(length > 0 for length in policy.draft_lengths(copying, 8, set()).values())
     policy.prices_batched_steps = False
     assert policy.draft_lengths(lone, 8, set())["copying"] > 0
+
+
+def test_a_step_of_one_token_each_on_a_decode_lane_pays_no_change_or_padding() -> None:
+    """With a decode lane, plain steps after a drafting step run at their own shape for nothing, so a
+    lone lookup's change of the batch's shape is paid once, not twice (priced there and back)."""
+    model = _costs(shape_change=STEP)
+    model.decode_lane = True
+    assert step_seconds(model, (16, 8), 8, 8) == model.target_cost(8, 8)
+    assert step_seconds(model, (16, 8), 12, 8) == model.target_cost(16, 8)  # padded as before
+    model.decode_lane = False
+    assert step_seconds(model, (16, 8), 8, 8) == model.target_cost(16, 8)

@@ -321,6 +321,22 @@ def test_a_costly_change_of_shape_keeps_gamma_where_it_is() -> None:
     assert costs[free] == pytest.approx(model.step_cost(free, 1, 1) + 0.012 / SHAPE_CHANGE_HORIZON_STEPS)
 
 
+def test_on_a_decode_lane_gamma_zero_pays_no_change_after_a_verification() -> None:
+    """With a decode lane the one-token step runs on a copy of its own: leaving a verification for
+    γ = 0 costs no change, so a costly change no longer holds γ above 0 where drafting loses."""
+    model = _curve_model({n: 10.0 + 0.5 * n for n in range(1, 10)}, draft_ms=0.3)
+    model.calibrate_shape_change(0.012)
+    policy = SpeculationLengthPolicy(8, model)
+    costs = policy.step_costs(1, 1, previous_tokens_per_sequence=3)
+    assert costs[0] == pytest.approx(model.target_cost(1, 1) + 0.012 / SHAPE_CHANGE_HORIZON_STEPS)
+    model.decode_lane = True
+    model.calibrate_shape_change(0.012)  # a calibration: the policy's cached costs are recomputed
+    costs = policy.step_costs(1, 1, previous_tokens_per_sequence=3)
+    assert costs[0] == pytest.approx(model.target_cost(1, 1))
+    assert costs[2] == pytest.approx(model.step_cost(2, 1, 1))  # the main copy's shape kept
+    assert costs[3] == pytest.approx(model.step_cost(3, 1, 1) + 0.012 / SHAPE_CHANGE_HORIZON_STEPS)
+
+
 def test_the_drafting_phase_is_costed_by_gamma_as_measured() -> None:
     """A catch-up pass and a cold first pass make drafting dearer than γ one-token passes: the
     policy reads the measured phase by γ; a resume after a stretch of γ = 0 is left out of it."""

@@ -75,3 +75,30 @@ def test_a_smaller_tree_is_padded_to_the_last_shape_like_a_chain() -> None:
     assert chunks[0].padding == 2
     assert chunks[0].tree_parents == [-1, 0, 0]
     assert shape.record(chunks) == ((5, 1), False)
+
+
+def test_one_token_steps_on_a_decode_lane_are_not_padded_and_change_no_shape() -> None:
+    """A target with a decode lane runs steps of one token per sequence on a copy of its own: they
+    are never padded, and the next verification is compared with the main copy's last step."""
+    shape, model = StepShape(can_pad=True, max_model_len=128, decode_lane=True), _cost_model()
+    assert shape.record([_decode(5)]) == ((5, 1), False)
+    for _ in range(3):
+        chunks = [_decode(1)]
+        shape.keep(chunks, model)
+        assert chunks[0].padding == 0
+        assert shape.record(chunks)[1] is False  # the lane's own shape holds
+    assert shape.last == (5, 1)
+    assert shape.record([_decode(5)]) == ((5, 1), False)  # back on the main copy: no change
+    smaller = [_decode(3)]
+    shape.keep(smaller, model)  # a shorter verification still holds the main copy's shape
+    assert smaller[0].padding == 2
+    assert shape.record([_decode(4)]) == ((4, 1), True)
+    shape.forget()
+    assert shape.last is None and shape.last_one_token is None
+
+
+def test_without_a_decode_lane_one_token_steps_change_the_shape() -> None:
+    shape = StepShape(can_pad=False, max_model_len=128)
+    shape.record([_decode(5)])
+    assert shape.record([_decode(1)]) == ((1, 1), True)
+    assert shape.record([_decode(5)]) == ((5, 1), True)

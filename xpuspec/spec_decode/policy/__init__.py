@@ -61,7 +61,9 @@ class SpeculationPolicy:
 
     ``has_drafter``: the engine has a drafter (without one nothing drafts, and nothing is recorded
     but the target's cost); ``drafts_trees``: it drafts trees as well; ``can_pad``: the target runs
-    padding tokens (``StepShape``); ``prompt_lookup``: free prompt-lookup drafts beside the drafter,
+    padding tokens (``StepShape``); ``decode_lane``: it runs steps of one token per sequence on a
+    compiled copy of their own, which changes no shape (``ExecutorCaps.decode_lane``);
+    ``prompt_lookup``: free prompt-lookup drafts beside the drafter,
     with a cross-request index of ``shared_lookup_tokens`` tokens (0: none).
     """
 
@@ -73,12 +75,13 @@ class SpeculationPolicy:
         has_drafter: bool,
         drafts_trees: bool = False,
         can_pad: bool = False,
+        decode_lane: bool = False,
         prompt_lookup: bool = False,
         shared_lookup_tokens: int = 0,
     ) -> None:
-        self.cost_model = CostModel()
+        self.cost_model = CostModel(decode_lane=decode_lane)
         self.acceptance = AcceptanceRates()
-        self.step_shape = StepShape(can_pad, max_model_len)
+        self.step_shape = StepShape(can_pad, max_model_len, decode_lane)
         self.length_policy = SpeculationLengthPolicy(max_draft_tokens, self.cost_model)
         self.tree_policy = TreeShapePolicy(self.cost_model, max_draft_tokens)
         self.draft_choice: DraftChoice | None = None  # None: no drafter, no drafts
@@ -182,7 +185,7 @@ class SpeculationPolicy:
 
     def forget_shape(self) -> None:
         """The target ran passes outside the steps (calibration): no last step's shape to keep."""
-        self.step_shape.last = None
+        self.step_shape.forget()
 
     # ------------------------------------------------------------ what the steps measured
     def record_target_pass(self, runner_chunks: list[SequenceChunk], seconds: float) -> None:

@@ -51,7 +51,10 @@ class AdaptiveDraft:
 def step_seconds(cost_model: CostModel, last: Shape | None, num_tokens: int, num_sequences: int) -> float:
     """Predicted seconds of a decode step of ``num_tokens`` over ``num_sequences`` sequences after a
     step of shape ``last``: a smaller step is padded to the last shape (``StepShape.keep``), a larger or
-    differently batched one pays a change of shape."""
+    differently batched one pays a change of shape. One token a sequence on a decode lane pays
+    neither (``CostModel.decode_lane``)."""
+    if cost_model.decode_lane and num_tokens == num_sequences:
+        return cost_model.target_cost(num_tokens, num_sequences)
     if last is not None and last[1] == num_sequences and num_tokens <= last[0]:
         return cost_model.target_cost(last[0], num_sequences)
     change = cost_model.shape_change if last is not None and last[0] != num_tokens else 0.0
@@ -62,7 +65,10 @@ def shrunk_step_seconds(
     cost_model: CostModel, last: Shape | None, num_tokens: int, num_sequences: int
 ) -> float:
     """Predicted seconds of a decode step of exactly ``num_tokens``, its change of shape from ``last``
-    spread over the :data:`SHRINK_HORIZON_STEPS` steps of the smaller shape it starts."""
+    spread over the :data:`SHRINK_HORIZON_STEPS` steps of the smaller shape it starts (none for one
+    token a sequence on a decode lane)."""
+    if cost_model.decode_lane and num_tokens == num_sequences:
+        return cost_model.target_cost(num_tokens, num_sequences)
     change = cost_model.shape_change if last is not None and last[0] != num_tokens else 0.0
     return cost_model.target_cost(num_tokens, num_sequences) + change / SHRINK_HORIZON_STEPS
 

@@ -147,7 +147,9 @@ class CostModel:
       graph then (on a 30-layer model, most of a one-token step:
       docs/experiments/2026-12-02-cost-model.md), so a γ that changes from step to step pays it
       every step. Steps that changed shape go here, not into the
-      curve, which describes steady steps;
+      curve, which describes steady steps. ``decode_lane``: the target runs steps of one token per
+      sequence on a compiled copy of their own (``ExecutorCaps.decode_lane``), so those neither pay
+      a change nor cause the next step's;
     - padding: where the target runs padding tokens (``SequenceChunk.padding``), the engine pads
       a decode step that needs fewer tokens than the last up to the last one's count, until a
       stretch of such steps makes shrinking pay (:meth:`shrink_pays`). γ is still priced as if
@@ -170,6 +172,7 @@ class CostModel:
     draft_python_decay: float = 0.9
     shape_change: float = 0.0
     shape_change_decay: float = 0.9
+    decode_lane: bool = False
     version: int = 0  # bumped by every record, so derived costs can be cached
     calibrations: int = 0  # bumped by every calibration: derived costs are recomputed at once
     _calibrated_shape_changes: list[float] = field(default_factory=list)
@@ -316,8 +319,9 @@ class CostModel:
         """:meth:`step_cost` for γ = 0 .. ``max_gamma`` at once (one pass over the curve).
 
         With ``previous_tokens_per_sequence`` (the tokens each sequence verified last step, when the
-        batch is the same), a γ that changes it also bears a share of the shape change's cost
-        (:data:`SHAPE_CHANGE_HORIZON_STEPS`).
+        batch is the same; with a decode lane, the main copy's last step), a γ that changes it also
+        bears a share of the shape change's cost (:data:`SHAPE_CHANGE_HORIZON_STEPS`), but γ = 0 on
+        a decode lane.
         """
         if batch_tokens != num_sequences:  # a step with prefill work besides the decodes
             return [
@@ -333,7 +337,7 @@ class CostModel:
             seconds = verify[tokens] if tokens < len(verify) else None
             if seconds is None:
                 seconds = self.target(tokens * num_sequences)
-            if tokens != previous_tokens_per_sequence:
+            if tokens != previous_tokens_per_sequence and not (tokens == 1 and self.decode_lane):
                 seconds += change
             if gamma and drafting:
                 phase = phases[gamma] if gamma < len(phases) else None

@@ -304,8 +304,9 @@ class DraftChoice:
         return allowed
 
     def _previous_tokens_per_sequence(self, running: int) -> int | None:
-        """Tokens each sequence verified last step, if that step decoded the same number of sequences
-        with as many tokens each (only then does keeping γ keep the target's shape)."""
+        """Tokens each sequence verified last step (with a decode lane: the main copy's last step), if
+        that step decoded the same number of sequences with as many tokens each (only then does
+        keeping γ keep the target's shape)."""
         shape = self._step_shape.last
         if shape is None:
             return None

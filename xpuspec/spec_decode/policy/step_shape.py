@@ -6,6 +6,10 @@ step (measured: docs/experiments/code-comment-figures.md). So fixed-γ steps are
 tokens when their drafter proposed fewer, and adaptive steps are padded up to the last step's count
 until shrinking pays (``CostModel.shrink_pays``). OpenVINO GenAI's prompt lookup pads its candidates
 for the same reason.
+
+A target with a decode lane (``ExecutorCaps.decode_lane``) runs steps of one token per sequence on a
+second compiled copy: those change no shape of the other steps, and are never padded. The shape the
+next verification is compared with is then the last step that ran on the main copy.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
-from xpuspec.core.chunks import SequenceChunk
+from xpuspec.core.chunks import SequenceChunk, one_token_each
 from xpuspec.core.scheduler import ScheduledChunk
 from xpuspec.sample.draft_tree import TreeShape
 
@@ -44,23 +48,40 @@ def decode_sequences(chunks: list[SequenceChunk]) -> int | None:
 class StepShape:
     """The last target step's shape, and the padding of the next steps. ``can_pad``: the target
     runs padding tokens (``SequenceChunk.padding``) and no drafter reads the target's states of
-    every token (EAGLE-3 would get the padding's too)."""
+    every token (EAGLE-3 would get the padding's too). ``decode_lane``: the target runs steps of one
+    token per sequence on a compiled copy of their own."""
 
-    def __init__(self, can_pad: bool, max_model_len: int) -> None:
+    def __init__(self, can_pad: bool, max_model_len: int, decode_lane: bool = False) -> None:
         self.can_pad = can_pad
         self.max_model_len = max_model_len
-        # (tokens, decoding sequences or None) of the last target step: the shape of the next
-        # step decides whether the plugin pays a change of shapes (CostModel.shape_change).
+        self.decode_lane = decode_lane
+        # (tokens, decoding sequences or None) of the last target step (with a decode lane: the last
+        # on the main copy): the shape of the next step decides whether the plugin pays a change of
+        # shapes (CostModel.shape_change).
         self.last: Shape | None = None
+        self.last_one_token: Shape | None = None  # the decode lane's last step
         # Consecutive decode steps padded up to the last shape, and the most tokens they needed.
         self._padded_steps = self._padded_need = 0
 
+    def on_decode_lane(self, chunks: list[SequenceChunk]) -> bool:
+        """Whether the target runs ``chunks`` on its decode lane."""
+        return self.decode_lane and one_token_each(chunks)
+
     def record(self, chunks: list[SequenceChunk]) -> tuple[Shape, bool]:
-        """A target step ran ``chunks``: its shape, and whether that changed from the last step's."""
+        """A target step ran ``chunks``: its shape, and whether that changed from the last step's on
+        the same compiled copy."""
         shape = (step_tokens(chunks), decode_sequences(chunks))
+        if self.on_decode_lane(chunks):
+            changed = self.last_one_token is not None and shape != self.last_one_token
+            self.last_one_token = shape
+            return shape, changed
         changed = self.last is not None and shape != self.last
         self.last = shape
         return shape, changed
+
+    def forget(self) -> None:
+        """The target ran passes outside the steps (calibration): no last shape to keep."""
+        self.last = self.last_one_token = None
 
     def fixed_padding(self, chunk: ScheduledChunk, num_tokens: int) -> int:
         """Padding tokens that keep a fixed-γ decode step at 1 + γ tokens, and a fixed tree's at
@@ -83,7 +104,8 @@ class StepShape:
 
         Adaptive γ, automatic trees and prompt lookup otherwise change the count from step to step.
         Fixed shapes are padded already (:meth:`fixed_padding`); padding goes on the last decode
-        chunk with room for it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once."""
+        chunk with room for it. Replaces that chunk in ``chunks``. ``hold=False`` shrinks at once.
+        A step of one token per sequence with a decode lane is not padded: it changes no shape."""
         last = self.last
         num_sequences = decode_sequences(chunks)
         num_tokens = step_tokens(chunks)
@@ -94,6 +116,7 @@ class StepShape:
             or num_sequences is None
             or last[1] != num_sequences
             or num_tokens >= last[0]
+            or self.on_decode_lane(chunks)
         ):
             self._padded_steps = self._padded_need = 0
             return
